@@ -1,0 +1,59 @@
+"""The `kvreplay` console script.
+
+Each subcommand lives in its own module, imported only when it runs, so `kvreplay parse`
+never pays for the TUI or polars. A subcommand module provides
+`add_arguments(parser)` and `run(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from kvreplay import __version__
+from kvreplay.errors import UserError
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "parse": ("kvreplay.parsers.cli", "parse vLLM logs into typed events"),
+    "simulate": ("kvreplay.replay.cli", "run a workload through the faithful vLLM scheduler"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvreplay",
+        description="Replay vLLM's scheduler from its logs and explain every preemption.",
+    )
+    parser.add_argument("--version", action="version", version=f"kvreplay {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module = importlib.import_module(module_name)
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._module.run(args) or 0)
+    except UserError as exc:
+        print(f"kvreplay {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `kvreplay parse big.log | head`
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
