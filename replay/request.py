@@ -1,0 +1,148 @@
+"""A request as vLLM's V1 scheduler sees it (spec A1)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Callable
+
+
+class RequestStatus(enum.IntEnum):
+    """A1.2, 0.33 order; anything after PREEMPTED is finished."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+    FINISHED_IGNORED = 6
+    FINISHED_ERROR = 7
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+
+class Request:
+    __slots__ = (
+        "request_id",
+        "index",
+        "prompt_token_ids",
+        "output_token_ids",
+        "num_prompt_tokens",
+        "num_tokens",
+        "max_tokens",
+        "priority",
+        "arrival_time",
+        "status",
+        "num_computed_tokens",
+        "num_preemptions",
+        "block_hashes",
+        "is_prefill_chunk",
+        "num_output_placeholders",
+        "num_in_flight_tokens",
+        "num_stale_output_tokens",
+        "block_hasher",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        *,
+        arrival_time: float,
+        priority: int = 0,
+        index: int = 0,
+        block_hasher: Callable[["Request"], None] | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.index = index  # position in the workload; orders trace dicts
+        self.prompt_token_ids = prompt_token_ids
+        self.output_token_ids: list[int] = []
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_tokens = self.num_prompt_tokens  # prompt + outputs
+        self.max_tokens = max_tokens
+        self.priority = priority
+        self.arrival_time = arrival_time
+        self.status = RequestStatus.WAITING
+        # A1.1: tokens whose KV is computed or being computed; advanced at schedule time.
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        # A4: chained hashes of every full block of prompt + outputs, extended eagerly.
+        self.block_hashes: list[int] = []
+        self.is_prefill_chunk = False
+        # A9, async scheduling only.
+        self.num_output_placeholders = 0
+        self.num_in_flight_tokens = 0
+        self.num_stale_output_tokens = 0
+        self.block_hasher = block_hasher
+        if block_hasher is not None:
+            block_hasher(self)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def append_output_token(self, token: int) -> None:
+        self.output_token_ids.append(token)
+        self.num_tokens += 1
+        if self.block_hasher is not None:
+            self.block_hasher(self)
+
+    def sort_key(self) -> tuple[int, float, str]:
+        """PRIORITY order (A2): priority, then arrival time, then id."""
+        return (self.priority, self.arrival_time, self.request_id)
+
+    def __lt__(self, other: "Request") -> bool:
+        return self.sort_key() < other.sort_key()
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id}, {self.status.name}, "
+            f"computed={self.num_computed_tokens}/{self.num_tokens})"
+        )
+
+
+class BlockHasher:
+    """Chained block hashes (A4). Only equality matters for replay, so a hash is an
+    interned id of (parent id, block tokens): collision-free and deterministic."""
+
+    __slots__ = ("block_size", "_ids")
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._ids: dict[tuple[int, tuple[int, ...]], int] = {}
+
+    def __call__(self, request: Request) -> None:
+        bs = self.block_size
+        hashes = request.block_hashes
+        num_full = request.num_tokens // bs
+        if len(hashes) >= num_full:
+            return
+        prompt = request.prompt_token_ids
+        outputs = request.output_token_ids
+        n_prompt = len(prompt)
+        parent = hashes[-1] if hashes else -1
+        ids = self._ids
+        for i in range(len(hashes), num_full):
+            start, end = i * bs, (i + 1) * bs
+            if end <= n_prompt:
+                tokens = tuple(prompt[start:end])
+            elif start >= n_prompt:
+                tokens = tuple(outputs[start - n_prompt : end - n_prompt])
+            else:
+                tokens = tuple(prompt[start:]) + tuple(outputs[: end - n_prompt])
+            key = (parent, tokens)
+            h = ids.get(key)
+            if h is None:
+                h = len(ids)
+                ids[key] = h
+            hashes.append(h)
+            parent = h
