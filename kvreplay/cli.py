@@ -22,6 +22,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Unavailable:
+    def __init__(self, name: str, exc: ImportError) -> None:
+        self.name, self.exc = name, exc
+
+    def run(self, args: argparse.Namespace) -> int:
+        raise UserError(f"'{self.name}' is unavailable in this install: {self.exc}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvreplay",
@@ -31,7 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:  # a broken optional part must not take the others down
+            p.set_defaults(_module=_Unavailable(name, exc))
+            continue
         module.add_arguments(p)
         p.set_defaults(_module=module)
     return parser

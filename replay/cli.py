@@ -1,0 +1,160 @@
+"""`kvreplay simulate`: run a workload through the scheduler model, write the step trace."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import IO, Any
+
+from kvreplay.errors import UserError
+
+SAMPLE_WORKLOAD = "fcfs_heavy.workload.json"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "workload",
+        nargs="?",
+        help="workload JSON in the conformance format ('-' = stdin; default: the embedded "
+        f"sample {SAMPLE_WORKLOAD})",
+    )
+    p.add_argument("-o", "--output", default="-", help="trace file (JSON Lines; default stdout)")
+    p.add_argument(
+        "--profile",
+        default="0.33",
+        help="vLLM release whose scheduler rules apply (e.g. 0.33, 0.19.0, 0.11); V0 "
+        'workloads ("engine": "v0") use the V0 engine',
+    )
+    p.add_argument(
+        "--format",
+        choices=("trace", "report", "summary"),
+        default="trace",
+        help="trace: one JSON object per engine iteration; report: the preemptions, for "
+        "people; summary: totals as JSON",
+    )
+    p.add_argument("--summary", metavar="PATH", help="also write the summary JSON here")
+    p.add_argument(
+        "--check-invariants",
+        action="store_true",
+        help="check block-pool and queue invariants after every step (slower)",
+    )
+
+
+def _sample_path() -> str:
+    from importlib.resources import files
+
+    return str(files("kvreplay.samples").joinpath(SAMPLE_WORKLOAD))
+
+
+def run(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from kvreplay.replay.workload import load_workload
+
+    path = args.workload or _sample_path()
+    data = load_workload(path)
+    if data.get("engine") == "v0":
+        records, summary, completed, label = _run_v0(data)
+    else:
+        records, summary, completed, label = _run_v1(data, args.profile, args.check_invariants)
+
+    encoder = msgspec.json.Encoder()
+    if args.summary:
+        _write(args.summary, lambda f: f.write(_json_pretty(summary)))
+    if args.format == "trace":
+        def emit(f: IO[str]) -> None:
+            for rec in records:
+                f.write(encoder.encode(rec).decode())
+                f.write("\n")
+        _write(args.output, emit)
+    elif args.format == "summary":
+        _write(args.output, lambda f: f.write(_json_pretty(summary)))
+    else:
+        _write(args.output, lambda f: f.write(render_report(path, label, summary, records)))
+    if not completed:
+        print(
+            f"kvreplay simulate: not every request finished within max_steps "
+            f"({len(records)} steps run)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _run_v1(data: dict[str, Any], profile_name: str, check: bool):
+    from kvreplay.replay.engine import Engine
+    from kvreplay.replay.profile import get_profile
+    from kvreplay.replay.workload import parse_workload
+
+    workload = parse_workload(data)
+    profile = get_profile(profile_name)
+    engine = Engine(workload, profile, check_invariants=check)
+    records = list(engine.run())
+    summary = engine.summary.to_dict()
+    summary["profile"] = profile.name
+    return records, summary, engine.summary.completed, f"vLLM V1 scheduler, profile {profile.name} ({profile.releases})"
+
+
+def _run_v0(data: dict[str, Any]):
+    try:
+        from kvreplay.replay import v0
+    except ImportError as exc:  # pragma: no cover - present in every install
+        raise UserError(f"the V0 engine is not available: {exc}") from None
+    records = v0.run_workload(data)
+    summary = v0.summarize(records) if hasattr(v0, "summarize") else {}
+    completed = bool(summary.get("completed", True))
+    return records, summary, completed, "vLLM V0 scheduler (0.6.6 rules)"
+
+
+def _json_pretty(obj: Any) -> str:
+    import json
+
+    return json.dumps(obj, indent=1, sort_keys=True) + "\n"
+
+
+def _write(path: str, fn) -> None:
+    if path == "-":
+        fn(sys.stdout)
+        sys.stdout.flush()
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            fn(f)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot write: {exc.strerror}") from None
+
+
+def render_report(path: str, label: str, summary: dict[str, Any], records: list[dict]) -> str:
+    """A plain-text account of every preemption, for a person at a terminal."""
+    lines = [f"kvreplay simulate: {path}", f"  {label}"]
+    steps = summary.get("num_steps", len(records))
+    events = summary.get("preemption_events", [])
+    lines.append(
+        f"  {steps} engine steps, {summary.get('total_preemptions', len(events))} preemptions "
+        f"({summary.get('self_preemptions', 0)} self-preemptions), "
+        f"{summary.get('requests_preempted', 0)} requests preempted"
+    )
+    by_step = {r["step"]: r for r in records}
+    if events:
+        lines.append("")
+        lines.append("  step  victim      trigger     rule                         lost  blocks freed  readmitted")
+    resumed_at: dict[str, list[int]] = {}
+    for r in records:
+        for rid in r.get("resumed", ()):
+            resumed_at.setdefault(rid, []).append(r["step"])
+    for ev in events:
+        rec = by_step.get(ev["step"], {})
+        detail = next((p for p in rec.get("preemptions", []) if p["req"] == ev["req"]), {})
+        freed = detail.get("free_blocks_after", 0) - detail.get("free_blocks_before", 0)
+        rule = detail.get("victim_rule", "")
+        rule = rule.split(":")[0] + (" (self)" if ev.get("self_preempt") else "")
+        back = next((s for s in resumed_at.get(ev["req"], ()) if s > ev["step"]), None)
+        lines.append(
+            f"  {ev['step']:>4}  {ev['req']:<10}  {str(ev['trigger']):<10}  {rule:<27}"
+            f"  {ev['num_computed_tokens_before']:>4}  {freed:>12}  "
+            + (f"step {back}" if back is not None else "-")
+        )
+    total_lost = sum(ev["num_computed_tokens_before"] for ev in events)
+    lines.append("")
+    lines.append(f"  computed tokens thrown away by preemption: {total_lost}")
+    return "\n".join(lines) + "\n"
