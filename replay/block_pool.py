@@ -130,8 +130,9 @@ class BlockPool:
             return None
         return next(iter(entry.values()))
 
-    def num_cached_blocks(self) -> int:
-        return sum(len(e) for e in self.cached_block_hash_to_block.values())
+    def num_cached_hashes(self) -> int:
+        """Entries of the prefix-cache map (one per distinct hash, as vLLM counts them)."""
+        return len(self.cached_block_hash_to_block)
 
     # -- mutations -------------------------------------------------------------------
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:

@@ -34,6 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--summary", metavar="PATH", help="also write the summary JSON here")
     p.add_argument(
+        "--allow-unfinishable",
+        action="store_true",
+        help="run requests that need more KV blocks than the pool has (vLLM preempts them "
+        "forever) up to max_steps instead of rejecting the workload",
+    )
+    p.add_argument(
         "--check-invariants",
         action="store_true",
         help="check block-pool and queue invariants after every step (slower)",
@@ -56,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if data.get("engine") == "v0":
         records, summary, completed, label = _run_v0(data)
     else:
-        records, summary, completed, label = _run_v1(data, args.profile, args.check_invariants)
+        records, summary, completed, label = _run_v1(
+            data, args.profile, args.check_invariants, not args.allow_unfinishable
+        )
 
     encoder = msgspec.json.Encoder()
     if args.summary:
@@ -81,12 +89,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_v1(data: dict[str, Any], profile_name: str, check: bool):
+def _run_v1(data: dict[str, Any], profile_name: str, check: bool, check_capacity: bool):
     from kvreplay.replay.engine import Engine
     from kvreplay.replay.profile import get_profile
     from kvreplay.replay.workload import parse_workload
 
-    workload = parse_workload(data)
+    workload = parse_workload(data, check_capacity=check_capacity)
     profile = get_profile(profile_name)
     engine = Engine(workload, profile, check_invariants=check)
     records = list(engine.run())

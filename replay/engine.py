@@ -213,7 +213,7 @@ class Engine:
         rec["waiting"] = [r.request_id for r in sched.waiting]
         rec["free_blocks"] = sched.pool.get_num_free_blocks()
         rec["kv_usage"] = round(sched.kv_cache_usage, 6)
-        rec["cached_blocks"] = sched.pool.num_cached_blocks()
+        rec["cached_blocks"] = sched.pool.num_cached_hashes()
         if sched.async_scheduling:
             rec["num_output_placeholders"] = {
                 r.request_id: r.num_output_placeholders for r in live if r.num_output_placeholders

@@ -75,8 +75,12 @@ def _int(value: Any, what: str, minimum: int | None = None) -> int:
     return value
 
 
-def parse_workload(data: dict[str, Any]) -> Workload:
-    """Validate a V1 workload dict and build a `Workload`."""
+def parse_workload(data: dict[str, Any], *, check_capacity: bool = True) -> Workload:
+    """Validate a V1 workload dict and build a `Workload`.
+
+    With `check_capacity`, a request that needs more KV blocks than the pool has is an
+    error (vLLM would preempt it forever); without, it is replayed as vLLM would run it.
+    """
     unknown_top = set(data) - {"name", "description", "config", "requests", "engine"}
     if unknown_top:
         raise UserError(f"unknown workload keys: {', '.join(sorted(unknown_top))}")
@@ -170,7 +174,7 @@ def parse_workload(data: dict[str, Any]) -> Workload:
         # The last step computes position min(prompt + max_tokens, max_model_len) - 1.
         last_len = min(len(prompt) + max_tokens, config.max_model_len) - 1
         blocks = -(-max(last_len, len(prompt)) // config.block_size)
-        if blocks > usable:
+        if check_capacity and blocks > usable:
             raise UserError(
                 f"request {rid} needs {blocks} KV blocks of {config.block_size} tokens, but the pool "
                 f"has only {usable} usable blocks (num_gpu_blocks {config.num_gpu_blocks} - 1): "
