@@ -93,8 +93,10 @@ class Request:
     def append_output_token(self, token: int) -> None:
         self.output_token_ids.append(token)
         self.num_tokens += 1
-        if self.block_hasher is not None:
-            self.block_hasher(self)
+        hasher = self.block_hasher
+        # Only a token that completes a block adds a hash.
+        if hasher is not None and self.num_tokens % hasher.block_size == 0:
+            hasher(self)
 
     def sort_key(self) -> tuple[int, float, str]:
         """PRIORITY order (A2): priority, then arrival time, then id."""

@@ -162,6 +162,10 @@ class Scheduler:
         preemptions: list[dict[str, Any]] = []
         skipped_running: list[str] = []
         async_skip = self.async_scheduling and profile.async_skip_final_token
+        req_to_blocks = kv.req_to_blocks
+        num_cached_block = kv.num_cached_block
+        bs = kv.block_size
+        caching = kv.enable_caching
 
         # ---- Phase R: running requests, in list order -------------------------------
         req_index = 0
@@ -191,6 +195,24 @@ class Scheduler:
                 skipped_running.append(request.request_id)
                 req_index += 1
                 continue
+
+            # Fast path (same result as allocate_slots): the table already covers the
+            # new tokens, so only newly full blocks get registered (A4, A6).
+            table = req_to_blocks.get(request.request_id)
+            if table is not None:
+                slots = request.num_computed_tokens + n
+                if slots > max_model_len:
+                    slots = max_model_len
+                if len(table) * bs >= slots:
+                    if caching:
+                        n_cache = slots if slots < request.num_tokens else request.num_tokens
+                        if n_cache // bs > num_cached_block[request.request_id]:
+                            kv.cache_blocks(request, n_cache)
+                    num_scheduled_tokens[request.request_id] = n
+                    scheduled_running.append(request)
+                    token_budget -= n
+                    req_index += 1
+                    continue
 
             new_blocks = None
             while True:
@@ -431,7 +453,7 @@ class Scheduler:
             if stale_rule and request.num_stale_output_tokens > 0:
                 output_is_stale = True
                 request.num_stale_output_tokens -= n
-            if request.status.is_finished:
+            if request.status > PREEMPTED:  # finished
                 continue
             token = sampled_token_ids.get(req_id)
             if token is None:
