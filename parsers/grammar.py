@@ -1,0 +1,227 @@
+"""The Lark side: load the .lark grammars (LALR, cached), read their sample lines, and turn a
+parse tree into the ordered `(field, text)` list that the fast matchers also produce.
+
+Parsers are built lazily, once per process. The Lark cache file goes to the user cache dir
+(`$XDG_CACHE_HOME/kvreplay` or `~/.cache/kvreplay`), so a read-only package dir is fine; if
+that is not writable either, the grammar is simply compiled in memory (~0.1 s).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+GRAMMAR_DIR = Path(__file__).resolve().parent
+ENVELOPE_GRAMMAR = GRAMMAR_DIR / "envelope.lark"
+MESSAGES_GRAMMAR = GRAMMAR_DIR / "messages.lark"
+
+_SAMPLE = re.compile(r"^// sample(?: (\w+))?: (.*)$", re.M)
+
+
+def grammar_samples(path: Path) -> list[tuple[str | None, str]]:
+    """`(start, line)` for each `// sample[ start]: line` comment of a grammar file."""
+    return [(m.group(1), m.group(2)) for m in _SAMPLE.finditer(path.read_text(encoding="utf-8"))]
+
+
+def message_starts() -> list[str]:
+    return sorted({k for k, _ in grammar_samples(MESSAGES_GRAMMAR) if k})
+
+
+def _cache_path(path: Path, text: str) -> str | None:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    d = os.path.join(base, "kvreplay")
+    try:
+        os.makedirs(d, exist_ok=True)
+        if not os.access(d, os.W_OK):
+            return None
+    except OSError:
+        return None
+    import lark
+
+    digest = hashlib.sha256((lark.__version__ + text).encode()).hexdigest()[:16]
+    return os.path.join(d, f"{path.stem}-{digest}.lark.cache")
+
+
+def _build(path: Path, **kw: Any):
+    import lark
+
+    text = path.read_text(encoding="utf-8")
+    cache = _cache_path(path, text + repr(sorted(kw.items())))
+    try:
+        return lark.Lark(text, parser="lalr", cache=cache or False, **kw)
+    except OSError:  # cache dir vanished or read-only after all
+        return lark.Lark(text, parser="lalr", **kw)
+
+
+@functools.cache
+def envelope_parser():
+    return _build(ENVELOPE_GRAMMAR)
+
+
+@functools.cache
+def messages_parser():
+    return _build(MESSAGES_GRAMMAR, start=message_starts(), propagate_positions=True)
+
+
+def tree_fields(tree: Any, text: str) -> list[tuple[str, str]]:
+    """Ordered fields of a Lark tree: terminals `F_NAME` and rules `f_name`, by source text."""
+    from lark import Token, Tree
+
+    out: list[tuple[str, str]] = []
+
+    def walk(node: Any) -> None:
+        for child in node.children:
+            if isinstance(child, Token):
+                if child.type.startswith("F_"):
+                    out.append((child.type[2:].lower(), str(child)))
+            elif isinstance(child, Tree):
+                name = str(child.data)
+                if name.startswith("f_"):
+                    meta = child.meta
+                    out.append((name[2:], text[meta.start_pos:meta.end_pos]))
+                else:
+                    walk(child)
+
+    walk(tree)
+    return out
+
+
+def lark_envelope_fields(line: str) -> list[tuple[str, str]] | None:
+    """Envelope fields by Lark (reference path); None when the line is not a vLLM record."""
+    from lark.exceptions import LarkError
+
+    try:
+        tree = envelope_parser().parse(line)
+    except LarkError:
+        return None
+    return tree_fields(tree, line)
+
+
+def lark_message_fields(kind: str, text: str) -> list[tuple[str, str]] | None:
+    from lark.exceptions import LarkError
+
+    try:
+        tree = messages_parser().parse(text, start=kind)
+    except LarkError:
+        return None
+    return tree_fields(tree, text)
+
+
+# ------------------------------------------------------------------ Python repr payloads
+
+
+def parse_pyrepr(text: str, start: str = "value") -> Any:
+    """Python-repr payload (SamplingParams(...), Namespace(...), dict, key=value list) -> Python.
+
+    Calls become dicts with the callee under "__call__"; enums `<A.B: 2>` become "A.B";
+    bare words stay strings. Raises lark.exceptions.LarkError on text it cannot parse.
+    """
+    p = _pyrepr_parser()
+    return _PyRepr().transform(p.parse(text, start=start))
+
+
+@functools.cache
+def _pyrepr_parser():
+    return _build(MESSAGES_GRAMMAR, start=["value", "kwargs"], maybe_placeholders=False)
+
+
+def _unquote(s: str) -> str:
+    import ast
+
+    try:
+        return ast.literal_eval(s)
+    except (ValueError, SyntaxError):
+        return s[1:-1]
+
+
+def _number(s: str) -> int | float:
+    try:
+        return int(s)
+    except ValueError:
+        return float(s)
+
+
+_NAMES = {"None": None, "True": True, "False": False}
+
+
+def _make_pyrepr():
+    from lark import Transformer
+
+    class PyRepr(Transformer):
+        def STRING(self, t):  # noqa: N802 - Lark callback names
+            return _unquote(str(t))
+
+        def NUMBER(self, t):  # noqa: N802
+            return _number(str(t))
+
+        def NAME(self, t):  # noqa: N802
+            s = str(t)
+            return _NAMES[s] if s in _NAMES else s
+
+        def BARE(self, t):  # noqa: N802
+            return str(t)
+
+        def list(self, items):
+            return [i for i in items if not _is_missing(i)]
+
+        def tuple(self, items):
+            return [i for i in items if not _is_missing(i)]
+
+        def dict(self, items):
+            return {k: v for k, v in (i for i in items if not _is_missing(i))}
+
+        def pair(self, items):
+            return (items[0], items[1])
+
+        def enum(self, items):
+            return items[0]
+
+        def kwarg(self, items):
+            return ("kw", str(items[0]), items[1] if len(items) > 1 else None)
+
+        def posarg(self, items):
+            return ("pos", None, items[0])
+
+        def call(self, items):
+            out: dict[str, Any] = {"__call__": str(items[0])}
+            pos = []
+            for a in items[1:]:
+                if _is_missing(a):
+                    continue
+                if a[0] == "kw":
+                    out[a[1]] = a[2]
+                else:
+                    pos.append(a[2])
+            if pos:
+                out["__args__"] = pos
+            return out
+
+        def kwargs(self, items):
+            return {a[1]: a[2] for a in items if a[0] == "kw"}
+
+    return PyRepr
+
+
+def _is_missing(x: Any) -> bool:
+    return False  # the pyrepr parser is built with maybe_placeholders=False
+
+
+class _PyReprProxy:
+    _cls = None
+
+    def transform(self, tree):
+        if _PyReprProxy._cls is None:
+            _PyReprProxy._cls = _make_pyrepr()
+        return _PyReprProxy._cls().transform(tree)
+
+
+_PyRepr = _PyReprProxy
+
+
+def iter_grammar_files() -> Iterator[Path]:
+    yield ENVELOPE_GRAMMAR
+    yield MESSAGES_GRAMMAR
