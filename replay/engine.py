@@ -72,6 +72,13 @@ class Engine:
             preemptions_per_request={spec.id: 0 for spec in workload.requests}
         )
         self.all_ids = [spec.id for spec in workload.requests]
+        self.num_requests = len(workload.requests)
+        self.max_arrival = max(self.by_step) if self.by_step else 0
+        # Loop state: the next step's index; in-flight batches, newest first (A9).
+        self.step_index = 0
+        self.batch_queue: deque[tuple[int, SchedulerOutput, list[str]]] = deque()
+        self.done = workload.max_steps <= 0
+        self.last_output: SchedulerOutput | None = None
 
     def _make_request(self, idx: int, spec: Any) -> Request:
         return Request(
@@ -87,58 +94,67 @@ class Engine:
     def run(self, *, trace: bool = True) -> Iterator[dict[str, Any]]:
         """Run to completion (or max_steps). With trace=False nothing is yielded, and the
         summary is still filled."""
+        while not self.done:
+            rec = self.step(trace=trace)
+            if rec is not None:
+                yield rec
+
+    def step(self, *, trace: bool = True) -> dict[str, Any] | None:
+        """One engine iteration (A9). Returns its trace record when `trace` is true.
+
+        All loop state lives on the instance, so an Engine can be deep-copied between
+        steps (the TUI keeps such snapshots to step backwards)."""
+        if self.done:
+            raise RuntimeError("the run is over")
         sched = self.scheduler
-        summary = self.summary
-        wl = self.workload
-        by_step = self.by_step
-        max_arrival = max(by_step) if by_step else 0
-        batch_queue: deque[tuple[int, SchedulerOutput, list[str]]] = deque()
-        num_requests = len(wl.requests)
-        step = 0
-        while step < wl.max_steps:
-            arrivals = []
-            for idx, spec in by_step.get(step, ()):
-                sched.add_request(self._make_request(idx, spec))
-                arrivals.append(spec.id)
-            rec: dict[str, Any] | None = {"step": step, "arrivals": arrivals} if trace else None
-            did_update = False
-            idle = False
-            if sched.has_requests():
-                out = sched.schedule()
-                self._account_schedule(step, out)
-                sample_ids = [
-                    rid for rid, w in zip(out.num_scheduled_tokens, out.will_sample) if w
-                ]
-                batch_queue.appendleft((step, out, sample_ids))
-                if rec is not None:
-                    self._record_schedule(rec, out, sample_ids)
-                model_executed = out.total_num_scheduled_tokens > 0
-                if not (
-                    len(batch_queue) < self.batch_queue_size
-                    and (model_executed or sched.has_requests())
-                ):
-                    self._update(step, batch_queue, rec)
-                    did_update = True
-            elif batch_queue:
+        batch_queue = self.batch_queue
+        step = self.step_index
+        arrivals = []
+        for idx, spec in self.by_step.get(step, ()):
+            sched.add_request(self._make_request(idx, spec))
+            arrivals.append(spec.id)
+        rec: dict[str, Any] | None = {"step": step, "arrivals": arrivals} if trace else None
+        did_update = False
+        idle = False
+        if sched.has_requests():
+            out = sched.schedule()
+            self.last_output = out
+            self._account_schedule(step, out)
+            sample_ids = [rid for rid, w in zip(out.num_scheduled_tokens, out.will_sample) if w]
+            batch_queue.appendleft((step, out, sample_ids))
+            if rec is not None:
+                self._record_schedule(rec, out, sample_ids)
+            model_executed = out.total_num_scheduled_tokens > 0
+            if not (
+                len(batch_queue) < self.batch_queue_size
+                and (model_executed or sched.has_requests())
+            ):
                 self._update(step, batch_queue, rec)
                 did_update = True
-            else:
-                idle = True  # EngineCore does not step with nothing to do
-                if rec is not None:
-                    rec["idle"] = True
+        elif batch_queue:
+            self.last_output = None
+            self._update(step, batch_queue, rec)
+            did_update = True
+        else:
+            self.last_output = None
+            idle = True  # EngineCore does not step with nothing to do
             if rec is not None:
-                if not did_update:
-                    rec.setdefault("sampled", [])
-                    rec.setdefault("finished", [])
-                self._record_state(rec, batch_queue)
-                yield rec
-            step += 1
-            if len(summary.finished_step) == num_requests and not batch_queue:
-                break
-            if idle and step > max_arrival:
-                break
-        summary.num_steps = step
-        summary.completed = len(summary.finished_step) == num_requests
+                rec["idle"] = True
+        if rec is not None:
+            if not did_update:
+                rec.setdefault("sampled", [])
+                rec.setdefault("finished", [])
+            self._record_state(rec, batch_queue)
+        step += 1
+        self.step_index = step
+        summary = self.summary
+        if (len(summary.finished_step) == self.num_requests and not batch_queue) or (
+            idle and step > self.max_arrival
+        ) or step >= self.workload.max_steps:
+            self.done = True
+            summary.num_steps = step
+            summary.completed = len(summary.finished_step) == self.num_requests
+        return rec
 
     # -- bookkeeping ---------------------------------------------------------------
     def _account_schedule(self, step: int, out: SchedulerOutput) -> None:

@@ -122,6 +122,11 @@ class BlockHasher:
         self.block_size = block_size
         self._ids: dict[tuple[int, tuple[int, ...]], int] = {}
 
+    def __deepcopy__(self, memo: dict) -> "BlockHasher":
+        # Shared by snapshots: the (parent, tokens) -> id table only grows, and a replay
+        # resumed from a snapshot assigns the same ids to the same content.
+        return self
+
     def __call__(self, request: Request) -> None:
         bs = self.block_size
         hashes = request.block_hashes

@@ -91,3 +91,23 @@ def test_replay_is_deterministic(data: dict) -> None:
     a, _ = simulate(parse_workload(data))
     b, _ = simulate(parse_workload(data))
     assert a == b
+
+
+@settings(max_examples=25, deadline=None)
+@given(workloads(), st.integers(min_value=0, max_value=200))
+def test_snapshot_resume_equals_straight_run(data: dict, cut: int) -> None:
+    """A deep copy taken between steps resumes to the same trace (the TUI's step-back)."""
+    import copy
+
+    from kvreplay.replay import Engine
+
+    straight = list(Engine(parse_workload(data)).run())
+    engine = Engine(parse_workload(data))
+    head = []
+    while not engine.done and len(head) < cut:
+        head.append(engine.step())
+    snapshot = copy.deepcopy(engine)
+    tail_a = list(engine.run())
+    tail_b = list(snapshot.run())
+    assert tail_a == tail_b
+    assert head + tail_a == straight

@@ -201,7 +201,9 @@ def run_workload(workload: dict, check_invariants: bool = False) -> List[dict]:
             pre = sched.preemption_log
             rec["preemptions"] = pre
             rec["preempted"] = [p["req"] for p in pre]
-            rec["terminal_error"] = {"type": e.type_name, "message": e.message, "victim": e.victim}
+            # "victim" as the oracle defines it: the last group preempted in this step, if any
+            rec["terminal_error"] = {"type": e.type_name, "message": e.message,
+                                     "victim": pre[-1]["req"] if pre else None}
             rec["num_cumulative_preemption"] = sched.num_cumulative_preemption
             lines.append(rec)
             break

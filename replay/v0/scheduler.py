@@ -266,6 +266,18 @@ class Scheduler:
                 uncached = new
             else:
                 cached = self.block_manager.get_num_cached_tokens(g)
+                if cached < g.num_computed_tokens and not (
+                        g.status == RUNNING and self.config.enable_chunked_prefill):
+                    # 0.6.6 source: a sanity assertion that only a running chunked prefill may
+                    # have fewer cached than computed tokens. A group swapped out mid-prefill
+                    # (chunked + caching + swap) trips it when it is considered for swap-in,
+                    # and vLLM stops: reported as the terminal event.
+                    raise TerminalError(
+                        "AssertionError",
+                        "Number of cached tokens should not be less than the number of computed "
+                        "tokens for a sequence that's still in prefill. But there are "
+                        f"{cached} cached tokens and {g.num_computed_tokens} computed tokens for "
+                        f"sequence {g.seq_id}.", g.request_id)
                 cached_new = max(0, cached - g.num_computed_tokens)
                 uncached = new - cached_new
         if uncached == 0 and cached_new > 0:
