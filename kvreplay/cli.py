@@ -19,6 +19,7 @@ from kvreplay.errors import UserError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "parse": ("kvreplay.parsers.cli", "parse vLLM logs into typed events"),
     "simulate": ("kvreplay.replay.cli", "run a workload through the faithful vLLM scheduler"),
+    "tui": ("kvreplay.tui.cli", "step through every scheduling decision in a terminal debugger"),
 }
 
 
