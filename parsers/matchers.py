@@ -228,7 +228,7 @@ def dispatch(msg: str) -> tuple[str, str] | None:
         return None
     if first.startswith("Iteration("):
         return "iteration", msg
-    if msg.startswith("KV cache size:", sp + 1) or " KV cache size: " in msg[:24]:
+    if msg.startswith("KV cache size:", sp + 1) or " KV cache size: " in msg[:40]:
         return "kv_size", msg
     return None
 
@@ -272,7 +272,7 @@ def _aborted(msg: str) -> tuple[str, str] | None:
 def _gpu(msg: str) -> tuple[str, str] | None:
     if msg.startswith("GPU blocks:"):
         return "kv_blocks", msg
-    if "KV cache size:" in msg[:24]:
+    if "KV cache size:" in msg[:40]:
         return "kv_size", msg
     return None
 

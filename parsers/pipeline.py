@@ -343,6 +343,8 @@ class FileParser:
                     base["process"], base["pid"] = proc, int(pid)
                 if method:
                     yield ev.HttpAccess(client=client, method=method, path=path, http_version=httpv, status=int(status), status_text=status_text, **base)
+                elif ' - "' in other:
+                    yield ev.Unparsed(reason="malformed http_access line (cut or unknown variant)", text=s, **base)
                 else:
                     yield ev.Noise(what="uvicorn", text=other, **base)
                 return
