@@ -227,8 +227,42 @@ def b_details(f: Fields, base: dict) -> ev.Event:
 _body_decoder = msgspec.json.Decoder()
 
 
+class _Body(msgspec.Struct):
+    """The common request-body shape, validated in C (fast path for `b_body`)."""
+
+    model: str | None = None
+    prompt: list[int] | str | None = None
+    messages: list[msgspec.Raw] | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    priority: int | None = None
+    n: int | None = None
+    stream: bool | None = None
+    temperature: float | None = None
+
+
+_typed_body_decoder = msgspec.json.Decoder(_Body)
+
+
 def b_body(f: Fields, base: dict) -> ev.Event:
     d = dict(f)
+    try:
+        t = _typed_body_decoder.decode(d["body"])
+    except msgspec.ValidationError:
+        return _b_body_generic(d, base)
+    p = t.prompt
+    ids = p if isinstance(p, list) else None
+    return ev.RequestBody(
+        request_id=d["body_id"], model=t.model, prompt_token_ids=ids, prompt_len=len(ids) if ids is not None else None,
+        prompt_text_len=len(p) if isinstance(p, str) else None, num_messages=len(t.messages) if t.messages is not None else None,
+        max_tokens=t.max_tokens if t.max_tokens is not None else t.max_completion_tokens, min_tokens=t.min_tokens,
+        ignore_eos=t.ignore_eos, priority=t.priority, n=t.n, stream=t.stream, temperature=t.temperature, **base,
+    )
+
+
+def _b_body_generic(d: dict, base: dict) -> ev.Event:
     body = _body_decoder.decode(d["body"])
     if not isinstance(body, dict):
         raise ValueError("JSON body is not an object")
