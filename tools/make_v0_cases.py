@@ -30,9 +30,10 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "data", "v0_oracle")
 MAX_CASE_BYTES = 300_000
-# Seeds kept from a 300-seed scratch run (1000-1299, all reproduced step for step) because
+# Seeds kept from scratch runs (1000-1299, 2000-2199; all reproduced step for step) because
 # they swap in and out many times, force-preempt by priority or end on a terminal error.
-EXTRA_SEEDS = [1036, 1114, 1160, 1201, 1204, 1225, 1254, 1294, 1299]
+# 2142: a group swapped out mid chunked-prefill is not chunked on swap-in (found by it).
+EXTRA_SEEDS = [1036, 1114, 1160, 1201, 1204, 1225, 1254, 1294, 1299, 2142]
 
 # Runs the harness once per workload inside one interpreter (vLLM imports once).
 # The harness records a RuntimeError raised by schedule() (swap space) as the terminal event

@@ -513,7 +513,10 @@ class Scheduler:
         si = _SwappedOut()
         rs = self._schedule_running(budget, True)
         if not rs.preempted and not rs.swapped_out:
-            si = self._schedule_swapped(budget, True)
+            # 0.6.6 source: the chunked path calls _schedule_swapped without enable_chunking, so
+            # a group swapped out mid-prefill must fit its whole remaining prefill in the budget
+            # (it is never chunked on swap-in).
+            si = self._schedule_swapped(budget, False)
         pf = self._schedule_prefills(budget, True)   # unconditionally (F.7)
         self.waiting.extendleft(rs.preempted)        # after the prefill pass: not re-admitted
         self.running.extend(g for g, _ in si.decode)
