@@ -37,6 +37,7 @@ Families (each exercised rule is named in the case name):
   watermark       watermark > 0 (0.33 only)
   noisl           scheduler_reserve_full_isl false (0.33, 0.19)
   gaps            staggered arrivals with idle gaps
+  crowd           30-40 requests, shared prefixes, fixed fake token, tight pool
   overflow        a request longer than the whole pool / prompt == max_model_len
                   (vLLM does not finish: kept under incomplete/)
   async_*         any family with async_scheduling true (suffix `_async`)
@@ -448,6 +449,26 @@ def fam_overflow(rng, seed, release):
     return finish(w, tags, desc, seed)
 
 
+def fam_crowd(rng, seed, release):
+    """30-40 requests, shared prefixes, fixed fake tokens (output blocks of
+    requests with the same prompt hash identically), tight pool."""
+    bs = rng.choice([4, 8, 16])
+    w = W("crowd", rng, block_size=bs, policy=rng.choice(["fcfs", "priority"]),
+          enable_prefix_caching=True, max_num_seqs=rng.choice([16, 32]),
+          max_num_batched_tokens=rng.choice([64, 128, 512]),
+          fake_token_mode="fixed", fixed_token=rng.randrange(1, 50))
+    prio = w.cfg["policy"] == "priority"
+    prefixes = [w.toks(bs * rng.randrange(1, 5)) for _ in range(rng.randrange(2, 5))]
+    n = rng.randrange(30, 41)
+    for a in arrivals(rng, n, rng.choice(["burst", "poisson", "two_bursts"])):
+        p = rng.choice(prefixes) + w.toks(rng.choice([0, rng.randrange(1, 2 * bs)]))
+        w.add(p, rng.randrange(bs, 5 * bs), a, priority=rng.choice([0, 1, 2]) if prio else None)
+    tags = [w.cfg["policy"], f"bs{bs}"] + common_toggles(rng, release, w, allow_pc=False)
+    w.cfg["num_gpu_blocks"] = fit_pool(w, bs, rng.uniform(0.08, 0.25))
+    return finish(w, tags, "30-40 requests with shared prefixes and identical prompts, "
+                  "fixed fake token (output blocks shared across requests), tight pool", seed)
+
+
 FAMILIES = {
     # family: (function, seeds per release {rel: n}, releases)
     "fcfs_pressure": (fam_fcfs_pressure, 16),
@@ -465,6 +486,7 @@ FAMILIES = {
     "noisl": (fam_noisl, 10),
     "gaps": (fam_gaps, 5),
     "overflow": (fam_overflow, 4),
+    "crowd": (fam_crowd, 8),
 }
 UNSUPPORTED_FAMILIES = {"0.33": set(), "0.19.0": {"watermark"},
                         "0.11.0": {"watermark", "noisl"}}
@@ -545,6 +567,11 @@ def gen_workloads(release: str) -> dict[str, tuple[str, dict]]:
 def analyse(trace: list[dict], summary: dict, release: str, wl: dict) -> dict:
     """What the trace shows: counts used for the index and selection."""
     plen = {r["id"]: len(r["prompt_token_ids"]) for r in wl["requests"]}
+    c = wl["config"]
+    mml = c.get("max_model_len") or (2048 if c.get("enable_chunked_prefill", True)
+                                     else min(2048, c.get("max_num_batched_tokens", 2048)))
+    over_mml = sum(1 for r in wl["requests"]
+                   if len(r["prompt_token_ids"]) + r["max_tokens"] > mml)
     into_outputs = 0
     prev_running: list = []
     rollbacks = multi_steps = resume_hits = resume_hit_tokens = idle = 0
@@ -592,6 +619,7 @@ def analyse(trace: list[dict], summary: dict, release: str, wl: dict) -> dict:
         "resume_hits_into_output_blocks": into_outputs,
         "total_prefix_hit_tokens": summary["total_prefix_hit_tokens"],
         "idle_steps": idle,
+        "requests_over_max_model_len": over_mml,
     }
 
 
