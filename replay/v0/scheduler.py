@@ -61,11 +61,8 @@ class V0Config:
 @dataclass(frozen=True)
 class V0Profile:
     """Release-specific V0 behaviour. Only 0.6.6.post1 was checked against its own code
-    (spec Part F); the knobs below name the rules a neighbouring release might change."""
+    (spec Part F); other V0 releases get a profile here once an oracle shows a difference."""
     version: str = "0.6.6.post1"
-    # spec F.6: priority force-preemption puts the victim at the front of `waiting` even
-    # when it was swapped out (a vLLM defect, copied).
-    priority_victim_to_waiting_even_if_swapped: bool = True
     # spec B: a warning is logged when the counter (before increment) is a multiple of this.
     warning_every: int = 50
 
