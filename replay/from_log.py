@@ -1,0 +1,812 @@
+"""From what a vLLM log says to the preemptions it did not say (issue: `kvreplay replay`).
+
+1. `rebuild_workload`: engine config -> SchedulerConfig; request lines -> requests with
+   prompt tokens (JSON-body / DEBUG lines) or estimated lengths, and output lengths (exact
+   with ignore_eos + max_tokens, else estimated and marked so).
+2. `timed_replay`: the faithful scheduler driven by a wall clock. A step-time model
+   (fixed cost + cost per scheduled token + cost per scheduled request) advances the clock;
+   a request enters when the clock passes its logged arrival, but never before the
+   completions the log shows ahead of it, and never after one it shows behind it.
+3. `fit`: the step-time model is fitted so that the replay's token counts line up with the
+   logged stats lines (each stats interval has a known length and a known number of
+   generated tokens); the within-second arrival spread is chosen by the same criterion.
+4. `preemption_records`, `storms`, `verify`: what happened, and how it compares with every
+   counter the log did record.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvreplay.replay.engine import Engine
+from kvreplay.replay.logfacts import LogFacts, LogRequest
+from kvreplay.replay.profile import SchedulerProfile, get_profile
+from kvreplay.replay.request import RequestStatus
+from kvreplay.replay.scheduler import SchedulerConfig
+from kvreplay.replay.workload import RequestSpec, Workload
+
+# vLLM V1 defaults used when the log does not state a value (A13; `non-default args` lists
+# only what the user changed). Each use is reported in the output.
+V1_DEFAULTS = {
+    "block_size": 16,
+    "max_num_seqs": 256,
+    "max_num_batched_tokens": 8192,
+    "enable_chunked_prefill": True,
+    "enable_prefix_caching": True,
+    "policy": "fcfs",
+    "long_prefill_token_threshold": 0,
+    "scheduler_reserve_full_isl": True,
+    "watermark": 0.0,
+}
+
+
+@dataclass(slots=True)
+class StepTimeModel:
+    """Seconds one engine step takes: overhead + per token + per scheduled request."""
+
+    overhead_s: float = 0.005
+    per_token_s: float = 2e-5
+    per_request_s: float = 5e-5
+
+    def dt(self, tokens: int, requests: int) -> float:
+        return self.overhead_s + self.per_token_s * tokens + self.per_request_s * requests
+
+    def describe(self) -> str:
+        return (
+            f"step time = {self.overhead_s * 1e3:.3f} ms + {self.per_token_s * 1e6:.3f} us x "
+            f"scheduled tokens + {self.per_request_s * 1e6:.2f} us x scheduled requests"
+        )
+
+
+@dataclass(slots=True)
+class Rebuilt:
+    workload: Workload
+    requests: list[LogRequest]
+    prompt_estimated: list[bool]
+    output_estimated: list[bool]
+    config_sources: dict[str, str]  # knob -> "log" | "default" | "derived"
+    notes: list[str] = field(default_factory=list)
+
+
+class ReplayError(Exception):
+    """The log is too thin to replay; the message says what is missing."""
+
+
+# ---------------------------------------------------------------- 1. workload
+def scheduler_config_from(facts: LogFacts, profile: SchedulerProfile) -> tuple[SchedulerConfig, dict[str, str], list[str]]:
+    c = facts.config
+    src: dict[str, str] = {}
+    notes: list[str] = []
+
+    def pick(name: str, logged: Any, default: Any) -> Any:
+        if logged is not None:
+            src[name] = "log"
+            return logged
+        src[name] = "default"
+        return default
+
+    block_size = pick("block_size", c.block_size if c else None, V1_DEFAULTS["block_size"])
+    num_blocks = c.num_gpu_blocks if c else None
+    if num_blocks is not None:
+        src["num_gpu_blocks"] = "log"
+    elif c is not None and c.kv_cache_tokens:
+        num_blocks = c.kv_cache_tokens // block_size
+        src["num_gpu_blocks"] = "derived"
+        notes.append(
+            f"num_gpu_blocks = KV cache size {c.kv_cache_tokens} tokens / block size {block_size}"
+        )
+    else:
+        raise ReplayError(
+            "the log does not give the KV cache size: keep the startup lines (GPU KV cache "
+            "size / # GPU blocks / num_gpu_blocks_override) in the log you replay"
+        )
+    max_model_len = c.max_model_len if c else None
+    if max_model_len is None:
+        raise ReplayError("the log does not give max_model_len: keep the startup lines")
+    src["max_model_len"] = "log"
+    chunked = pick("enable_chunked_prefill", c.enable_chunked_prefill if c else None, True)
+    caching = pick("enable_prefix_caching", c.enable_prefix_caching if c else None, True)
+    max_seqs = pick("max_num_seqs", c.max_num_seqs if c else None, V1_DEFAULTS["max_num_seqs"])
+    budget = pick(
+        "max_num_batched_tokens",
+        c.max_num_batched_tokens if c else None,
+        V1_DEFAULTS["max_num_batched_tokens"],
+    )
+    policy = pick("policy", c.scheduling_policy if c else None, "fcfs")
+    threshold = pick(
+        "long_prefill_token_threshold", c.long_prefill_token_threshold if c else None, 0
+    )
+    watermark = pick("watermark", c.watermark if c else None, 0.0) if profile.watermark else 0.0
+    async_default = _version_at_least(facts.vllm_version, (0, 14, 0))
+    async_sched = pick("async_scheduling", c.async_scheduling if c else None, async_default)
+    for k, v in src.items():
+        if v == "default":
+            notes.append(f"{k} not in the log: vLLM's default assumed")
+    cfg = SchedulerConfig(
+        num_gpu_blocks=int(num_blocks),
+        block_size=int(block_size),
+        max_num_seqs=int(max_seqs),
+        max_num_batched_tokens=int(budget),
+        max_model_len=int(max_model_len),
+        enable_chunked_prefill=bool(chunked),
+        enable_prefix_caching=bool(caching),
+        policy=str(policy).lower(),
+        long_prefill_token_threshold=int(threshold),
+        scheduler_reserve_full_isl=True,
+        watermark=float(watermark),
+        async_scheduling=bool(async_sched),
+    )
+    return cfg, src, notes
+
+
+def _version_at_least(version: str | None, want: tuple[int, int, int]) -> bool:
+    if not version:
+        return True
+    nums = []
+    for part in version.lstrip("v").split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        nums.append(int(digits) if digits else 0)
+    while len(nums) < 3:
+        nums.append(0)
+    return tuple(nums) >= want
+
+
+def rebuild_workload(
+    facts: LogFacts,
+    profile: SchedulerProfile,
+    *,
+    prompt_lens: list[int] | None = None,
+) -> Rebuilt:
+    if not facts.requests:
+        raise ReplayError(
+            "the log has no request lines, so there is no workload to replay: start vLLM "
+            "with --enable-log-requests (and VLLM_REQUEST_BODY_LOG_LEVEL=INFO for prompts)"
+        )
+    cfg, src, notes = scheduler_config_from(facts, profile)
+    specs: list[RequestSpec] = []
+    p_est: list[bool] = []
+    o_est: list[bool] = []
+    mean_len = _mean_prompt_len(facts)
+    usable_tokens = (cfg.num_gpu_blocks - 1) * cfg.block_size
+    for i, r in enumerate(facts.requests):
+        if r.prompt_token_ids is not None and (r.prompt_len is None or r.prompt_len == len(r.prompt_token_ids)):
+            prompt = list(r.prompt_token_ids)
+            est = False
+        else:
+            n = prompt_lens[i] if prompt_lens is not None else (r.prompt_len or mean_len)
+            # Unknown content: tokens unique to this request (no prefix sharing assumed).
+            prompt = [1_000_000 + i * 100_003 + j for j in range(max(1, int(n)))]
+            est = r.prompt_len is None or prompt_lens is not None
+        prompt = prompt[: cfg.max_model_len]
+        max_tokens = r.max_tokens if r.max_tokens is not None else cfg.max_model_len - len(prompt)
+        out_est = False
+        if r.output_len is not None:
+            max_tokens = r.output_len
+        elif not r.ignore_eos:
+            out_est = True  # max_tokens is an upper bound: EOS may have come earlier
+        max_tokens = max(1, min(max_tokens, cfg.max_model_len - len(prompt) + 1))
+        # A request that could never fit the pool would loop forever (vLLM rejects such a
+        # max_model_len at startup); clamp and say so.
+        if min(len(prompt) + max_tokens, cfg.max_model_len) - 1 > usable_tokens:
+            max_tokens = max(1, usable_tokens + 1 - len(prompt))
+            out_est = True
+        specs.append(RequestSpec(r.log_id, 0, prompt, int(max_tokens), r.priority))
+        p_est.append(est)
+        o_est.append(out_est)
+    wl = Workload(
+        name="log replay",
+        description="rebuilt from " + ", ".join(facts.files),
+        config=cfg,
+        requests=specs,
+        max_steps=10**9,
+    )
+    if any(p_est):
+        notes.append(f"{sum(p_est)} prompt lengths estimated (mean {mean_len} tokens)")
+    if any(o_est):
+        notes.append(f"{sum(o_est)} output lengths estimated (max_tokens taken as the length)")
+    return Rebuilt(wl, facts.requests, p_est, o_est, src, notes)
+
+
+def _mean_prompt_len(facts: LogFacts) -> int:
+    known = [len(r.prompt_token_ids) if r.prompt_token_ids is not None else r.prompt_len
+             for r in facts.requests]
+    known = [k for k in known if k]
+    if known:
+        return max(1, round(sum(known) / len(known)))
+    # From the stats lines: prompt tokens computed over the whole log / requests.
+    interval = facts.interval_s or 10.0
+    total = sum((s.prompt_throughput or 0.0) * interval for s in facts.stats)
+    if total > 0:
+        return max(1, round(total / len(facts.requests)))
+    return 512
+
+
+# ---------------------------------------------------------------- 2. timed replay
+@dataclass(slots=True)
+class TimedRun:
+    records: list[dict[str, Any]]
+    step_start: list[float]  # wall-clock start of each step
+    arrival_step: dict[str, int]
+    summary: Any
+    model: StepTimeModel
+    spread: float
+    cut_at: float | None  # the replay stopped at the log's end (server killed)
+    unfinished: list[str]
+
+
+def arrival_times(facts: LogFacts, spread: float) -> list[float]:
+    """Logged second + a share of the second: the j-th of m arrivals logged in one second
+    is put at S + spread * (j + 1) / (m + 1) (spread 0: a burst at the start of the
+    second; 1: evenly spread, the expectation for Poisson arrivals)."""
+    out: list[float] = []
+    reqs = facts.requests
+    base = facts.first_time or 0.0
+    i = 0
+    while i < len(reqs):
+        sec = reqs[i].time if reqs[i].time is not None else (out[-1] if out else base)
+        j = i
+        while j < len(reqs) and (reqs[j].time if reqs[j].time is not None else sec) == sec:
+            j += 1
+        m = j - i
+        for k in range(m):
+            out.append(sec + spread * (k + 1) / (m + 1))
+        i = j
+    # keep file order monotonic
+    for k in range(1, len(out)):
+        if out[k] < out[k - 1]:
+            out[k] = out[k - 1]
+    return out
+
+
+def timed_replay(
+    rebuilt: Rebuilt,
+    facts: LogFacts,
+    profile: SchedulerProfile,
+    model: StepTimeModel,
+    spread: float,
+    *,
+    trace: bool = True,
+    use_completion_order: bool = True,
+) -> TimedRun:
+    wl = rebuilt.workload
+    engine = Engine(wl, profile)
+    engine.by_step = {}
+    engine.max_arrival = 1 << 62  # arrivals come by time, not by step
+    sched = engine.scheduler
+    reqs = facts.requests
+    times = arrival_times(facts, spread)
+    specs = wl.requests
+    pending = deque(range(len(specs)))
+    clock = times[0] if times else 0.0
+    records: list[dict[str, Any]] = []
+    step_start: list[float] = []
+    arrival_step: dict[str, int] = {}
+    finished = 0
+    stop_at = _cut_time(facts)
+    cut = None
+    aborts = sorted(
+        (r.aborted_time, r.log_id) for r in reqs if r.aborted_time is not None
+    )
+    abort_i = 0
+    max_tokens = {s.id: s.max_tokens for s in specs}
+    while not engine.done:
+        busy = sched.has_requests() or bool(engine.batch_queue)
+        if not busy and pending:
+            clock = max(clock, times[pending[0]])
+        if stop_at is not None and clock > stop_at:
+            cut = stop_at
+            break
+        while abort_i < len(aborts) and aborts[abort_i][0] is not None and aborts[abort_i][0] <= clock:
+            rid = aborts[abort_i][1]
+            if rid in sched.requests:
+                sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+                engine.summary.finished_step[rid] = engine.step_index
+            abort_i += 1
+        step = engine.step_index
+        batch = []
+        imminent = None
+        while pending:
+            k = pending[0]
+            r = reqs[k]
+            need = r.completions_before if use_completion_order else 0
+            if finished < need and clock < times[k] + 2.0:
+                break  # the log shows more completions before this arrival
+            due = times[k] <= clock
+            if not due and use_completion_order and finished >= need:
+                if imminent is None:
+                    imminent = _finish_imminent(sched, max_tokens)
+                # The log shows this arrival before the next completion: do not let the
+                # replay finish a request first.
+                due = imminent and finished == need
+            if not due:
+                break
+            pending.popleft()
+            batch.append((k, specs[k]))
+            arrival_step[specs[k].id] = step
+        if batch:
+            engine.by_step[step] = batch
+        elif not busy:
+            if not pending:
+                break
+            # idle, and the next arrival is held back by the completion order: let it in.
+            k = pending.popleft()
+            engine.by_step[step] = [(k, specs[k])]
+            arrival_step[specs[k].id] = step
+            clock = max(clock, times[k])
+        rec = engine.step(trace=True)
+        step_start.append(clock)
+        n_tok = rec.get("num_scheduled_tokens", 0)
+        n_req = len(rec.get("scheduled", ()))
+        clock += model.dt(n_tok, n_req) if n_req else model.overhead_s
+        finished += len(rec.get("finished", ()))
+        if trace:
+            records.append(rec)
+        else:
+            records.append(_compact(rec))
+    summary = engine.summary
+    if cut is not None or not engine.done:
+        summary.num_steps = engine.step_index
+        summary.completed = False
+    unfinished = [s.id for s in specs if s.id not in summary.finished_step]
+    return TimedRun(records, step_start, arrival_step, summary, model, spread, cut, unfinished)
+
+
+def _compact(rec: dict[str, Any]) -> dict[str, Any]:
+    keep = ("step", "arrivals", "scheduled", "num_scheduled_tokens", "new", "resumed",
+            "prefix_hit_tokens", "preempted", "preemptions", "sampled", "finished", "running",
+            "waiting", "free_blocks", "kv_usage", "num_output_tokens", "num_computed_tokens")
+    return {k: rec[k] for k in keep if k in rec}
+
+
+def _finish_imminent(sched, max_tokens: dict[str, int]) -> bool:
+    """Will a running request produce its last token in the coming step?"""
+    max_len = sched.max_model_len
+    for r in sched.running:
+        if r.num_computed_tokens >= r.num_tokens - 1 and (
+            r.num_output_tokens + 1 >= max_tokens.get(r.request_id, 1 << 30)
+            or r.num_tokens + 1 >= max_len
+        ):
+            return True
+    return False
+
+
+def _cut_time(facts: LogFacts) -> float | None:
+    """When the log looks cut short (server killed): the replay stops at its last line."""
+    if facts.last_time is None or not facts.stats:
+        return None
+    last = facts.stats[-1]
+    open_work = (last.running or 0) + (last.waiting or 0)
+    n_stream = sum(1 for r in facts.requests if r.stream)
+    if open_work > 0 and facts.last_time <= last.time + 2 * (facts.interval_s or 10.0):
+        return facts.last_time + 1.0
+    if not n_stream and facts.completions and len(facts.completions) < len(facts.requests):
+        aborted = sum(1 for r in facts.requests if r.aborted_time is not None)
+        if len(facts.completions) + aborted < len(facts.requests) and open_work > 0:
+            return facts.last_time + 1.0
+    return None
+
+
+# ---------------------------------------------------------------- 3. fit
+@dataclass(slots=True)
+class Fit:
+    model: StepTimeModel
+    spread: float
+    loss: float
+    run: TimedRun
+    tried: list[dict[str, Any]]
+
+
+def stats_targets(facts: LogFacts) -> list[tuple[float, float]]:
+    """Cumulative generated and prompt tokens at each stats line."""
+    interval = facts.interval_s or 10.0
+    g = p = 0.0
+    out = []
+    for s in facts.stats:
+        g += (s.generation_throughput or 0.0) * interval
+        p += (s.prompt_throughput or 0.0) * interval
+        out.append((g, p))
+    return out
+
+
+def _state_at(run: TimedRun, t: float) -> dict[str, Any] | None:
+    """The replay's record for the last step that started before wall time t."""
+    import bisect
+
+    i = bisect.bisect_right(run.step_start, t) - 1
+    if i < 0:
+        return None
+    return run.records[i]
+
+
+def _cum_sampled(run: TimedRun) -> list[int]:
+    out = []
+    c = 0
+    for rec in run.records:
+        c += len(rec.get("sampled", ()))
+        out.append(c)
+    return out
+
+
+def loss_of(run: TimedRun, facts: LogFacts, phase: float = 0.5) -> float:
+    """How far the replay is from every counter the stats lines recorded."""
+    interval = facts.interval_s or 10.0
+    targets = stats_targets(facts)
+    cum = _cum_sampled(run)
+    total = 0.0
+    for s, (g, _) in zip(facts.stats, targets):
+        t = s.time + phase
+        rec = _state_at(run, t)
+        if rec is None:
+            continue
+        i = rec["step"]
+        if s.running is not None:
+            total += (len(rec["running"]) - s.running) ** 2
+        if s.waiting is not None:
+            total += (len(rec["waiting"]) - s.waiting) ** 2
+        if s.kv_usage is not None:
+            total += (100 * (rec["kv_usage"] - s.kv_usage)) ** 2 / 25.0
+        # generated tokens so far, in units of one stats interval's average
+        scale = max(1.0, g / max(1, s.index + 1))
+        total += ((cum[i] - g) / scale) ** 2
+    return total / max(1, len(facts.stats))
+
+
+def _anchor_regression(run: TimedRun, facts: LogFacts) -> StepTimeModel | None:
+    """Each stats line i closes an interval of known length in which the replay must have
+    produced the logged number of generated tokens; the steps that did so must take that
+    long. Least squares over the intervals gives the step-time model."""
+    interval = facts.interval_s or 10.0
+    targets = stats_targets(facts)
+    cum = _cum_sampled(run)
+    import bisect
+
+    anchors = []
+    for (g, _), s in zip(targets, facts.stats):
+        if g <= 0:
+            continue
+        j = bisect.bisect_left(cum, g - 0.5)
+        if j >= len(cum):
+            break
+        anchors.append(j)
+    rows = []
+    for a, b in zip(anchors, anchors[1:]):
+        if b <= a:
+            continue
+        n_steps = b - a
+        toks = sum(run.records[k].get("num_scheduled_tokens", 0) for k in range(a + 1, b + 1))
+        reqs = sum(len(run.records[k].get("scheduled", ())) for k in range(a + 1, b + 1))
+        rows.append((n_steps, toks, reqs, interval))
+    if len(rows) < 2:
+        return None
+    return _nnls3(rows)
+
+
+def _nnls3(rows: list[tuple[float, float, float, float]]) -> StepTimeModel | None:
+    """Least squares for (overhead, per token, per request) >= 0, by trying the subsets of
+    free variables (3 unknowns: 7 subsets) and keeping the best feasible one."""
+    best = None
+    for mask in range(1, 8):
+        idx = [i for i in range(3) if mask >> i & 1]
+        # normal equations
+        a = [[sum(r[i] * r[j] for r in rows) for j in idx] for i in idx]
+        y = [sum(r[i] * r[3] for r in rows) for i in idx]
+        sol = _solve(a, y)
+        if sol is None or any(v < 0 for v in sol):
+            continue
+        coef = [0.0, 0.0, 0.0]
+        for i, v in zip(idx, sol):
+            coef[i] = v
+        err = sum((coef[0] * r[0] + coef[1] * r[1] + coef[2] * r[2] - r[3]) ** 2 for r in rows)
+        if best is None or err < best[0]:
+            best = (err, coef)
+    if best is None:
+        return None
+    c = best[1]
+    return StepTimeModel(overhead_s=c[0], per_token_s=c[1], per_request_s=c[2])
+
+
+def _solve(a: list[list[float]], y: list[float]) -> list[float] | None:
+    n = len(y)
+    m = [row[:] + [y[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[piv][col]) < 1e-18:
+            return None
+        m[col], m[piv] = m[piv], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                for k in range(col, n + 1):
+                    m[r][k] -= f * m[col][k]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def initial_model(facts: LogFacts) -> StepTimeModel:
+    """A first guess from the logged throughput: ~8 ms a step plus a cost per token that
+    makes the busiest interval's tokens fit in it."""
+    interval = facts.interval_s or 10.0
+    busiest = max(((s.prompt_throughput or 0) + (s.generation_throughput or 0) for s in facts.stats), default=0)
+    per_token = 0.5 / busiest if busiest > 0 else 2e-5
+    return StepTimeModel(overhead_s=0.004, per_token_s=min(per_token, 1e-3), per_request_s=0.0)
+
+
+def fit(
+    rebuilt: Rebuilt,
+    facts: LogFacts,
+    profile: SchedulerProfile,
+    *,
+    spreads: tuple[float, ...] = (0.0, 0.5, 1.0),
+    rounds: int = 3,
+    model: StepTimeModel | None = None,
+) -> Fit:
+    tried: list[dict[str, Any]] = []
+    best: Fit | None = None
+    for spread in spreads:
+        m = model or initial_model(facts)
+        for _ in range(rounds if model is None else 1):
+            run = timed_replay(rebuilt, facts, profile, m, spread, trace=False)
+            loss = loss_of(run, facts)
+            tried.append({"spread": spread, "model": asdict(m), "loss": round(loss, 4)})
+            if best is None or loss < best.loss:
+                best = Fit(m, spread, loss, run, tried)
+            if model is not None or not facts.stats:
+                break
+            new = _anchor_regression(run, facts)
+            if new is None:
+                break
+            m = new
+    assert best is not None
+    best.tried = tried
+    return best
+
+
+# ---------------------------------------------------------------- 4. results
+def preemption_records(run: TimedRun, rebuilt: Rebuilt, confidence_of=None) -> list[dict[str, Any]]:
+    """One record per preemption, with what it cost and when the victim got back in."""
+    ids = {r.log_id: r for r in rebuilt.requests}
+    resumed_at: dict[str, list[tuple[int, int, int]]] = {}
+    for rec in run.records:
+        for rid in rec.get("resumed", ()):
+            n = next((n for r2, n in rec.get("scheduled", ()) if r2 == rid), 0)
+            hit = rec.get("prefix_hit_tokens", {}).get(rid, 0)
+            resumed_at.setdefault(rid, []).append((rec["step"], n, hit))
+    out = []
+    for rec in run.records:
+        for p in rec.get("preemptions", ()):
+            victim = p["req"]
+            step = rec["step"]
+            back = next((x for x in resumed_at.get(victim, ()) if x[0] > step), None)
+            item: dict[str, Any] = {
+                "step": step,
+                "time": round(run.step_start[step], 3) if step < len(run.step_start) else None,
+                "victim": victim,
+                "victim_internal_id": ids[victim].internal_id if victim in ids else None,
+                "trigger": p["trigger"],
+                "self_preemption": p["self_preempt"],
+                "victim_rule": p.get("victim_rule"),
+                "rolled_back_tokens": p.get("rolled_back_tokens", 0),
+                "blocks_needed": p.get("blocks_needed"),
+                "free_blocks": p.get("free_blocks_at_failure", p["free_blocks_before"]),
+                "blocks_freed": p["free_blocks_after"] - p["free_blocks_before"],
+                "computed_tokens_lost": p["num_computed_tokens_before"],
+                "num_tokens": p["num_tokens"],
+                "num_output_tokens": p["num_output_tokens"],
+                "readmission_step": back[0] if back else None,
+                "readmission_time": round(run.step_start[back[0]], 3) if back else None,
+                "prefix_hit_at_readmission": back[2] if back else None,
+                "tokens_recomputed": (p["num_tokens"] - back[2]) if back else None,
+                "time_lost_s": round(run.step_start[back[0]] - run.step_start[step], 3) if back else None,
+            }
+            if confidence_of is not None:
+                item["confidence"] = confidence_of(step)
+            out.append(item)
+    return out
+
+
+def storms(preemptions: list[dict[str, Any]], gap_steps: int = 50) -> list[dict[str, Any]]:
+    """Bursts: preemptions no more than `gap_steps` apart."""
+    out: list[dict[str, Any]] = []
+    for p in preemptions:
+        if out and p["step"] - out[-1]["last_step"] <= gap_steps:
+            s = out[-1]
+            s["last_step"] = p["step"]
+            s["end_time"] = p["time"]
+            s["preemptions"] += 1
+            s["tokens_lost"] += p["computed_tokens_lost"]
+            s["victims"].append(p["victim"])
+        else:
+            out.append({"first_step": p["step"], "last_step": p["step"], "start_time": p["time"],
+                        "end_time": p["time"], "preemptions": 1,
+                        "tokens_lost": p["computed_tokens_lost"], "victims": [p["victim"]]})
+    for s in out:
+        s["victims"] = sorted(set(s["victims"]))
+    return out
+
+
+def verify(run: TimedRun, facts: LogFacts, phase: float = 0.5) -> dict[str, Any]:
+    """Replayed vs logged, per stats line; the first line that disagrees."""
+    interval = facts.interval_s or 10.0
+    rows = []
+    first_bad = None
+    prev_step = -1
+    for s in facts.stats:
+        rec = _state_at(run, s.time + phase)
+        if rec is None:
+            rows.append({"line": s.line, "time": s.time, "replayed": None})
+            continue
+        step = rec["step"]
+        window = run.records[prev_step + 1 : step + 1]
+        prev_step = step
+        gen = sum(len(r.get("sampled", ())) for r in window)
+        prompt = sum(n for r in window for rid, n in r.get("scheduled", ())
+                     if rid in r.get("new", ()) or rid in r.get("resumed", ()) or
+                     rid not in r.get("sampled", ()))
+        pre = sum(len(r.get("preempted", ())) for r in window)
+        row = {
+            "file": s.file,
+            "line": s.line,
+            "time": s.time,
+            "step": step,
+            "running": [len(rec["running"]), s.running],
+            "waiting": [len(rec["waiting"]), s.waiting],
+            "kv_usage": [round(rec["kv_usage"], 4), s.kv_usage],
+            "generation_throughput": [round(gen / interval, 1), s.generation_throughput],
+            "prompt_throughput": [round(prompt / interval, 1), s.prompt_throughput],
+            "preemptions": [pre, s.preemptions],
+        }
+        diffs = []
+        if s.running is not None and row["running"][0] != s.running:
+            diffs.append(f"running {row['running'][0]} vs logged {s.running}")
+        if s.waiting is not None and row["waiting"][0] != s.waiting:
+            diffs.append(f"waiting {row['waiting'][0]} vs logged {s.waiting}")
+        if s.kv_usage is not None and abs(rec["kv_usage"] - s.kv_usage) > 0.02:
+            diffs.append(f"KV usage {100 * rec['kv_usage']:.1f}% vs logged {100 * s.kv_usage:.1f}%")
+        if s.preemptions is not None and pre != s.preemptions:
+            diffs.append(f"preemptions {pre} vs logged {s.preemptions}")
+        row["agrees"] = not diffs
+        row["differences"] = diffs
+        if diffs and first_bad is None:
+            first_bad = row
+        rows.append(row)
+    agree = sum(1 for r in rows if r.get("agrees"))
+    return {
+        "stats_lines": len(rows),
+        "agreeing_lines": agree,
+        "first_divergence": None if first_bad is None else {
+            "file": first_bad["file"], "line": first_bad["line"], "step": first_bad["step"],
+            "differences": first_bad["differences"],
+        },
+        "lines": rows,
+    }
+
+
+def confidence_function(check: dict[str, Any], run: TimedRun):
+    """'consistent' when the stats lines on both sides of the step agree, else 'inferred'."""
+    rows = [r for r in check["lines"] if r.get("step") is not None]
+
+    def conf(step: int) -> str:
+        before = [r for r in rows if r["step"] < step]
+        after = [r for r in rows if r["step"] >= step]
+        near = ([before[-1]] if before else []) + ([after[0]] if after else [])
+        if near and all(r.get("agrees") for r in near):
+            return "consistent"
+        return "inferred"
+
+    return conf
+
+
+# ---------------------------------------------------------------- driver
+@dataclass(slots=True)
+class LogReplay:
+    facts: LogFacts
+    rebuilt: Rebuilt
+    profile: SchedulerProfile
+    fit: Fit
+    run: TimedRun
+    preemptions: list[dict[str, Any]]
+    storms: list[dict[str, Any]]
+    verification: dict[str, Any]
+    estimate: dict[str, Any] | None  # count interval when prompts are unknown
+
+    def summary(self) -> dict[str, Any]:
+        n_pre = len(self.preemptions)
+        victims = {p["victim"] for p in self.preemptions}
+        return {
+            "vllm_version": self.facts.vllm_version,
+            "profile": self.profile.name,
+            "requests": len(self.facts.requests),
+            "steps": len(self.run.records),
+            "preemptions": n_pre,
+            "self_preemptions": sum(1 for p in self.preemptions if p["self_preemption"]),
+            "requests_preempted": len(victims),
+            "computed_tokens_lost": sum(p["computed_tokens_lost"] for p in self.preemptions),
+            "tokens_recomputed": sum(p["tokens_recomputed"] or 0 for p in self.preemptions),
+            "step_time_model": self.fit.model.describe(),
+            "arrival_spread": self.fit.spread,
+            "fit_loss": round(self.fit.loss, 4),
+            "prompts": "exact" if not any(self.rebuilt.prompt_estimated) else "estimated",
+            "output_lengths": "exact" if not any(self.rebuilt.output_estimated) else "estimated",
+            "cut_short": self.run.cut_at is not None,
+            "unfinished_requests": self.run.unfinished,
+        }
+
+
+def replay_facts(facts: LogFacts, *, profile: str | None = None) -> LogReplay:
+    prof = get_profile(profile or facts.vllm_version)
+    if facts.engine_version == "V0":
+        raise ReplayError(
+            "this is a V0-engine log; replaying V0 logs is not supported yet (use "
+            "`kvreplay simulate` on a V0 workload)"
+        )
+    rebuilt = rebuild_workload(facts, prof)
+    estimate = None
+    if facts.prompts_known or facts.prompt_lengths_known:
+        f = fit(rebuilt, facts, prof)
+    else:
+        rebuilt, f, estimate = _fit_unknown_prompts(facts, prof)
+    run = timed_replay(rebuilt, facts, prof, f.model, f.spread, trace=True)
+    check = verify(run, facts)
+    conf = confidence_function(check, run)
+    pre = preemption_records(run, rebuilt, conf)
+    return LogReplay(facts, rebuilt, prof, f, run, pre, storms(pre), check, estimate)
+
+
+def _fit_unknown_prompts(facts: LogFacts, prof: SchedulerProfile):
+    """No prompt lengths in the log: give every request the mean length the prompt
+    throughput implies, then rescale per stats interval so each interval's prompt tokens
+    match; the spread of preemption counts over plausible variants is the estimate."""
+    rebuilt = rebuild_workload(facts, prof)
+    f = fit(rebuilt, facts, prof)
+    lens = [len(s.prompt_token_ids) for s in rebuilt.workload.requests]
+    for _ in range(2):
+        lens = _rescale_lengths(f.run, facts, lens)
+        rebuilt = rebuild_workload(facts, prof, prompt_lens=lens)
+        f = fit(rebuilt, facts, prof, spreads=(f.spread,))
+    counts = []
+    for factor in (0.85, 1.0, 1.15):
+        rb = rebuild_workload(facts, prof, prompt_lens=[max(1, round(n * factor)) for n in lens])
+        r = timed_replay(rb, facts, prof, f.model, f.spread, trace=False)
+        counts.append(r.summary.total_preemptions)
+    estimate = {
+        "preemptions_low": min(counts),
+        "preemptions_high": max(counts),
+        "variants": {"prompt lengths x0.85": counts[0], "as estimated": counts[1],
+                     "prompt lengths x1.15": counts[2]},
+        "why": "prompt lengths are not in this log; they were estimated from the stats "
+               "lines' prompt throughput",
+        "make_it_exact": "set VLLM_REQUEST_BODY_LOG_LEVEL=INFO (vLLM 0.31+) or --log-level "
+                         "DEBUG so every prompt is logged, or enable kvreplay's step-trace "
+                         "scheduler plugin",
+    }
+    return rebuilt, f, estimate
+
+
+def _rescale_lengths(run: TimedRun, facts: LogFacts, lens: list[int]) -> list[int]:
+    """Scale the prompt lengths of the requests first scheduled in each stats interval so
+    that the interval's prompt tokens match the logged prompt throughput."""
+    interval = facts.interval_s or 10.0
+    first_step: dict[str, int] = {}
+    for rec in run.records:
+        for rid in rec.get("new", ()):
+            first_step.setdefault(rid, rec["step"])
+    ids = [r.log_id for r in facts.requests]
+    pos = {rid: i for i, rid in enumerate(ids)}
+    bounds = []
+    for s in facts.stats:
+        rec = _state_at(run, s.time + 0.5)
+        bounds.append(rec["step"] if rec else -1)
+    new = list(lens)
+    lo = -1
+    for s, hi in zip(facts.stats, bounds):
+        members = [pos[r] for r, st in first_step.items() if lo < st <= hi]
+        lo = hi
+        want = (s.prompt_throughput or 0.0) * interval
+        have = sum(lens[i] for i in members)
+        if members and want > 0 and have > 0:
+            f = want / have
+            for i in members:
+                new[i] = max(1, round(lens[i] * f))
+    return new

@@ -1,0 +1,267 @@
+"""What a vLLM log says about a serving run, gathered from parsed events (spec A13).
+
+Only events go in (kvreplay.events): this module never reads text. Everything a replay
+needs is collected in `LogFacts`; what the log cannot tell is listed in `missing`, with
+the vLLM flag that would tell it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from kvreplay import events as ev
+
+
+@dataclass(slots=True)
+class LogRequest:
+    index: int
+    log_id: str  # the id on the "Received request" line
+    time: float | None  # epoch seconds, whole-second resolution
+    file: str
+    line: int
+    internal_id: str | None = None  # "Added request" id (0.14+: log id + "-<8 hex>")
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    priority: int = 0
+    n: int = 1
+    prompt_token_ids: list[int] | None = None
+    prompt_len: int | None = None
+    stream: bool | None = None
+    output_len: int | None = None  # from a "Generated response" line
+    finish_reason: str | None = None
+    # Ordering facts: completions (access lines) and stats lines seen before this request.
+    completions_before: int = 0
+    stats_before: int = 0
+    aborted_time: float | None = None
+    # Position among all arrivals, completions and stats lines of the log, in file order.
+    seq: int = 0
+
+
+@dataclass(slots=True)
+class StatsPoint:
+    index: int
+    time: float  # whole second printed
+    file: str
+    line: int
+    running: int | None
+    waiting: int | None
+    kv_usage: float | None  # fraction
+    prompt_throughput: float | None
+    generation_throughput: float | None
+    preemptions: int | None
+    prefix_cache_hit_rate: float | None
+    arrivals_before: int = 0
+    completions_before: int = 0
+    seq: int = 0
+
+
+@dataclass(slots=True)
+class LogFacts:
+    config: ev.EngineConfig | None
+    vllm_version: str | None
+    engine_version: str | None
+    requests: list[LogRequest]
+    stats: list[StatsPoint]
+    completions: list[tuple[str, int, int]]  # (file, line, arrivals before it)
+    v0_preemptions: list[ev.Preemption]
+    iterations: list[ev.Iteration]
+    interval_s: float | None
+    first_time: float | None
+    last_time: float | None
+    num_events: int
+    num_unparsed: int
+    files: list[str]
+    missing: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def prompts_known(self) -> bool:
+        return bool(self.requests) and all(r.prompt_token_ids is not None for r in self.requests)
+
+    @property
+    def prompt_lengths_known(self) -> bool:
+        return bool(self.requests) and all(
+            r.prompt_token_ids is not None or r.prompt_len is not None for r in self.requests
+        )
+
+
+def collect(
+    events: Iterable[ev.Event],
+    files: list[str],
+    *,
+    config: ev.EngineConfig | None,
+    vllm_version: str | None,
+    engine_version: str | None,
+) -> LogFacts:
+    """One pass over the events of a (merged) log. The caller merges the config and detects
+    the release (kvreplay.parsers.merge_config / detect_version): replay never imports the
+    parsers."""
+    config_events: list[Any] = []
+    requests: list[LogRequest] = []
+    by_id: dict[str, LogRequest] = {}
+    bodies: list[ev.RequestBody] = []  # JSON-body lines waiting for their Received line
+    details: dict[str, ev.RequestDetails] = {}
+    stats: list[StatsPoint] = []
+    completions: list[tuple[str, int, int]] = []
+    v0_pre: list[ev.Preemption] = []
+    iterations: list[ev.Iteration] = []
+    outputs: dict[str, ev.GeneratedResponse] = {}
+    aborts: list[ev.RequestAborted] = []
+    first_time = last_time = None
+    n_events = n_unparsed = 0
+    seq = 0
+    for e in events:
+        n_events += 1
+        if e.time is not None:
+            first_time = e.time if first_time is None else min(first_time, e.time)
+            last_time = e.time if last_time is None else max(last_time, e.time)
+        if isinstance(e, ev.Unparsed):
+            n_unparsed += 1
+        elif isinstance(e, (ev.EngineConfig, ev.KvCapacity)):
+            config_events.append(e)
+        elif isinstance(e, ev.RequestBody):
+            bodies.append(e)
+        elif isinstance(e, ev.RequestDetails):
+            details[e.request_id] = e
+        elif isinstance(e, ev.RequestReceived):
+            seq += 1
+            r = LogRequest(
+                index=len(requests), log_id=e.request_id, time=e.time, file=e.file, line=e.line,
+                max_tokens=e.max_tokens, min_tokens=e.min_tokens, ignore_eos=e.ignore_eos,
+                priority=e.priority or 0, n=e.n or 1, prompt_token_ids=e.prompt_token_ids,
+                prompt_len=e.prompt_len, completions_before=len(completions),
+                stats_before=len(stats), seq=seq,
+            )
+            # The JSON-body line (0.31+) comes just before its Received line, under another
+            # id: pair them in order.
+            if bodies:
+                body = bodies.pop(0)
+                if r.prompt_token_ids is None and body.prompt_token_ids is not None:
+                    r.prompt_token_ids = body.prompt_token_ids
+                    r.prompt_len = body.prompt_len
+                if r.max_tokens is None:
+                    r.max_tokens = body.max_tokens
+                if r.ignore_eos is None:
+                    r.ignore_eos = body.ignore_eos
+                if body.priority is not None:
+                    r.priority = body.priority
+                r.stream = body.stream
+            requests.append(r)
+            by_id[r.log_id] = r
+        elif isinstance(e, ev.RequestAdded):
+            r = _match(by_id, e.request_id)
+            if r is not None and r.internal_id is None:
+                r.internal_id = e.request_id
+        elif isinstance(e, ev.RequestAborted):
+            aborts.append(e)
+        elif isinstance(e, ev.GeneratedResponse):
+            outputs[e.request_id] = e
+        elif isinstance(e, ev.HttpAccess):
+            if e.method == "POST" and e.status == 200 and _is_generation(e.path):
+                seq += 1
+                completions.append((e.file, e.line, len(requests)))
+        elif isinstance(e, ev.Stats):
+            if e.engine not in (None, 0) or e.time is None:
+                continue  # data-parallel logs: engine 0 only here
+            seq += 1
+            stats.append(
+                StatsPoint(
+                    index=len(stats), time=e.time, file=e.file, line=e.line,
+                    running=e.running, waiting=e.waiting,
+                    kv_usage=None if e.gpu_kv_usage is None else e.gpu_kv_usage / 100.0,
+                    prompt_throughput=e.prompt_throughput,
+                    generation_throughput=e.generation_throughput,
+                    preemptions=e.preemptions, prefix_cache_hit_rate=e.prefix_cache_hit_rate,
+                    arrivals_before=len(requests), completions_before=len(completions), seq=seq,
+                )
+            )
+        elif isinstance(e, ev.Preemption):
+            v0_pre.append(e)
+        elif isinstance(e, ev.Iteration):
+            iterations.append(e)
+    for rid, d in details.items():
+        r = _match(by_id, rid)
+        if r is not None and r.prompt_token_ids is None and d.prompt_token_ids is not None:
+            r.prompt_token_ids = d.prompt_token_ids
+            r.prompt_len = d.prompt_len
+    for rid, out in outputs.items():
+        r = _match(by_id, rid)
+        if r is not None and out.num_output_tokens is not None and out.streaming != "delta":
+            r.output_len = out.num_output_tokens
+            r.finish_reason = out.finish_reason
+    for a in aborts:
+        for rid in a.request_ids:
+            r = _match(by_id, rid)
+            if r is not None and r.aborted_time is None:
+                r.aborted_time = a.time
+    gaps = [b.time - a.time for a, b in zip(stats, stats[1:]) if b.time > a.time]
+    interval = None
+    if gaps:
+        gaps.sort()
+        interval = float(gaps[len(gaps) // 2])
+    facts = LogFacts(
+        config=config,
+        vllm_version=vllm_version,
+        engine_version=engine_version,
+        requests=requests,
+        stats=stats,
+        completions=completions,
+        v0_preemptions=v0_pre,
+        iterations=iterations,
+        interval_s=interval,
+        first_time=first_time,
+        last_time=last_time,
+        num_events=n_events,
+        num_unparsed=n_unparsed,
+        files=files,
+    )
+    _list_missing(facts)
+    return facts
+
+
+def _is_generation(path: str) -> bool:
+    return any(p in path for p in ("/completions", "/generate", "/responses", "/chat"))
+
+
+def _match(by_id: dict[str, LogRequest], rid: str) -> LogRequest | None:
+    """Join an engine-side id to the Received id: equal, or "<id>-<8 hex>" (0.14+)."""
+    r = by_id.get(rid)
+    if r is not None:
+        return r
+    head, sep, tail = rid.rpartition("-")
+    if sep and len(tail) == 8:
+        return by_id.get(head)
+    return None
+
+
+def _list_missing(f: LogFacts) -> None:
+    if not f.requests:
+        f.missing.append(
+            "request lines: start vLLM with --enable-log-requests (off by default since 0.10.1) "
+            "so each request's arrival and sampling params are logged"
+        )
+        return
+    if not f.prompts_known:
+        if f.prompt_lengths_known:
+            f.missing.append(
+                "prompt token ids (only lengths are logged): prefix-cache hits cannot be "
+                "replayed; VLLM_REQUEST_BODY_LOG_LEVEL=INFO (0.31+) or --log-level DEBUG logs them"
+            )
+        else:
+            f.missing.append(
+                "prompts: 0.11.1+ logs prompts only at DEBUG; set VLLM_REQUEST_BODY_LOG_LEVEL=INFO "
+                "(0.31+) or --log-level DEBUG, or use kvreplay's step-trace scheduler plugin"
+            )
+    if any(r.max_tokens is None for r in f.requests):
+        f.missing.append("max_tokens for some requests (defaults to max_model_len - prompt)")
+    if any(not r.ignore_eos and r.output_len is None for r in f.requests):
+        f.missing.append(
+            "output lengths (requests without ignore_eos stop at EOS): --enable-log-outputs "
+            "logs each response, or the step-trace plugin records every finish"
+        )
+    if not f.stats:
+        f.missing.append("periodic stats lines: keep --disable-log-stats off")
+    if f.config is None or f.config.num_gpu_blocks is None and f.config.kv_cache_tokens is None:
+        f.missing.append("the KV cache size (GPU KV cache size / # GPU blocks startup line)")

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Score `kvreplay replay` against a log case's truth.json (dev tool: the product never
+reads truth.json).
+
+    python tools/eval_logcases.py tests/data/logcases/*/ [--log server.reqbody.log]
+
+Prints, per case: true vs found preemptions, how many true ones were found with the right
+victim within +-5 steps, and the total count error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def score(case: Path, log_name: str, tol: int = 5) -> dict:
+    from kvreplay.sources import replay_logs
+
+    truth = json.loads((case / "truth.json").read_text())
+    t0 = time.perf_counter()
+    rep = replay_logs([str(case / log_name)])
+    dt = time.perf_counter() - t0
+    true = truth["preemptions"]
+    found = list(rep.preemptions)
+    used = set()
+    hits = 0
+    for p in true:
+        for j, q in enumerate(found):
+            if j in used:
+                continue
+            if q["victim"] == p["victim_log_id"] and abs(q["step"] - p["step"]) <= tol:
+                used.add(j)
+                hits += 1
+                break
+    n_true, n_found = len(true), len(found)
+    out = {
+        "case": case.name, "log": log_name, "true": n_true, "found": n_found,
+        "matched": hits, "recall": hits / n_true if n_true else 1.0,
+        "count_error": (n_found - n_true) / n_true if n_true else float(n_found),
+        "seconds": round(dt, 2), "model": rep.fit.model.describe(), "spread": rep.fit.spread,
+        "loss": round(rep.fit.loss, 3),
+        "agreeing_stats": f"{rep.verification['agreeing_lines']}/{rep.verification['stats_lines']}",
+    }
+    if rep.estimate:
+        out["estimate"] = [rep.estimate["preemptions_low"], rep.estimate["preemptions_high"]]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cases", nargs="+")
+    ap.add_argument("--log", default="server.reqbody.log")
+    args = ap.parse_args()
+    for c in args.cases:
+        print(json.dumps(score(Path(c), args.log)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
