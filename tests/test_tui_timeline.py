@@ -1,0 +1,188 @@
+"""The model behind `kvreplay tui` (replay/timeline.py): every view it rebuilds from a
+snapshot equals the straight run's record, at any step, for pools of any size."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kvreplay.replay.engine import Engine
+from kvreplay.replay.session import open_source
+from kvreplay.replay.timeline import (
+    CACHED, FREE, HELD, NULL, SHARED, EngineState, Timeline, diff_states,
+)
+from kvreplay.replay.workload import parse_workload
+from kvreplay.samples import sample_path
+
+CASES = Path(__file__).parent / "data" / "conformance" / "cases"
+SOURCES = [
+    sample_path("fcfs_heavy.workload.json"),
+    CASES / "d_priority" / "workload.json",
+    CASES / "f_prefix_caching" / "workload.json",
+    CASES / "e_chunked_prefill" / "workload.json",
+    CASES / "x_async_b_fcfs_heavy" / "workload.json",
+]
+
+
+def straight(src):
+    engine = src.engine()
+    records = list(engine.run())
+    return records, engine
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: Path(p).parent.name)
+@pytest.mark.parametrize("every", [None, 7])
+def test_views_equal_the_straight_run(path, every) -> None:
+    src = open_source([path])
+    records, engine = straight(src)
+    tl = Timeline(src, snapshot_every=every)
+    tl.build()
+    assert tl.done and tl.num_steps == len(records)
+    assert tl.summary.to_dict() == engine.summary.to_dict()
+    rng = random.Random(len(records))
+    steps = rng.sample(range(len(records)), 25) + [0, len(records) - 1]
+    # random order: backwards, forwards, far jumps
+    for s in steps + sorted(steps, reverse=True)[:5]:
+        v = tl.view(s)
+        assert v.record == records[s]
+        assert v.after.running == records[s]["running"]
+        assert v.after.waiting == records[s]["waiting"]
+        assert v.after.free_blocks == records[s]["free_blocks"]
+        held = {rid: len(r.blocks) for rid, r in v.after.requests.items() if r.blocks}
+        assert held == records[s]["blocks_held"]
+        if s > 0:
+            assert v.before.running == records[s - 1]["running"]
+    # compact columns agree with the records at every step
+    assert list(tl.free_blocks) == [r["free_blocks"] for r in records]
+    assert list(tl.num_running) == [len(r["running"]) for r in records]
+    assert [p.victim for p in tl.preemptions] == [
+        p["req"] for r in records for p in r.get("preemptions", ())
+    ]
+
+
+def test_snapshot_resumes_to_identical_trace_and_summary() -> None:
+    src = open_source([CASES / "f_prefix_caching" / "workload.json"])
+    records, engine = straight(src)
+    tl = Timeline(src, snapshot_every=40)
+    tl.build()
+    for snap in tl.snapshots:
+        e = tl.codec.restore(snap)
+        assert list(e.run()) == records[snap.step:]
+        assert e.summary.to_dict() == engine.summary.to_dict()
+
+
+def _big_pool_workload(num_gpu_blocks: int) -> dict:
+    rng = random.Random(3)
+    reqs = [{"id": f"q{i}", "arrival_step": i * 3,
+             "prompt_token_ids": [rng.randrange(10, 900) for _ in range(rng.randrange(50, 400))],
+             "max_tokens": rng.randrange(50, 300)} for i in range(40)]
+    return {"name": "big", "config": {"num_gpu_blocks": num_gpu_blocks, "block_size": 16,
+                                      "enable_prefix_caching": True, "max_num_seqs": 32},
+            "requests": reqs}
+
+
+def test_snapshots_work_where_deepcopy_hits_the_recursion_limit(tmp_path) -> None:
+    path = tmp_path / "big.workload.json"
+    path.write_text(json.dumps(_big_pool_workload(3000)))
+    src = open_source([path])
+    records, _ = straight(src)
+    tl = Timeline(src, snapshot_every=25)
+    tl.build()
+    for s in (len(records) - 1, 3, len(records) // 2, 26, 24):
+        assert tl.view(s).record == records[s]
+
+
+def test_thinning_keeps_memory_under_the_cap() -> None:
+    src = open_source([sample_path("fcfs_heavy.workload.json")])
+    records, _ = straight(src)
+    tl = Timeline(src, snapshot_every=2, snapshot_cap=40_000)
+    tl.build()
+    assert tl.snapshot_bytes <= 40_000
+    assert tl.snapshots[0].step == 0
+    for s in (600, 1, 300):
+        assert tl.view(s).record == records[s]
+
+
+def test_navigation_and_preemption_details() -> None:
+    src = open_source([sample_path("fcfs_heavy.workload.json")])
+    records, _ = straight(src)
+    tl = Timeline(src)
+    tl.build()
+    pre_steps = [r["step"] for r in records if r.get("preemptions")]
+    assert tl.next_event("preemption", -1) == pre_steps[0]
+    assert tl.next_event("preemption", pre_steps[0]) == pre_steps[1]
+    assert tl.next_event("preemption", pre_steps[1], forward=False) == pre_steps[0]
+    assert tl.next_event("preemption", pre_steps[0], forward=False) is None
+    first = tl.preemptions_at(pre_steps[0])
+    p = records[pre_steps[0]]["preemptions"][0]
+    assert (first[0].victim, first[0].trigger, first[0].computed_lost) == (
+        p["req"], p["trigger"], p["num_computed_tokens_before"])
+    assert first[0].blocks_needed == p["blocks_needed"]
+    assert first[0].free_blocks_at_failure == p["free_blocks_at_failure"]
+    # readmission: the first later step that resumed the victim
+    resumed = next(r for r in records[pre_steps[0]:] if first[0].victim in r.get("resumed", ()))
+    assert first[0].readmitted_step == resumed["step"]
+    assert first[0].prefix_hit_at_readmission == resumed["prefix_hit_tokens"][first[0].victim]
+    # request life is in step order and ends with its finish
+    for rid, events in tl.life.items():
+        assert [e.step for e in events] == sorted(e.step for e in events)
+        assert events[0].kind == "arrival" and events[-1].kind == "finished"
+    assert tl.find_requests("r1")[:2] == ["r1", "r10"]
+
+
+def test_scheduled_kinds() -> None:
+    src = open_source([sample_path("fcfs_heavy.workload.json")])
+    tl = Timeline(src)
+    tl.build()
+    p = tl.preemptions[1]
+    v = tl.view(p.readmitted_step)
+    kinds = {s.rid: s.kind for s in v.scheduled}
+    assert kinds[p.victim] == "recompute"
+    v0 = tl.view(0)
+    assert {s.kind for s in v0.scheduled} == {"prefill"}
+    late = tl.view(p.readmitted_step + 40)
+    assert "decode" in {s.kind for s in late.scheduled}
+
+
+def test_block_states_and_diff() -> None:
+    src = open_source([CASES / "f_prefix_caching" / "workload.json"])
+    tl = Timeline(src)
+    tl.build()
+    p = tl.preemptions[0]
+    v = tl.view(p.step)
+    after = v.after
+    assert after.block_states[0] == NULL
+    counts = after.counts()
+    assert counts["free"] + counts["cached"] == after.free_blocks
+    assert counts["shared"] > 0  # the shared prefix
+    for bid, owners in after.owners.items():
+        state = after.block_states[bid]
+        assert state == (SHARED if len(owners) > 1 else HELD)
+    # the victim held blocks before the step and none after
+    assert v.before.requests[p.victim].blocks and not after.requests[p.victim].blocks
+    d = diff_states(v.before, after)
+    assert any(rid == p.victim and f == "status" for rid, f, _, _ in d.changed)
+    assert {FREE, CACHED} & set(after.block_states)
+
+
+def test_cancel_keeps_what_was_loaded() -> None:
+    src = open_source([sample_path("fcfs_heavy.workload.json")])
+    tl = Timeline(src)
+    tl.build(max_steps=100)
+    assert tl.num_steps == 100 and not tl.done
+    records, _ = straight(src)
+    assert tl.view(99).record == records[99]
+    with pytest.raises(IndexError):
+        tl.view(100)
+
+
+def test_timeline_module_imports_no_ui() -> None:
+    code = ("import sys, kvreplay.replay.timeline\n"
+            "print(','.join(m for m in sys.modules if m.split('.')[0] in ('textual', 'polars')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -1,0 +1,1 @@
+"""`kvreplay tui`: the terminal debugger (Textual). Only tui/ imports textual."""
