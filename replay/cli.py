@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     path = args.workload or _sample_path()
     data = load_workload(path)
     if data.get("engine") == "v0":
-        records, summary, completed, label = _run_v0(data)
+        records, summary, completed, label = _run_v0(data, args.check_invariants)
     else:
         records, summary, completed, label = _run_v1(
             data, args.profile, args.check_invariants, not args.allow_unfinishable
@@ -103,15 +103,13 @@ def _run_v1(data: dict[str, Any], profile_name: str, check: bool, check_capacity
     return records, summary, engine.summary.completed, f"vLLM V1 scheduler, profile {profile.name} ({profile.releases})"
 
 
-def _run_v0(data: dict[str, Any]):
-    try:
-        from kvreplay.replay import v0
-    except ImportError as exc:  # pragma: no cover - present in every install
-        raise UserError(f"the V0 engine is not available: {exc}") from None
-    records = v0.run_workload(data)
-    summary = v0.summarize(records) if hasattr(v0, "summarize") else {}
+def _run_v0(data: dict[str, Any], check: bool):
+    from kvreplay.replay import v0
+
+    records = v0.run_workload(data, check_invariants=check)
+    summary = v0.summarize(records, data)
     completed = bool(summary.get("completed", True))
-    return records, summary, completed, "vLLM V0 scheduler (0.6.6 rules)"
+    return records, summary, completed, "vLLM V0 scheduler (0.6.6.post1 rules)"
 
 
 def _json_pretty(obj: Any) -> str:
@@ -133,36 +131,37 @@ def _write(path: str, fn) -> None:
 
 
 def render_report(path: str, label: str, summary: dict[str, Any], records: list[dict]) -> str:
-    """A plain-text account of every preemption, for a person at a terminal."""
+    """A plain-text account of every preemption, for a person at a terminal (V1 and V0
+    traces: both carry a `preemptions` list per step)."""
+    events = [(r["step"], p) for r in records for p in r.get("preemptions", ())]
     lines = [f"kvreplay simulate: {path}", f"  {label}"]
-    steps = summary.get("num_steps", len(records))
-    events = summary.get("preemption_events", [])
+    n_self = sum(1 for _, p in events if p.get("self_preempt"))
+    victims = {p["req"] for _, p in events}
     lines.append(
-        f"  {steps} engine steps, {summary.get('total_preemptions', len(events))} preemptions "
-        f"({summary.get('self_preemptions', 0)} self-preemptions), "
-        f"{summary.get('requests_preempted', 0)} requests preempted"
+        f"  {len(records)} engine steps, {len(events)} preemptions ({n_self} self-preemptions), "
+        f"{len(victims)} requests preempted"
     )
-    by_step = {r["step"]: r for r in records}
-    if events:
-        lines.append("")
-        lines.append("  step  victim      trigger     rule                         lost  blocks freed  readmitted")
     resumed_at: dict[str, list[int]] = {}
     for r in records:
-        for rid in r.get("resumed", ()):
+        for rid in list(r.get("resumed", ())) + list(r.get("swapped_in", ())):
             resumed_at.setdefault(rid, []).append(r["step"])
-    for ev in events:
-        rec = by_step.get(ev["step"], {})
-        detail = next((p for p in rec.get("preemptions", []) if p["req"] == ev["req"]), {})
-        freed = detail.get("free_blocks_after", 0) - detail.get("free_blocks_before", 0)
-        rule = detail.get("victim_rule", "")
-        rule = rule.split(":")[0] + (" (self)" if ev.get("self_preempt") else "")
-        back = next((s for s in resumed_at.get(ev["req"], ()) if s > ev["step"]), None)
+    if events:
+        lines.append("")
         lines.append(
-            f"  {ev['step']:>4}  {ev['req']:<10}  {str(ev['trigger']):<10}  {rule:<27}"
-            f"  {ev['num_computed_tokens_before']:>4}  {freed:>12}  "
+            "  step  victim      trigger     rule                         lost  blocks freed  readmitted"
+        )
+    for step, p in events:
+        before = p.get("free_blocks_before", p.get("free_gpu_before", 0))
+        after = p.get("free_blocks_after", p.get("free_gpu_after", 0))
+        rule = p.get("victim_rule") or (f"v0 {p.get('mode', '')}" if "mode" in p else "")
+        rule = rule.split(":")[0] + (" (self)" if p.get("self_preempt") else "")
+        back = next((s for s in resumed_at.get(p["req"], ()) if s > step), None)
+        lines.append(
+            f"  {step:>4}  {p['req']:<10}  {str(p.get('trigger')):<10}  {rule:<27}"
+            f"  {p.get('num_computed_tokens_before', 0):>4}  {after - before:>12}  "
             + (f"step {back}" if back is not None else "-")
         )
-    total_lost = sum(ev["num_computed_tokens_before"] for ev in events)
+    total_lost = sum(p.get("num_computed_tokens_before", 0) for _, p in events)
     lines.append("")
     lines.append(f"  computed tokens thrown away by preemption: {total_lost}")
     return "\n".join(lines) + "\n"

@@ -105,3 +105,14 @@ def test_unfinishable_request_can_be_replayed_on_request(tmp_path: Path) -> None
     assert proc.returncode == 1 and "max_steps" in proc.stderr
     ours = [json.loads(line) for line in out.read_text().splitlines()]
     assert first_difference(ours, read_trace(case)) is None
+
+
+def test_v0_workload_through_the_cli_is_byte_identical(tmp_path: Path) -> None:
+    case = DATA / "conformance" / "v0" / "v0_f_swap_enough_cpu"
+    out = tmp_path / "t.jsonl"
+    assert main(["simulate", str(case / "workload.json"), "-o", str(out)]) == 0
+    assert out.read_bytes() == (case / "trace.jsonl").read_bytes()
+    proc = run_cli("simulate", str(case / "workload.json"), "--format", "report")
+    assert proc.returncode == 0
+    assert "14 preemptions (2 self-preemptions)" in proc.stdout
+    assert "     5  r6          r1          v0 swap" in proc.stdout
