@@ -1,0 +1,37 @@
+"""`kvreplay tui [LOG|WORKLOAD.json ...] [--profile P]`: the terminal debugger.
+
+Textual is imported only inside `run()`: building the `kvreplay` parser must not import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# What `kvreplay tui` opens with no argument (one place to change it).
+DEFAULT_SAMPLE = "fcfs_heavy.workload.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "paths", nargs="*", metavar="LOG|WORKLOAD.json",
+        help=f"vLLM log file(s) or a workload JSON (default: the embedded sample {DEFAULT_SAMPLE})",
+    )
+    parser.add_argument("--profile", default=None,
+                        help="vLLM version profile (default: from the log, else 0.33)")
+
+
+def default_paths() -> list[str]:
+    from kvreplay.samples import sample_path
+
+    return [str(sample_path(DEFAULT_SAMPLE))]
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvreplay.tui.app import ReplayApp
+
+    app = ReplayApp(args.paths or default_paths(), profile=args.profile)
+    app.run()
+    if app.load_error:
+        print(f"kvreplay tui: error: {app.load_error}")
+        return 2
+    return 0

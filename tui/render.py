@@ -1,0 +1,379 @@
+"""Text of each panel, from the timeline's records (Rich Text; no widgets here).
+
+Every number shown comes from the replay (replay/timeline.py); nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+import linecache
+from typing import Any
+
+from rich.text import Text
+
+from kvreplay.replay.timeline import (
+    CACHED, FREE, HELD, NULL, SHARED, EngineState, Preemption, StateDiff, StepView, Timeline,
+)
+
+PALETTE = ("#5fafff", "#87d75f", "#ffaf5f", "#d787ff", "#5fd7d7", "#ff875f", "#afaf00",
+           "#ff5fd7", "#00af87", "#d7af87", "#8787ff", "#d7d75f")
+KIND_STYLE = {"prefill": "cyan", "decode": "green", "recompute": "bold red"}
+SPARK = " ▁▂▃▄▅▆▇█"
+
+
+def request_colour(tl: Timeline, rid: str) -> str:
+    try:
+        return PALETTE[tl.engine.order[rid] % len(PALETTE)]
+    except KeyError:
+        return "white"
+
+
+def ids_text(tl: Timeline, ids: list[str], selected: str | None, limit: int = 60) -> Text:
+    t = Text()
+    for i, rid in enumerate(ids[:limit]):
+        if i:
+            t.append(" ")
+        style = request_colour(tl, rid)
+        if rid == selected:
+            style += " reverse"
+        t.append(rid, style=style)
+    if len(ids) > limit:
+        t.append(f" … +{len(ids) - limit}", style="dim")
+    return t
+
+
+def step_text(tl: Timeline, v: StepView, selected: str | None) -> Text:
+    rec = v.record
+    cfg = tl.config
+    t = Text()
+    t.append(f"Step {v.step}", style="bold")
+    total = "" if tl.done else " loaded"
+    t.append(f"  of {tl.num_steps}{total}\n", style="dim")
+    if rec.get("idle"):
+        t.append("idle: nothing to schedule\n", style="dim")
+    used = rec.get("num_scheduled_tokens", 0)
+    left = rec.get("token_budget_left", cfg.max_num_batched_tokens)
+    t.append(f"budget {cfg.max_num_batched_tokens} tokens: {used} scheduled, {left} left\n")
+    t.append(f"seqs {len(v.after.running)}/{cfg.max_num_seqs}  ")
+    t.append(f"free blocks {v.before.free_blocks} → {rec['free_blocks']}  ")
+    t.append(f"KV {rec['kv_usage'] * 100:.1f}%")
+    if cfg.enable_prefix_caching:
+        t.append(f"  cached {rec['cached_blocks']}")
+    t.append("\n")
+    if rec.get("arrivals"):
+        t.append("Arrived: ").append_text(ids_text(tl, rec["arrivals"], selected)).append("\n")
+    t.append(f"\nScheduled ({len(v.scheduled)})\n", style="bold")
+    for s in v.scheduled:
+        mark = "▶ " if s.rid == selected else "  "
+        t.append(mark)
+        t.append(f"{s.rid:<8}", style=request_colour(tl, s.rid))
+        t.append(f"{s.tokens:>6}  ")
+        t.append(f"{s.kind:<9}", style=KIND_STYLE.get(s.kind, ""))
+        if s.detail:
+            t.append(f" {s.detail}", style="dim")
+        t.append("\n")
+    hits = rec.get("prefix_hit_tokens") or {}
+    for label, key in (("Admitted", "new"), ("Resumed", "resumed")):
+        ids = rec.get(key) or []
+        if ids:
+            t.append(f"{label}: ", style="bold")
+            for i, rid in enumerate(ids):
+                if i:
+                    t.append(", ")
+                t.append(rid, style=request_colour(tl, rid))
+                t.append(f" (hit {hits.get(rid, 0)})", style="dim")
+            t.append("\n")
+    for p in v.preemptions:
+        t.append("Preempted: ", style="bold red")
+        t.append(p.victim, style=request_colour(tl, p.victim))
+        t.append(f" by {p.trigger}, {p.computed_lost} tokens lost\n")
+    if rec.get("finished"):
+        t.append("Finished: ", style="bold").append_text(ids_text(tl, rec["finished"], selected))
+        t.append("\n")
+    blocked = rec.get("admission_blocked")
+    if blocked:
+        t.append("Blocked: ", style="bold yellow")
+        t.append(f"{blocked['req']} ({blocked['reason']}")
+        if "blocks_needed" in blocked:
+            t.append(f", needs {blocked['blocks_needed']} blocks, {blocked['free_blocks']} free")
+        t.append(")\n")
+    t.append(f"\nRunning ({len(v.after.running)})\n", style="bold")
+    t.append_text(ids_text(tl, v.after.running, selected)).append("\n")
+    t.append(f"Waiting ({len(v.after.waiting)})\n", style="bold")
+    t.append_text(ids_text(tl, v.after.waiting, selected)).append("\n")
+    return t
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def why_text(tl: Timeline, v: StepView) -> Text:
+    t = Text()
+    confidence = getattr(tl.source, "confidence", "exact")
+    if not v.preemptions:
+        t.append(f"No preemption at step {v.step}.\n", style="bold")
+        nxt = tl.next_event("preemption", v.step)
+        prv = tl.next_event("preemption", v.step, forward=False)
+        t.append(f"previous: {'step ' + str(prv) if prv is not None else 'none'}   ")
+        t.append(f"next: {'step ' + str(nxt) if nxt is not None else 'none'}   (N / n)\n")
+        blocked = v.record.get("admission_blocked")
+        if blocked:
+            t.append("\nWhy the head of waiting was not admitted\n", style="bold yellow")
+            t.append(f"{blocked['req']}: {blocked['reason']}; {blocked['num_new_tokens']} new "
+                     f"tokens, budget {blocked['token_budget']}")
+            if "blocks_needed" in blocked:
+                t.append(f", needs {blocked['blocks_needed']} blocks, {blocked['free_blocks']} free")
+                if blocked.get("watermark_blocks"):
+                    t.append(f", watermark {blocked['watermark_blocks']}")
+            t.append("\n")
+        return t
+    for p in v.preemptions:
+        r = v.before.requests.get(p.victim)
+        why_one(t, tl, p, confidence,
+                r.blocks if r is not None and len(r.blocks) == p.blocks_held_before else ())
+        t.append("\n")
+    return t
+
+
+def _n(n: int | None, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def why_one(t: Text, tl: Timeline, p: Preemption, confidence: str,
+            held_blocks: tuple[int, ...] = ()) -> None:
+    total = len(tl.preemptions)
+    t.append(f"Preemption {p.index + 1} of {total}{'' if tl.done else '+'} at step {p.step}",
+             style="bold")
+    conf_style = {"exact": "green", "consistent": "yellow"}.get(confidence, "red")
+    t.append("   confidence: ").append(confidence, style=conf_style).append("\n")
+    t.append("Victim   ").append(p.victim, style=f"bold {request_colour(tl, p.victim)}")
+    t.append(f"  ({_ordinal(p.nth_of_victim)} preemption of it)\n")
+    t.append("Trigger  ").append(p.trigger, style=f"bold {request_colour(tl, p.trigger)}")
+    if p.self_preempt:
+        t.append("  (self-preemption: nothing else left to preempt)", style="yellow")
+    t.append("\n")
+    if p.blocks_needed is not None:
+        t.append(f"{p.trigger} needed {_n(p.blocks_needed, 'block')}; "
+                 f"{p.free_blocks_at_failure} free at that moment\n")
+    t.append("Rule     ").append(p.victim_rule or "?", style="bold")
+    t.append("\n")
+    t.append(f"Victim held {_n(p.blocks_held_before, 'block')}")
+    if held_blocks:
+        t.append(f" {_ranges(held_blocks)}")
+    t.append(f"; free {p.free_blocks_before} → {p.free_blocks_after} after freeing them\n")
+    prompt = tl.prompt_len.get(p.victim, 0)
+    t.append("Thrown away: ", style="bold red")
+    t.append(f"{p.computed_lost} computed tokens", style="bold red")
+    t.append(f" (sequence {p.num_tokens} = prompt {prompt} + {p.num_output_tokens} output)\n")
+    if p.was_scheduled_this_step:
+        t.append(f"It was already scheduled this step: {p.rolled_back_tokens} tokens rolled back\n")
+    if p.readmitted_step is None:
+        t.append("Not readmitted before the end of the loaded run\n", style="yellow")
+    else:
+        t.append(f"Readmitted at step {p.readmitted_step} ({p.waited_steps} steps later); "
+                 f"prefix hit {p.prefix_hit_at_readmission} tokens\n")
+        t.append("Recompute cost: ", style="bold")
+        t.append(f"{p.recompute_tokens} tokens computed again", style="bold")
+        t.append(f" (re-prefill {p.reprefill_tokens} tokens)\n")
+
+
+def block_cells(state: EngineState) -> list[tuple[int, int, list[str]]]:
+    return [(i, s, state.owners.get(i, [])) for i, s in enumerate(state.block_states)]
+
+
+def block_map_text(tl: Timeline, state: EngineState, selected: str | None, width: int,
+                   label: str) -> Text:
+    t = Text()
+    counts = state.counts()
+    t.append(f"{label}  ", style="bold")
+    t.append(f"free {counts['free']}  ").append("cached ", style="cyan").append(f"{counts['cached']}  ")
+    t.append(f"held {counts['held']}  ").append("shared ", style="bold magenta")
+    t.append(f"{counts['shared']}  of {len(state.block_states)}\n")
+    per_row = max(4, (width - 6) // 3)
+    sel_blocks = set(state.requests[selected].blocks) if selected in state.requests else set()
+    for i, s, owners in block_cells(state):
+        if i % per_row == 0:
+            if i:
+                t.append("\n")
+            t.append(f"{i:>5} ", style="dim")
+        if s == NULL:
+            t.append("×× ", style="dim")
+        elif s == FREE:
+            t.append("·· ", style="dim")
+        elif s == CACHED:
+            t.append("○○ ", style="cyan")
+        else:
+            glyph = "▓▓ " if s == SHARED else "██ "
+            colour = request_colour(tl, owners[0]) if owners else "white"
+            if i in sel_blocks:
+                t.append(glyph[:2], style=f"bold {colour} on white")
+                t.append(" ")
+            elif selected is not None and sel_blocks:
+                t.append(glyph, style=f"{colour} dim")
+            else:
+                t.append(glyph, style=colour)
+    t.append("\n\n")
+    t.append("×× null  ·· free  ", style="dim").append("○○ free, cached (evictable)  ", style="cyan")
+    t.append("██ held  ▓▓ shared (ref>1)\n")
+    if selected is not None:
+        r = state.requests.get(selected)
+        t.append("Selected ").append(selected, style=f"bold {request_colour(tl, selected)}")
+        if r is None:
+            t.append(": not live at this step\n")
+        else:
+            t.append(f": {len(r.blocks)} blocks {_ranges(r.blocks)}\n")
+    holders = [(rid, r) for rid, r in state.requests.items() if r.blocks]
+    for rid, r in holders[:40]:
+        t.append(f"{rid:<8}", style=request_colour(tl, rid))
+        t.append(f" {len(r.blocks):>4} blocks {_ranges(r.blocks)}\n", style="dim")
+    return t
+
+
+def _ranges(ids: tuple[int, ...] | list[int]) -> str:
+    out = []
+    start = prev = None
+    for i in ids:
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:  # type: ignore[operator]
+            prev = i
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = i
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    s = ",".join(out)
+    return f"[{s[:60]}{'…' if len(s) > 60 else ''}]"
+
+
+LIFE_STYLE = {"preempted": "bold red", "resumed": "yellow", "finished": "green",
+              "admitted": "cyan", "triggered": "magenta"}
+
+
+def request_header(tl: Timeline, rid: str, v: StepView | None) -> Text:
+    spec = tl.engine.workload.requests[tl.engine.order[rid]]
+    t = Text()
+    t.append("Request ").append(rid, style=f"bold {request_colour(tl, rid)}")
+    t.append(f"  prompt {len(spec.prompt_token_ids)}, max_tokens {spec.max_tokens}, "
+             f"priority {spec.priority}, arrives at step {spec.arrival_step}\n")
+    if v is not None:
+        r = v.after.requests.get(rid)
+        if r is None:
+            done = tl.summary.finished_step.get(rid)
+            state = "finished" if done is not None and done <= v.step else "not arrived"
+            t.append(f"at step {v.step}: {state}\n")
+        else:
+            t.append(f"at step {v.step}: {r.status}, computed {r.num_computed_tokens}/{r.num_tokens}, "
+                     f"{len(r.blocks)} blocks, {r.num_preemptions} preemptions\n")
+    n = sum(1 for e in tl.life.get(rid, []) if e.kind == "preempted")
+    lost = sum(tl.preemptions[e.preemption].computed_lost for e in tl.life.get(rid, [])
+               if e.kind == "preempted" and e.preemption is not None)
+    t.append(f"preempted {n} times, {lost} computed tokens thrown away in all\n")
+    return t
+
+
+def life_line(tl: Timeline, e: Any, current: int) -> Text:
+    t = Text()
+    t.append("▶ " if e.step == current else "  ")
+    t.append(f"step {e.step:>7}  ")
+    t.append(f"{e.kind:<10}", style=LIFE_STYLE.get(e.kind, ""))
+    if e.detail:
+        t.append(f" {e.detail}")
+    if e.kind == "preempted" and e.preemption is not None:
+        p = tl.preemptions[e.preemption]
+        t.append(f"  [{p.computed_lost} tokens lost]", style="red")
+    return t
+
+
+def diff_text(d: StateDiff, title: str) -> Text:
+    t = Text()
+    t.append(f"{title}: state after step {d.a} → after step {d.b}\n", style="bold")
+    if d.counters:
+        for name, a, b in d.counters:
+            t.append(f"{name}: {a} → {b}\n")
+    if d.running[0] != d.running[1]:
+        t.append("running: ", style="bold").append(" ".join(d.running[0]) or "-")
+        t.append(" → ").append(" ".join(d.running[1]) or "-").append("\n")
+    if d.waiting[0] != d.waiting[1]:
+        t.append("waiting: ", style="bold").append(" ".join(d.waiting[0][:20]) or "-")
+        t.append(" → ").append(" ".join(d.waiting[1][:20]) or "-").append("\n")
+    if d.added:
+        t.append(f"new live requests: {' '.join(d.added)}\n", style="green")
+    if d.removed:
+        t.append(f"gone (finished): {' '.join(d.removed)}\n", style="yellow")
+    for rid, f, a, b in d.changed[:60]:
+        t.append(f"{rid} {f}: {a} → {b}\n")
+    t.append(f"\nblocks changed: {len(d.blocks)}\n", style="bold")
+    for bid, a, b in d.blocks[:80]:
+        t.append(f"  block {bid:>5}: {a} → {b}\n")
+    if len(d.blocks) > 80:
+        t.append(f"  … {len(d.blocks) - 80} more\n", style="dim")
+    if not (d.counters or d.added or d.removed or d.changed or d.blocks
+            or d.running[0] != d.running[1] or d.waiting[0] != d.waiting[1]):
+        t.append("no change\n", style="dim")
+    return t
+
+
+def log_text(tl: Timeline, step: int) -> Text:
+    t = Text()
+    lines = getattr(tl.source, "log_lines", {}) or {}
+    refs = lines.get(step)
+    if not lines:
+        t.append(f"This replay came from {tl.source.label}: no log lines behind its steps.\n",
+                 style="dim")
+        return t
+    if not refs:
+        t.append(f"No log line was written at step {step}.\n", style="dim")
+        return t
+    for path, lineno in refs[:200]:
+        text = linecache.getline(path, lineno).rstrip("\n")
+        t.append(f"{path.rsplit('/', 1)[-1]}:{lineno}: ", style="dim").append(text + "\n")
+    return t
+
+
+def timeline_text(tl: Timeline, lo: int, hi: int, width: int, cursor: int,
+                  bookmarks: set[int]) -> Text:
+    label_w = 6
+    cols = tl.columns(lo, hi, max(1, width - label_w))
+    t = Text()
+    if not cols:
+        t.append("loading…")
+        return t
+    max_run = max(max(c[3] for c in cols), 1)
+    max_wait = max(max(c[4] for c in cols), 1)
+    cur_col = next((i for i, c in enumerate(cols) if c[0] <= cursor <= c[1]), None)
+    rows = (("KV   ", lambda c: c[2], 1.0, "green"), ("run  ", lambda c: c[3], max_run, "cyan"),
+            ("wait ", lambda c: c[4], max_wait, "yellow"))
+    for label, get, top, style in rows:
+        t.append(label, style="bold")
+        t.append(" ")
+        for i, c in enumerate(cols):
+            v = get(c)
+            k = 0 if v <= 0 else max(1, min(8, round(v / top * 8)))
+            t.append(SPARK[k], style=style + (" reverse" if i == cur_col else ""))
+        t.append("\n")
+    t.append("pre  ", style="bold").append(" ")
+    for i, c in enumerate(cols):
+        has_mark = any(c[0] <= b <= c[1] for b in bookmarks) if bookmarks else False
+        if c[5]:
+            t.append("▲" if c[5] == 1 else ("▲" if c[5] < 10 else "◆"), style="bold red")
+        elif has_mark:
+            t.append("◇", style="magenta")
+        else:
+            t.append(" ")
+    t.append("\n")
+    t.append("step ", style="bold").append(" ")
+    line = [" "] * len(cols)
+    if cur_col is not None:
+        line[cur_col] = "▲"
+    t.append("".join(line), style="bold white")
+    t.append("\n")
+    left = f"{cols[0][0]}"
+    right = f"{cols[-1][1]}"
+    mid = f"step {cursor}"
+    span = len(cols)
+    pad = max(1, span - len(left) - len(right) - len(mid))
+    t.append(" " * label_w + left + " " * (pad // 2) + mid + " " * (pad - pad // 2) + right,
+             style="dim")
+    return t
