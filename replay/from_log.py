@@ -710,6 +710,7 @@ class LogReplay:
     storms: list[dict[str, Any]]
     verification: dict[str, Any]
     estimate: dict[str, Any] | None  # count interval when prompts are unknown
+    arrival_pattern: str = "poisson"
 
     def summary(self) -> dict[str, Any]:
         n_pre = len(self.preemptions)
@@ -725,7 +726,7 @@ class LogReplay:
             "computed_tokens_lost": sum(p["computed_tokens_lost"] for p in self.preemptions),
             "tokens_recomputed": sum(p["tokens_recomputed"] or 0 for p in self.preemptions),
             "step_time_model": self.fit.model.describe(),
-            "arrival_spread": self.fit.spread,
+            "arrival_pattern": self.arrival_pattern,
             "fit_loss": round(self.fit.loss, 4),
             "prompts": "exact" if not any(self.rebuilt.prompt_estimated) else "estimated",
             "output_lengths": "exact" if not any(self.rebuilt.output_estimated) else "estimated",
@@ -741,25 +742,39 @@ def replay_facts(facts: LogFacts, *, profile: str | None = None) -> LogReplay:
             "this is a V0-engine log; replaying V0 logs is not supported yet (use "
             "`kvreplay simulate` on a V0 workload)"
         )
+    pattern = arrival_pattern(facts)
+    burst = pattern != "poisson"
+    spreads = (0.0,) if burst else (1.0,)
     rebuilt = rebuild_workload(facts, prof)
     estimate = None
     if facts.prompts_known or facts.prompt_lengths_known:
-        f = fit(rebuilt, facts, prof)
+        f = fit(rebuilt, facts, prof, spreads=spreads)
     else:
-        rebuilt, f, estimate = _fit_unknown_prompts(facts, prof)
-    run = timed_replay(rebuilt, facts, prof, f.model, f.spread, trace=True)
-    check = verify(run, facts)
+        rebuilt, f, estimate = _fit_unknown_prompts(facts, prof, spreads)
+    anchored, loss = anchored_replay(rebuilt, facts, prof, f.run, f.model, burst=burst)
+    if pattern == "burst":
+        anchored, loss = _burst_spacing(rebuilt, facts, prof, anchored, loss)
+    model = anchored.run.model
+    run = step_replay(rebuilt, facts, prof, anchored.arrival_steps, model, trace=True)
+    anchors = _anchors(run, facts)
+    clock = _clock(run, facts, anchors, anchored.phase)
+    run.step_start = clock[: len(run.records)]
+    run.spread = f.spread
+    f = Fit(model, f.spread, loss, run, f.tried)
+    check = verify(run, facts, phase=anchored.phase)
     conf = confidence_function(check, run)
     pre = preemption_records(run, rebuilt, conf)
-    return LogReplay(facts, rebuilt, prof, f, run, pre, storms(pre), check, estimate)
+    rep = LogReplay(facts, rebuilt, prof, f, run, pre, storms(pre), check, estimate)
+    rep.arrival_pattern = pattern
+    return rep
 
 
-def _fit_unknown_prompts(facts: LogFacts, prof: SchedulerProfile):
+def _fit_unknown_prompts(facts: LogFacts, prof: SchedulerProfile, spreads: tuple[float, ...]):
     """No prompt lengths in the log: give every request the mean length the prompt
     throughput implies, then rescale per stats interval so each interval's prompt tokens
     match; the spread of preemption counts over plausible variants is the estimate."""
     rebuilt = rebuild_workload(facts, prof)
-    f = fit(rebuilt, facts, prof)
+    f = fit(rebuilt, facts, prof, spreads=spreads)
     lens = [len(s.prompt_token_ids) for s in rebuilt.workload.requests]
     for _ in range(2):
         lens = _rescale_lengths(f.run, facts, lens)
@@ -810,3 +825,337 @@ def _rescale_lengths(run: TimedRun, facts: LogFacts, lens: list[int]) -> list[in
             for i in members:
                 new[i] = max(1, round(lens[i] * f))
     return new
+
+
+# ---------------------------------------------------------------- 5. anchored arrivals
+@dataclass(slots=True)
+class Anchored:
+    """A replay whose arrivals sit at fixed engine steps, chosen so that the replay agrees
+    with every ordering fact the log gives, and its wall clock."""
+
+    arrival_steps: list[int]
+    clock: list[float]  # start time of each step
+    phase: float  # sub-second phase of the stats lines
+    run: TimedRun
+    iterations: int
+    violations: int  # arrivals whose windows were empty (constraints relaxed)
+
+
+def step_replay(
+    rebuilt: Rebuilt,
+    facts: LogFacts,
+    profile: SchedulerProfile,
+    arrival_steps: list[int],
+    model: StepTimeModel,
+    *,
+    trace: bool = True,
+    clock_fn=None,
+) -> TimedRun:
+    """Replay with each request entering at a given step (the conformance engine)."""
+    wl = rebuilt.workload
+    specs = [
+        RequestSpec(s.id, a, s.prompt_token_ids, s.max_tokens, s.priority)
+        for s, a in zip(wl.requests, arrival_steps)
+    ]
+    engine = Engine(Workload(wl.name, wl.description, wl.config, specs, max_steps=10**9), profile)
+    reqs = facts.requests
+    aborts = sorted((r.aborted_time, r.log_id) for r in reqs if r.aborted_time is not None)
+    abort_i = 0
+    records: list[dict[str, Any]] = []
+    starts: list[float] = []
+    t = 0.0
+    stop_at = _cut_time(facts)
+    cut = None
+    sched = engine.scheduler
+    while not engine.done:
+        now = clock_fn(engine.step_index, t) if clock_fn is not None else t
+        if stop_at is not None and now > stop_at:
+            cut = stop_at
+            break
+        while abort_i < len(aborts) and aborts[abort_i][0] <= now:
+            rid = aborts[abort_i][1]
+            if rid in sched.requests:
+                sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+                engine.summary.finished_step[rid] = engine.step_index
+            abort_i += 1
+        rec = engine.step(trace=True)
+        starts.append(now)
+        n_req = len(rec.get("scheduled", ()))
+        t = now + (model.dt(rec.get("num_scheduled_tokens", 0), n_req) if n_req else model.overhead_s)
+        records.append(rec if trace else _compact(rec))
+    summary = engine.summary
+    if cut is not None:
+        summary.num_steps = engine.step_index
+        summary.completed = False
+    arrival = {s.id: s.arrival_step for s in specs}
+    unfinished = [s.id for s in specs if s.id not in summary.finished_step]
+    return TimedRun(records, starts, arrival, summary, model, 0.0, cut, unfinished)
+
+
+def _anchors(run: TimedRun, facts: LogFacts) -> list[int | None]:
+    """Stats line i -> the last step whose output it had seen: where the replay's generated
+    tokens reach the logged cumulative count."""
+    import bisect
+
+    cum = _cum_sampled(run)
+    out: list[int | None] = []
+    for g, _ in stats_targets(facts):
+        j = bisect.bisect_left(cum, g - 0.5)
+        out.append(j if j < len(cum) else None)
+    return out
+
+
+def _clock(run: TimedRun, facts: LogFacts, anchors: list[int | None], phase: float) -> list[float]:
+    """Wall-clock start of every step: the step-time model's durations, stretched between
+    anchors so that the step after anchor i starts at stats time S_i + phase."""
+    n = len(run.records)
+    dur = []
+    m = run.model
+    for rec in run.records:
+        k = len(rec.get("scheduled", ()))
+        dur.append(m.dt(rec.get("num_scheduled_tokens", 0), k) if k else m.overhead_s)
+    cum = [0.0]
+    for d in dur:
+        cum.append(cum[-1] + d)
+    pts = []  # (step index whose start is pinned, time)
+    last = -1
+    for a, s in zip(anchors, facts.stats):
+        if a is None or a + 1 > n or a + 1 <= last:
+            continue
+        pts.append((a + 1, s.time + phase))
+        last = a + 1
+    if not pts:
+        t0 = run.step_start[0] if run.step_start else 0.0
+        return [t0 + cum[i] for i in range(n + 1)]
+    out = [0.0] * (n + 1)
+    # before the first pin: model durations backwards
+    p0, t0 = pts[0]
+    for i in range(0, p0 + 1):
+        out[i] = t0 - (cum[p0] - cum[i])
+    for (pa, ta), (pb, tb) in zip(pts, pts[1:]):
+        span = cum[pb] - cum[pa]
+        scale = (tb - ta) / span if span > 0 else 1.0
+        for i in range(pa, pb + 1):
+            out[i] = ta + (cum[i] - cum[pa]) * scale
+    pl, tl = pts[-1]
+    for i in range(pl, n + 1):
+        out[i] = tl + (cum[i] - cum[pl])
+    return out
+
+
+def _step_at(clock: list[float], t: float) -> int:
+    """First step whose start is at or after wall time t."""
+    import bisect
+
+    return bisect.bisect_left(clock, t)
+
+
+def _windows(run: TimedRun, facts: LogFacts, anchors, clock, phase, use_seconds=True):
+    """For each arrival, the steps it may enter at: after the completions and stats lines
+    the log shows before it, before the ones it shows after it, inside its logged second."""
+    fin_steps: list[int] = []
+    for rec in run.records:
+        for _ in rec.get("finished", ()):
+            fin_steps.append(rec["step"])
+    n = len(run.records)
+    out = []
+    for r in facts.requests:
+        lo, hi = 0, n
+        c = r.completions_before
+        if c > 0 and c - 1 < len(fin_steps):
+            lo = max(lo, fin_steps[c - 1] + 1)
+        if c < len(fin_steps):
+            hi = min(hi, fin_steps[c])
+        i = r.stats_before
+        if i > 0 and i - 1 < len(anchors) and anchors[i - 1] is not None:
+            lo = max(lo, anchors[i - 1] + 1)
+        if i < len(anchors) and anchors[i] is not None:
+            hi = min(hi, anchors[i] + 1)
+        if use_seconds and r.time is not None:
+            slo = _step_at(clock, r.time)
+            shi = _step_at(clock, r.time + 1.0)
+            if max(lo, slo) <= min(hi, shi):
+                lo, hi = max(lo, slo), min(hi, shi)
+        out.append((lo, hi))
+    return out
+
+
+def _place(windows, clock, facts: LogFacts, burst: bool) -> tuple[list[int], int]:
+    """Pick a step in each window, in file order: evenly spread in time inside the window
+    (or at its start when the log looks like a burst); monotone in file order."""
+    steps: list[int] = []
+    bad = 0
+    i = 0
+    reqs = facts.requests
+    prev = 0
+    while i < len(windows):
+        j = i
+        while j < len(windows) and windows[j] == windows[i]:
+            j += 1
+        lo, hi = windows[i]
+        if lo > hi:
+            bad += j - i
+            lo, hi = hi, hi
+        lo = max(lo, prev)
+        hi = max(hi, lo)
+        m = j - i
+        for k in range(m):
+            if burst:
+                s = lo
+            else:
+                tl = clock[min(lo, len(clock) - 1)]
+                th = clock[min(hi, len(clock) - 1)]
+                s = _step_at(clock, tl + (th - tl) * (k + 1) / (m + 1))
+                s = min(max(s, lo), hi)
+            s = max(s, prev)
+            steps.append(s)
+            prev = s
+        i = j
+    return steps, bad
+
+
+def anchored_loss(run: TimedRun, facts: LogFacts, anchors: list[int | None]) -> float:
+    """Disagreement with the stats lines, read at the step each one closes (its anchor):
+    running and waiting counts, KV usage (in points of 5%)."""
+    total = 0.0
+    n = 0
+    for a, st in zip(anchors, facts.stats):
+        if a is None or a >= len(run.records):
+            total += 25.0
+            n += 1
+            continue
+        rec = run.records[a]
+        if st.running is not None:
+            total += (len(rec["running"]) - st.running) ** 2
+        if st.waiting is not None:
+            total += (len(rec["waiting"]) - st.waiting) ** 2
+        if st.kv_usage is not None:
+            total += (100 * (rec["kv_usage"] - st.kv_usage) / 5.0) ** 2
+        n += 1
+    return total / max(1, n)
+
+
+def anchored_replay(
+    rebuilt: Rebuilt,
+    facts: LogFacts,
+    profile: SchedulerProfile,
+    init: TimedRun,
+    model: StepTimeModel,
+    *,
+    burst: bool,
+    iterations: int = 6,
+) -> tuple[Anchored, float]:
+    """Iterate: replay -> anchors, completions, clock -> arrival windows -> placement.
+    Returns the iteration that agrees best with the stats lines, and its loss."""
+    arrival = [init.arrival_step.get(s.id, 0) for s in rebuilt.workload.requests]
+    base = min(arrival) if arrival else 0
+    arrival = [a - base for a in arrival]
+    best: tuple[float, Anchored] | None = None
+    for it in range(iterations + 1):
+        run = step_replay(rebuilt, facts, profile, arrival, model, trace=False)
+        new_model = _anchor_regression(run, facts)
+        if new_model is not None:
+            model = new_model
+            run.model = model
+        anchors = _anchors(run, facts)
+        phase, windows, clock = _best_phase(run, facts, anchors)
+        loss = anchored_loss(run, facts, anchors)
+        run.step_start = clock[: len(run.records)]
+        if best is None or loss < best[0]:
+            best = (loss, Anchored(list(arrival), clock, phase, run, it, 0))
+        if it == iterations:
+            break
+        placed, bad = _place(windows, clock, facts, burst)
+        # Step 0 is the first arrival's step by definition (the engine was idle before);
+        # the clock before the first stats line is extrapolated, so do not trust it there.
+        arrival = placed
+        if arrival:
+            arrival[0] = 0
+    assert best is not None
+    return best[1], best[0]
+
+
+def _best_phase(run: TimedRun, facts: LogFacts, anchors):
+    """The stats lines are printed at a fixed phase within the second. Arrivals logged in
+    the same second as a stats line, before and after it, estimate that phase (for arrivals
+    spread over the second, the share before it); with too few of them, pick the phase that
+    leaves the fewest arrivals with an empty window."""
+    est = phase_estimate(facts)
+    if est is not None:
+        clock = _clock(run, facts, anchors, est)
+        return est, _windows(run, facts, anchors, clock, est), clock
+    best = None
+    for k in range(10):
+        phase = 0.05 + 0.1 * k
+        clock = _clock(run, facts, anchors, phase)
+        win = _windows(run, facts, anchors, clock, phase)
+        empty = sum(1 for lo, hi in win if lo > hi)
+        width = sum(hi - lo for lo, hi in win if hi >= lo)
+        key = (empty, width)
+        if best is None or key < best[0]:
+            best = (key, phase, win, clock)
+    _, phase, win, clock = best
+    return phase, win, clock
+
+
+def phase_estimate(facts: LogFacts) -> float | None:
+    before = after = 0
+    for st in facts.stats:
+        for r in facts.requests:
+            if r.time == st.time:
+                if r.stats_before <= st.index:
+                    before += 1
+                else:
+                    after += 1
+    if before == 0 or after == 0 or before + after < 8:
+        return None
+    return (before + 0.5) / (before + after + 1)
+
+
+def arrival_pattern(facts: LogFacts) -> str:
+    """How the client sent requests, read from the order of lines:
+    "closed-loop" (each request follows a completion, as `vllm bench serve
+    --max-concurrency` does), "burst" (everything within a couple of seconds), or
+    "poisson" (spread over time)."""
+    reqs = facts.requests
+    if not reqs:
+        return "poisson"
+    seconds = {r.time for r in reqs if r.time is not None}
+    comp_seqs = {c[3] for c in facts.completions}
+    later = [r for r in reqs if r.completions_before > 0]
+    if len(later) >= 8:
+        follows = sum(1 for r in later if (r.seq - 1) in comp_seqs)
+        if follows >= 0.9 * len(later):
+            return "closed-loop"
+    if len(seconds) <= 2:
+        return "burst"
+    return "poisson"
+
+
+BURST_GAPS = (0.25, 1 / 3, 0.5, 1.0, 2.0)
+
+
+def _burst_spacing(rebuilt: Rebuilt, facts: LogFacts, prof: SchedulerProfile,
+                   anchored: Anchored, loss: float) -> tuple[Anchored, float]:
+    """A burst is rarely one instant: a client sends its requests a step or two apart.
+    Try a few spacings inside each group of requests placed at the same step and keep the
+    one that agrees best with the stats lines (ties: the tightest)."""
+    base = anchored.arrival_steps
+    best = (loss, anchored)
+    model = anchored.run.model
+    for gap in BURST_GAPS:
+        arr = []
+        k = 0
+        for i, a in enumerate(base):
+            k = k + 1 if i > 0 and a == base[i - 1] else 0
+            arr.append(a + int(k * gap))
+        for i in range(1, len(arr)):
+            arr[i] = max(arr[i], arr[i - 1])
+        run = step_replay(rebuilt, facts, prof, arr, model, trace=False)
+        anchors = _anchors(run, facts)
+        cand_loss = anchored_loss(run, facts, anchors)
+        if cand_loss < best[0] - 1e-9:
+            clock = _clock(run, facts, anchors, anchored.phase)
+            run.step_start = clock[: len(run.records)]
+            best = (cand_loss, Anchored(arr, clock, anchored.phase, run, anchored.iterations, 0))
+    return best[1], best[0]

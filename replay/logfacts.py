@@ -64,7 +64,7 @@ class LogFacts:
     engine_version: str | None
     requests: list[LogRequest]
     stats: list[StatsPoint]
-    completions: list[tuple[str, int, int]]  # (file, line, arrivals before it)
+    completions: list[tuple[str, int, int, int]]  # (file, line, arrivals before it, seq)
     v0_preemptions: list[ev.Preemption]
     iterations: list[ev.Iteration]
     interval_s: float | None
@@ -104,7 +104,7 @@ def collect(
     bodies: list[ev.RequestBody] = []  # JSON-body lines waiting for their Received line
     details: dict[str, ev.RequestDetails] = {}
     stats: list[StatsPoint] = []
-    completions: list[tuple[str, int, int]] = []
+    completions: list[tuple[str, int, int, int]] = []
     v0_pre: list[ev.Preemption] = []
     iterations: list[ev.Iteration] = []
     outputs: dict[str, ev.GeneratedResponse] = {}
@@ -161,7 +161,7 @@ def collect(
         elif isinstance(e, ev.HttpAccess):
             if e.method == "POST" and e.status == 200 and _is_generation(e.path):
                 seq += 1
-                completions.append((e.file, e.line, len(requests)))
+                completions.append((e.file, e.line, len(requests), seq))
         elif isinstance(e, ev.Stats):
             if e.engine not in (None, 0) or e.time is None:
                 continue  # data-parallel logs: engine 0 only here
