@@ -45,20 +45,47 @@ V1_DEFAULTS = {
 
 @dataclass(slots=True)
 class StepTimeModel:
-    """Seconds one engine step takes: overhead + per token + per scheduled request."""
+    """Seconds one engine step takes: a fixed cost, a cost per scheduled token (with a
+    floor: a step with few tokens is bound by reading the weights), per scheduled request,
+    and per token of context the scheduled requests attend to."""
 
     overhead_s: float = 0.005
     per_token_s: float = 2e-5
     per_request_s: float = 5e-5
+    per_context_token_s: float = 0.0
+    token_floor: int = 0
 
-    def dt(self, tokens: int, requests: int) -> float:
-        return self.overhead_s + self.per_token_s * tokens + self.per_request_s * requests
+    def dt(self, tokens: int, requests: int, context: int = 0) -> float:
+        if requests == 0:
+            return self.overhead_s
+        return (
+            self.overhead_s
+            + self.per_token_s * max(tokens, self.token_floor)
+            + self.per_request_s * requests
+            + self.per_context_token_s * context
+        )
+
+    def dt_record(self, rec: dict[str, Any]) -> float:
+        tokens, reqs, ctx = step_features(rec)
+        return self.dt(tokens, reqs, ctx)
 
     def describe(self) -> str:
-        return (
-            f"step time = {self.overhead_s * 1e3:.3f} ms + {self.per_token_s * 1e6:.3f} us x "
-            f"scheduled tokens + {self.per_request_s * 1e6:.2f} us x scheduled requests"
-        )
+        text = f"step time = {self.overhead_s * 1e3:.3f} ms + {self.per_token_s * 1e6:.3f} us x "
+        text += f"max(scheduled tokens, {self.token_floor})" if self.token_floor else "scheduled tokens"
+        text += f" + {self.per_request_s * 1e6:.2f} us x scheduled requests"
+        if self.per_context_token_s:
+            text += f" + {self.per_context_token_s * 1e9:.2f} ns x context tokens"
+        return text
+
+
+def step_features(rec: dict[str, Any]) -> tuple[int, int, int]:
+    """(scheduled tokens, scheduled requests, context tokens of the scheduled requests)."""
+    sched = rec.get("scheduled", ())
+    comp = rec.get("num_computed_tokens", {})
+    ctx = 0
+    for rid, _ in sched:
+        ctx += comp.get(rid, 0)
+    return rec.get("num_scheduled_tokens", 0), len(sched), ctx
 
 
 @dataclass(slots=True)
@@ -338,9 +365,7 @@ def timed_replay(
             clock = max(clock, times[k])
         rec = engine.step(trace=True)
         step_start.append(clock)
-        n_tok = rec.get("num_scheduled_tokens", 0)
-        n_req = len(rec.get("scheduled", ()))
-        clock += model.dt(n_tok, n_req) if n_req else model.overhead_s
+        clock += model.dt_record(rec)
         finished += len(rec.get("finished", ()))
         if trace:
             records.append(rec)
@@ -471,41 +496,57 @@ def _anchor_regression(run: TimedRun, facts: LogFacts) -> StepTimeModel | None:
         if j >= len(cum):
             break
         anchors.append(j)
-    rows = []
-    for a, b in zip(anchors, anchors[1:]):
-        if b <= a:
-            continue
-        n_steps = b - a
-        toks = sum(run.records[k].get("num_scheduled_tokens", 0) for k in range(a + 1, b + 1))
-        reqs = sum(len(run.records[k].get("scheduled", ())) for k in range(a + 1, b + 1))
-        rows.append((n_steps, toks, reqs, interval))
-    if len(rows) < 2:
-        return None
-    return _nnls3(rows)
-
-
-def _nnls3(rows: list[tuple[float, float, float, float]]) -> StepTimeModel | None:
-    """Least squares for (overhead, per token, per request) >= 0, by trying the subsets of
-    free variables (3 unknowns: 7 subsets) and keeping the best feasible one."""
+    feats = [step_features(rec) for rec in run.records]
     best = None
-    for mask in range(1, 8):
-        idx = [i for i in range(3) if mask >> i & 1]
-        # normal equations
+    for floor in (0, 32, 64, 128, 256, 512):
+        rows = []
+        for a, b in zip(anchors, anchors[1:]):
+            if b <= a:
+                continue
+            row = [0.0, 0.0, 0.0, 0.0]
+            for k in range(a + 1, b + 1):
+                tok, req, ctx = feats[k]
+                if req == 0:
+                    row[0] += 1  # an empty step costs the overhead only
+                    continue
+                row[0] += 1
+                row[1] += max(tok, floor)
+                row[2] += req
+                row[3] += ctx
+            rows.append(row + [interval])
+        if len(rows) < 2:
+            return None
+        fit_ = _nnls(rows, 4)
+        if fit_ is None:
+            continue
+        err, coef = fit_
+        if best is None or err < best[0] - 1e-12:
+            best = (err, coef, floor)
+    if best is None:
+        return None
+    _, c, floor = best
+    return StepTimeModel(overhead_s=c[0], per_token_s=c[1], per_request_s=c[2],
+                         per_context_token_s=c[3], token_floor=floor if c[1] > 0 else 0)
+
+
+def _nnls(rows: list[list[float]], nvars: int) -> tuple[float, list[float]] | None:
+    """Least squares with non-negative coefficients, by trying every subset of free
+    variables (nvars <= 4: at most 15 small solves) and keeping the best feasible one."""
+    best = None
+    for mask in range(1, 1 << nvars):
+        idx = [i for i in range(nvars) if mask >> i & 1]
         a = [[sum(r[i] * r[j] for r in rows) for j in idx] for i in idx]
-        y = [sum(r[i] * r[3] for r in rows) for i in idx]
+        y = [sum(r[i] * r[nvars] for r in rows) for i in idx]
         sol = _solve(a, y)
         if sol is None or any(v < 0 for v in sol):
             continue
-        coef = [0.0, 0.0, 0.0]
+        coef = [0.0] * nvars
         for i, v in zip(idx, sol):
             coef[i] = v
-        err = sum((coef[0] * r[0] + coef[1] * r[1] + coef[2] * r[2] - r[3]) ** 2 for r in rows)
-        if best is None or err < best[0]:
+        err = sum((sum(coef[i] * r[i] for i in range(nvars)) - r[nvars]) ** 2 for r in rows)
+        if best is None or err < best[0] - 1e-15:
             best = (err, coef)
-    if best is None:
-        return None
-    c = best[1]
-    return StepTimeModel(overhead_s=c[0], per_token_s=c[1], per_request_s=c[2])
+    return best
 
 
 def _solve(a: list[list[float]], y: list[float]) -> list[float] | None:
@@ -735,7 +776,14 @@ class LogReplay:
         }
 
 
-def replay_facts(facts: LogFacts, *, profile: str | None = None) -> LogReplay:
+def replay_facts(
+    facts: LogFacts,
+    *,
+    profile: str | None = None,
+    step_time: StepTimeModel | None = None,
+) -> LogReplay:
+    """Rebuild, fit and replay. With `step_time` the step-time model is taken as given
+    (not fitted)."""
     prof = get_profile(profile or facts.vllm_version)
     if facts.engine_version == "V0":
         raise ReplayError(
@@ -748,10 +796,23 @@ def replay_facts(facts: LogFacts, *, profile: str | None = None) -> LogReplay:
     rebuilt = rebuild_workload(facts, prof)
     estimate = None
     if facts.prompts_known or facts.prompt_lengths_known:
-        f = fit(rebuilt, facts, prof, spreads=spreads)
+        f = fit(rebuilt, facts, prof, spreads=spreads, model=step_time)
     else:
         rebuilt, f, estimate = _fit_unknown_prompts(facts, prof, spreads)
-    anchored, loss = anchored_replay(rebuilt, facts, prof, f.run, f.model, burst=burst)
+    anchored, loss = anchored_replay(
+        rebuilt, facts, prof, f.run, f.model, burst=burst, fixed_model=step_time is not None
+    )
+    if not burst:
+        # The iteration can settle one step off; start it again from a burst-like guess
+        # and keep whichever agrees better with the stats lines.
+        f0 = fit(rebuilt, facts, prof, spreads=(0.0,), model=step_time or f.model, rounds=1)
+        alt, alt_loss = anchored_replay(
+            rebuilt, facts, prof, f0.run, f.model, burst=False, fixed_model=step_time is not None
+        )
+        # A global shift of every arrival is invisible to this loss, so only a clearly
+        # better fit (half the disagreement) replaces the first one.
+        if alt_loss < 0.5 * loss:
+            anchored, loss = alt, alt_loss
     if pattern == "burst":
         anchored, loss = _burst_spacing(rebuilt, facts, prof, anchored, loss)
     model = anchored.run.model
@@ -880,8 +941,7 @@ def step_replay(
             abort_i += 1
         rec = engine.step(trace=True)
         starts.append(now)
-        n_req = len(rec.get("scheduled", ()))
-        t = now + (model.dt(rec.get("num_scheduled_tokens", 0), n_req) if n_req else model.overhead_s)
+        t = now + model.dt_record(rec)
         records.append(rec if trace else _compact(rec))
     summary = engine.summary
     if cut is not None:
@@ -900,6 +960,9 @@ def _anchors(run: TimedRun, facts: LogFacts) -> list[int | None]:
     cum = _cum_sampled(run)
     out: list[int | None] = []
     for g, _ in stats_targets(facts):
+        if g <= 0:
+            out.append(None)  # no output seen yet: says nothing about which step ran
+            continue
         j = bisect.bisect_left(cum, g - 0.5)
         out.append(j if j < len(cum) else None)
     return out
@@ -912,8 +975,7 @@ def _clock(run: TimedRun, facts: LogFacts, anchors: list[int | None], phase: flo
     dur = []
     m = run.model
     for rec in run.records:
-        k = len(rec.get("scheduled", ()))
-        dur.append(m.dt(rec.get("num_scheduled_tokens", 0), k) if k else m.overhead_s)
+        dur.append(m.dt_record(rec))
     cum = [0.0]
     for d in dur:
         cum.append(cum[-1] + d)
@@ -922,7 +984,9 @@ def _clock(run: TimedRun, facts: LogFacts, anchors: list[int | None], phase: flo
     for a, s in zip(anchors, facts.stats):
         if a is None or a + 1 > n or a + 1 <= last:
             continue
-        pts.append((a + 1, s.time + phase))
+        # The line saw step a's output but not step a+1's: it was printed while step
+        # a+1 ran; take the middle of that step.
+        pts.append((a + 1, s.time + phase - 0.5 * (dur[a + 1] if a + 1 < n else 0.0)))
         last = a + 1
     if not pts:
         t0 = run.step_start[0] if run.step_start else 0.0
@@ -1014,12 +1078,28 @@ def _place(windows, clock, facts: LogFacts, burst: bool) -> tuple[list[int], int
     return steps, bad
 
 
-def anchored_loss(run: TimedRun, facts: LogFacts, anchors: list[int | None]) -> float:
+def anchored_loss(
+    run: TimedRun,
+    facts: LogFacts,
+    anchors: list[int | None],
+    clock: list[float] | None = None,
+    phase: float = 0.5,
+) -> float:
     """Disagreement with the stats lines, read at the step each one closes (its anchor):
-    running and waiting counts, KV usage (in points of 5%)."""
+    running and waiting counts, KV usage (in points of 5%). A line that had seen no output
+    yet must not come after the end of a step that produced some (read with the clock)."""
     total = 0.0
     n = 0
-    for a, st in zip(anchors, facts.stats):
+    cum = _cum_sampled(run) if clock is not None else None
+    for a, st, (g, _) in zip(anchors, facts.stats, stats_targets(facts)):
+        if a is None and g <= 0 and clock is not None and cum is not None:
+            import bisect
+
+            ended = bisect.bisect_right(clock, st.time + phase) - 2  # last step ended by then
+            if 0 <= ended < len(cum) and cum[ended] > 0:
+                total += 25.0
+            n += 1
+            continue
         if a is None or a >= len(run.records):
             total += 25.0
             n += 1
@@ -1044,6 +1124,7 @@ def anchored_replay(
     *,
     burst: bool,
     iterations: int = 6,
+    fixed_model: bool = False,
 ) -> tuple[Anchored, float]:
     """Iterate: replay -> anchors, completions, clock -> arrival windows -> placement.
     Returns the iteration that agrees best with the stats lines, and its loss."""
@@ -1053,15 +1134,15 @@ def anchored_replay(
     best: tuple[float, Anchored] | None = None
     for it in range(iterations + 1):
         run = step_replay(rebuilt, facts, profile, arrival, model, trace=False)
-        new_model = _anchor_regression(run, facts)
+        new_model = None if fixed_model else _anchor_regression(run, facts)
         if new_model is not None:
             model = new_model
             run.model = model
         anchors = _anchors(run, facts)
         phase, windows, clock = _best_phase(run, facts, anchors)
-        loss = anchored_loss(run, facts, anchors)
+        loss = anchored_loss(run, facts, anchors, clock, phase)
         run.step_start = clock[: len(run.records)]
-        if best is None or loss < best[0]:
+        if best is None or loss <= best[0]:  # ties: the later, more refined placement
             best = (loss, Anchored(list(arrival), clock, phase, run, it, 0))
         if it == iterations:
             break
@@ -1078,24 +1159,13 @@ def anchored_replay(
 def _best_phase(run: TimedRun, facts: LogFacts, anchors):
     """The stats lines are printed at a fixed phase within the second. Arrivals logged in
     the same second as a stats line, before and after it, estimate that phase (for arrivals
-    spread over the second, the share before it); with too few of them, pick the phase that
-    leaves the fewest arrivals with an empty window."""
-    est = phase_estimate(facts)
-    if est is not None:
-        clock = _clock(run, facts, anchors, est)
-        return est, _windows(run, facts, anchors, clock, est), clock
-    best = None
-    for k in range(10):
-        phase = 0.05 + 0.1 * k
-        clock = _clock(run, facts, anchors, phase)
-        win = _windows(run, facts, anchors, clock, phase)
-        empty = sum(1 for lo, hi in win if lo > hi)
-        width = sum(hi - lo for lo, hi in win if hi >= lo)
-        key = (empty, width)
-        if best is None or key < best[0]:
-            best = (key, phase, win, clock)
-    _, phase, win, clock = best
-    return phase, win, clock
+    spread over the second, the share before it); with too few of them, the middle of the
+    second (the guess with the smallest worst-case error)."""
+    phase = phase_estimate(facts)
+    if phase is None:
+        phase = 0.5
+    clock = _clock(run, facts, anchors, phase)
+    return phase, _windows(run, facts, anchors, clock, phase), clock
 
 
 def phase_estimate(facts: LogFacts) -> float | None:
@@ -1153,9 +1223,9 @@ def _burst_spacing(rebuilt: Rebuilt, facts: LogFacts, prof: SchedulerProfile,
             arr[i] = max(arr[i], arr[i - 1])
         run = step_replay(rebuilt, facts, prof, arr, model, trace=False)
         anchors = _anchors(run, facts)
-        cand_loss = anchored_loss(run, facts, anchors)
+        clock = _clock(run, facts, anchors, anchored.phase)
+        cand_loss = anchored_loss(run, facts, anchors, clock, anchored.phase)
         if cand_loss < best[0] - 1e-9:
-            clock = _clock(run, facts, anchors, anchored.phase)
             run.step_start = clock[: len(run.records)]
             best = (cand_loss, Anchored(arr, clock, anchored.phase, run, anchored.iterations, 0))
     return best[1], best[0]

@@ -1,0 +1,131 @@
+"""Render a simulated run as the log a vLLM 0.33 server would have written.
+
+Used for round-trip tests (simulate -> log -> replay -> same preemptions) and to make
+samples. The lines follow vLLM 0.33's formats (spec: vllm-log-formats.md): the banner and
+`non-default args`, the KV-cache size line, per request the JSON-body line
+(VLLM_REQUEST_BODY_LOG_LEVEL=INFO), `Received request` and `Added request`, the periodic
+`Engine 000:` stats line, and uvicorn's access line when a (non-streaming) request ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time as _time
+from typing import Any
+
+from kvreplay.replay.workload import Workload
+
+API = "(APIServer pid=4242)"
+CORE = "(EngineCore pid=4343)"
+
+
+def _ts(t: float) -> str:
+    return _time.strftime("%m-%d %H:%M:%S", _time.gmtime(t))
+
+
+def render_log(
+    workload: Workload,
+    records: list[dict[str, Any]],
+    *,
+    step_time_s: float,
+    start: float = 1778148060.0,
+    stats_interval_s: float = 10.0,
+    stats_phase_s: float = 0.5,
+    with_prompts: bool = True,
+    model: str = "meta-llama/Llama-3.1-8B-Instruct",
+) -> list[str]:
+    """Lines of a 0.33 log for `records` (a `simulate` trace), step k starting at
+    start + k * step_time_s. Arrivals are logged just before the step that adds them."""
+    cfg = workload.config
+    out: list[tuple[float, int, str]] = []  # (time, tie-break order, line)
+    seq = 0
+
+    def emit(t: float, line: str) -> None:
+        nonlocal seq
+        out.append((t, seq, line))
+        seq += 1
+
+    boot = start - 55.0
+    args = {
+        "model_tag": model, "model": model, "max_model_len": cfg.max_model_len,
+        "block_size": cfg.block_size, "num_gpu_blocks_override": cfg.num_gpu_blocks,
+        "enable_prefix_caching": cfg.enable_prefix_caching,
+        "enable_chunked_prefill": cfg.enable_chunked_prefill,
+        "max_num_batched_tokens": cfg.max_num_batched_tokens,
+        "max_num_seqs": cfg.max_num_seqs, "async_scheduling": cfg.async_scheduling,
+        "scheduling_policy": cfg.policy, "enable_log_requests": True,
+    }
+    if cfg.long_prefill_token_threshold:
+        args["long_prefill_token_threshold"] = cfg.long_prefill_token_threshold
+    emit(boot, f"{API} INFO {_ts(boot)} [startup.py:38]  version 0.33.0")
+    emit(boot, f"{API} INFO {_ts(boot)} [startup.py:96] non-default args: {args!r}")
+    emit(boot + 1, f"{CORE} INFO {_ts(boot + 1)} [core.py:139] Initializing a V1 LLM engine "
+         f"(v0.33.0) with config: model='{model}', max_seq_len={cfg.max_model_len}, "
+         f"enable_prefix_caching={cfg.enable_prefix_caching}, "
+         f"enable_chunked_prefill={cfg.enable_chunked_prefill}, pooler_config=None")
+    tokens = cfg.num_gpu_blocks * cfg.block_size
+    conc = tokens / cfg.max_model_len
+    emit(boot + 25, f"{CORE} INFO {_ts(boot + 25)} [kv_cache_planning.py:1525] Overriding "
+         f"num_gpu_blocks=28002 with num_gpu_blocks_override={cfg.num_gpu_blocks}")
+    emit(boot + 25, f"{CORE} INFO {_ts(boot + 25)} [kv_cache_utils.py:1147] GPU KV cache size: "
+         f"{tokens:,} tokens, Maximum concurrency for {cfg.max_model_len:,} tokens per request: "
+         f"{conc:.2f}x")
+
+    specs = {s.id: s for s in workload.requests}
+    port = {s.id: 51000 + i for i, s in enumerate(workload.requests)}
+    step_start = lambda k: start + k * step_time_s  # noqa: E731
+    first_token_seen: set[str] = set()
+    lead = min(0.0005, step_time_s / 4)
+    for rec in records:
+        k = rec["step"]
+        for j, rid in enumerate(rec.get("arrivals", ())):
+            s = specs[rid]
+            t = step_start(k) - lead
+            if with_prompts:
+                body = {"model": model, "prompt": s.prompt_token_ids, "max_tokens": s.max_tokens,
+                        "stream": False, "temperature": 0.0, "ignore_eos": True}
+                if s.priority:
+                    body["priority"] = s.priority
+                emit(t, f"{API} INFO {_ts(t)} [request_logger.py:84] Request "
+                        f"{hashlib.md5(rid.encode()).hexdigest()} JSON body: "
+                        f"{json.dumps(body, separators=(',', ':'))}")
+            emit(t, f"{API} INFO {_ts(t)} [request_logger.py:66] Received request {rid}: params: "
+                    f"SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=0, seed=None, stop=[], "
+                    f"stop_token_ids=[], ignore_eos=True, max_tokens={s.max_tokens}, min_tokens=0, "
+                    f"logprobs=None, prompt_logprobs=None, skip_special_tokens=True), "
+                    f"lora_request: None.")
+            emit(t, f"{API} INFO {_ts(t)} [async_llm.py:587] Added request {rid}-{j:08x}.")
+        end = step_start(k + 1)
+        for rid in rec.get("finished", ()):
+            emit(end + 0.0008, f'INFO:     127.0.0.1:{port[rid]} - '
+                               f'"POST /v1/completions HTTP/1.1" 200 OK')
+    # stats lines: state at the end of the last step that ended before each tick
+    n = len(records)
+    last_end = step_start(n)
+    tick = start - (start % 1) + stats_phase_s
+    while tick < start:
+        tick += stats_interval_s
+    prev_k = -1
+    while tick <= last_end + 2 * stats_interval_s:
+        k = min(n - 1, int((tick - start) / step_time_s) - 1)
+        window = records[prev_k + 1 : k + 1] if k >= 0 else []
+        prev_k = max(prev_k, k)
+        gen = sum(len(r.get("sampled", ())) for r in window)
+        prompt = 0
+        for r in window:
+            for rid in r.get("sampled", ()):
+                if rid not in first_token_seen:
+                    first_token_seen.add(rid)
+                    prompt += len(specs[rid].prompt_token_ids) - r.get("prefix_hit_tokens", {}).get(rid, 0)
+        state = records[k] if k >= 0 else None
+        running = len(state["running"]) if state else 0
+        waiting = len(state["waiting"]) if state else 0
+        usage = 100 * state["kv_usage"] if state else 0.0
+        emit(tick, f"{API} INFO {_ts(tick)} [loggers.py:335] Engine 000: Avg prompt throughput: "
+                   f"{prompt / stats_interval_s:.1f} tokens/s, Avg generation throughput: "
+                   f"{gen / stats_interval_s:.1f} tokens/s, Running: {running} reqs, Waiting: "
+                   f"{waiting} reqs, GPU KV cache usage: {usage:.1f}%")
+        tick += stats_interval_s
+    out.sort(key=lambda x: (x[0], x[1]))
+    return [line for _, _, line in out]
