@@ -29,6 +29,7 @@ import threading
 import time
 from array import array
 from collections import OrderedDict
+from itertools import islice
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -58,7 +59,7 @@ NULL, FREE, CACHED, HELD, SHARED = range(5)
 BLOCK_STATE_NAMES = ("null", "free", "cached", "held", "shared")
 
 DEFAULT_RESIM_BUDGET_S = 0.004  # simulated time between snapshots (bounds a rebuild)
-DEFAULT_SNAPSHOT_CAP = 192 << 20  # bytes of snapshots before thinning them out
+DEFAULT_SNAPSHOT_CAP = 96 << 20  # bytes of snapshots before thinning them out
 
 
 # -- snapshots -----------------------------------------------------------------------
@@ -433,6 +434,9 @@ class Timeline:
         lock = self.lock
         step_fn = engine.step
         ingest = self._ingest
+        sched = engine.scheduler
+        by_step = engine.by_step
+        finished = engine.summary.finished_step
         perf = time.perf_counter
         t_start = t_last = t_snap = perf()
         every = self.snapshot_every
@@ -457,8 +461,17 @@ class Timeline:
                 since_snap = 0
                 t_snap = perf()
             with lock:
-                rec = step_fn(trace=True)
-                ingest(rec)
+                step = engine.step_index
+                arrivals = by_step.get(step, ())
+                idle = not arrivals and not sched.has_requests() and not engine.batch_queue
+                n_fin = len(finished)
+                step_fn(trace=False)
+                if len(finished) > n_fin:
+                    fin = list(islice(reversed(finished), len(finished) - n_fin))
+                    fin.reverse()
+                else:
+                    fin = []
+                ingest(step, arrivals, engine.last_output, fin, idle)
             since_snap += 1
             if (since_snap & 255) == 0:
                 now = perf()
@@ -483,76 +496,81 @@ class Timeline:
             self._snap_steps = array("i", [s.step for s in keep])
             self.snapshot_bytes = sum(s.nbytes for s in keep)
 
-    def _ingest(self, rec: dict[str, Any]) -> None:
-        step = rec["step"]
-        f = 0
+    def _ingest(self, step: int, arrivals: Any, out: Any, fin: list[str], idle: bool) -> None:
+        """Record one step from what the engine just did: its SchedulerOutput (the object
+        its trace record is made from), the arrivals and the finished ids."""
+        f = F_IDLE if idle else 0
         life = self.life
-        for rid in rec["arrivals"]:
-            life[rid].append(LifeEvent(step, "arrival"))
+        for _idx, spec in arrivals:
+            life[spec.id].append(LifeEvent(step, "arrival"))
             f |= F_ARRIVAL
-        if rec.get("idle"):
-            f |= F_IDLE
-        pre = rec.get("preemptions")
-        if pre:
-            f |= F_PREEMPT
-            self._preempt_first.append(len(self.preemptions))
-            for p in pre:
-                victim = p["req"]
-                nth = sum(1 for e in life[victim] if e.kind == "preempted") + 1
-                pr = Preemption(
-                    index=len(self.preemptions), step=step, victim=victim,
-                    trigger=p["trigger"], self_preempt=p["self_preempt"],
-                    victim_rule=p.get("victim_rule", ""),
-                    computed_lost=p["num_computed_tokens_before"], num_tokens=p["num_tokens"],
-                    num_output_tokens=p["num_output_tokens"],
-                    blocks_held_before=p["blocks_held_before"],
-                    free_blocks_before=p["free_blocks_before"],
-                    free_blocks_after=p["free_blocks_after"],
-                    blocks_needed=p.get("blocks_needed"),
-                    free_blocks_at_failure=p.get("free_blocks_at_failure"),
-                    rolled_back_tokens=p.get("rolled_back_tokens", 0),
-                    was_scheduled_this_step=p.get("was_scheduled_this_step", False),
-                    nth_of_victim=nth,
-                )
-                self.preemptions.append(pr)
-                self._open[victim] = pr
-                life[victim].append(LifeEvent(step, "preempted", f"by {pr.trigger}", pr.index))
-                if not pr.self_preempt:
-                    life[pr.trigger].append(LifeEvent(step, "triggered", f"preempted {victim}", pr.index))
-        hits = rec.get("prefix_hit_tokens") or {}
-        new = rec.get("new")
-        if new:
-            f |= F_ADMIT
-            for rid in new:
-                life[rid].append(LifeEvent(step, "admitted", f"prefix hit {hits.get(rid, 0)}"))
-        resumed = rec.get("resumed")
-        if resumed:
-            f |= F_RESUME
-            for rid in resumed:
-                pr = self._open.pop(rid, None)
-                hit = hits.get(rid, 0)
-                if pr is not None:
-                    pr.readmitted_step = step
-                    pr.prefix_hit_at_readmission = hit
-                life[rid].append(LifeEvent(step, "resumed", f"prefix hit {hit}",
-                                           pr.index if pr is not None else None))
-        fin = rec.get("finished")
+        tokens = 0
+        if out is not None:
+            tokens = out.total_num_scheduled_tokens
+            pre = out.preemptions
+            if pre:
+                f |= F_PREEMPT
+                self._preempt_first.append(len(self.preemptions))
+                for p in pre:
+                    self._add_preemption(step, p)
+            hits = out.prefix_hit_tokens
+            if out.new_req_ids:
+                f |= F_ADMIT
+                for rid in out.new_req_ids:
+                    life[rid].append(LifeEvent(step, "admitted", f"prefix hit {hits.get(rid, 0)}"))
+            if out.resumed_req_ids:
+                f |= F_RESUME
+                for rid in out.resumed_req_ids:
+                    pr = self._open.pop(rid, None)
+                    hit = hits.get(rid, 0)
+                    if pr is not None:
+                        pr.readmitted_step = step
+                        pr.prefix_hit_at_readmission = hit
+                    life[rid].append(LifeEvent(step, "resumed", f"prefix hit {hit}",
+                                               pr.index if pr is not None else None))
+            if out.admission_blocked is not None:
+                f |= F_BLOCKED
         if fin:
             f |= F_FINISH
             for rid in fin:
                 life[rid].append(LifeEvent(step, "finished"))
-        if "admission_blocked" in rec:
-            f |= F_BLOCKED
-        for kind, bit in EVENT_KINDS.items():
-            if f & bit:
-                self.event_steps[kind].append(step)
-        self.free_blocks.append(rec["free_blocks"])
-        self.kv_usage.append(rec["kv_usage"])
-        self.num_running.append(len(rec["running"]))
-        self.num_waiting.append(len(rec["waiting"]))
-        self.num_tokens.append(rec.get("num_scheduled_tokens", 0))
+        if f:
+            for kind, bit in EVENT_KINDS.items():
+                if f & bit:
+                    self.event_steps[kind].append(step)
+        sched = self.engine.scheduler
+        self.free_blocks.append(sched.pool.free_block_queue.num_free_blocks)
+        self.kv_usage.append(sched.kv_cache_usage)
+        self.num_running.append(len(sched.running))
+        self.num_waiting.append(len(sched.waiting))
+        self.num_tokens.append(tokens)
         self.flags.append(f)
         self.num_steps = step + 1
+
+    def _add_preemption(self, step: int, p: dict[str, Any]) -> None:
+        life = self.life
+        victim = p["req"]
+        nth = sum(1 for e in life[victim] if e.kind == "preempted") + 1
+        pr = Preemption(
+            index=len(self.preemptions), step=step, victim=victim,
+            trigger=p["trigger"], self_preempt=p["self_preempt"],
+            victim_rule=p.get("victim_rule", ""),
+            computed_lost=p["num_computed_tokens_before"], num_tokens=p["num_tokens"],
+            num_output_tokens=p["num_output_tokens"],
+            blocks_held_before=p["blocks_held_before"],
+            free_blocks_before=p["free_blocks_before"],
+            free_blocks_after=p["free_blocks_after"],
+            blocks_needed=p.get("blocks_needed"),
+            free_blocks_at_failure=p.get("free_blocks_at_failure"),
+            rolled_back_tokens=p.get("rolled_back_tokens", 0),
+            was_scheduled_this_step=p.get("was_scheduled_this_step", False),
+            nth_of_victim=nth,
+        )
+        self.preemptions.append(pr)
+        self._open[victim] = pr
+        life[victim].append(LifeEvent(step, "preempted", f"by {pr.trigger}", pr.index))
+        if not pr.self_preempt:
+            life[pr.trigger].append(LifeEvent(step, "triggered", f"preempted {victim}", pr.index))
 
     # -- queries ---------------------------------------------------------------------
     @property

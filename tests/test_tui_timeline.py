@@ -26,6 +26,7 @@ SOURCES = [
     CASES / "f_prefix_caching" / "workload.json",
     CASES / "e_chunked_prefill" / "workload.json",
     CASES / "x_async_b_fcfs_heavy" / "workload.json",
+    CASES / "a_light_load" / "workload.json",
 ]
 
 
@@ -60,6 +61,23 @@ def test_views_equal_the_straight_run(path, every) -> None:
     # compact columns agree with the records at every step
     assert list(tl.free_blocks) == [r["free_blocks"] for r in records]
     assert list(tl.num_running) == [len(r["running"]) for r in records]
+    assert list(tl.num_waiting) == [len(r["waiting"]) for r in records]
+    assert [round(x, 4) for x in tl.kv_usage] == [round(r["kv_usage"], 4) for r in records]
+    assert list(tl.num_tokens) == [r.get("num_scheduled_tokens", 0) for r in records]
+    expect = {
+        "preemption": [r["step"] for r in records if r.get("preemptions")],
+        "admission": [r["step"] for r in records if r.get("new")],
+        "resume": [r["step"] for r in records if r.get("resumed")],
+        "finish": [r["step"] for r in records if r.get("finished")],
+        "arrival": [r["step"] for r in records if r.get("arrivals")],
+        "blocked": [r["step"] for r in records if "admission_blocked" in r],
+    }
+    for kind, steps in expect.items():
+        assert list(tl.event_steps[kind]) == steps, kind
+    assert [s for s in range(len(records)) if tl.flags[s] & 32] == [
+        r["step"] for r in records if r.get("idle")]
+    finishes = {rid: evs[-1].step for rid, evs in tl.life.items() if evs and evs[-1].kind == "finished"}
+    assert finishes == {rid: s for rid, s in engine.summary.finished_step.items()}
     assert [p.victim for p in tl.preemptions] == [
         p["req"] for r in records for p in r.get("preemptions", ())
     ]

@@ -6,7 +6,9 @@ and engine snapshots); every panel shows a `StepView` the timeline rebuilds on d
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from rich.text import Text
@@ -221,7 +223,7 @@ class SourceReady(Message):
 
 
 class ReplayApp(App[None]):
-    CSS_PATH = "app.tcss"
+    CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses elsewhere
     TITLE = "kvreplay"
     BINDINGS = [Binding(k, a, d, show=s) for k, a, d, s in KEYS]
 
@@ -312,6 +314,7 @@ class ReplayApp(App[None]):
 
     def on_loaded(self, message: Loaded) -> None:
         self.loaded = True
+        gc.freeze()  # the loaded records live as long as the app: keep them out of GC passes
         self.query_one("#progress", ProgressBar).display = False
         if message.error:
             self.load_error = message.error

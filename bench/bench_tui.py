@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""The terminal debugger's hot paths on a long replay.
+
+    python bench/bench_tui.py [--requests 2200] [--samples 200] [--baseline 5]
+
+Builds a replay of >= 1,000,000 engine steps (long requests on a 64-block pool, a new one
+every 400 steps, so two running requests overflow the pool and preempt each other), loads
+it into replay/timeline.py's Timeline as `kvreplay tui` does, then times, at random
+cursor positions:
+- next / previous preemption: find the step, rebuild its full state (block map, queues);
+- step back: rebuild the previous step's full state;
+each as p50 / p95 ms, against a baseline measured in the same run: re-simulating from
+step 0 to the target (what a debugger without snapshots does). It also reports the
+timeline's memory (process RSS growth and the snapshot bytes) and the time to first frame
+of `kvreplay tui` on the embedded sample, in a fresh process (headless).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kvreplay.replay.engine import Engine
+from kvreplay.replay.session import open_source
+from kvreplay.replay.timeline import Timeline
+
+
+def make_long(n_requests: int, seed: int = 0) -> dict:
+    rng = random.Random(seed)
+    reqs = []
+    for i in range(n_requests):
+        reqs.append({"id": f"L{i}", "arrival_step": i * 400,
+                     "prompt_token_ids": [rng.randrange(10, 30000) for _ in range(rng.randrange(60, 140))],
+                     "max_tokens": rng.randrange(700, 860)})
+    return {"name": "long_1m", "description": "long requests on a 64-block pool, one every 400 steps",
+            "config": {"num_gpu_blocks": 64, "block_size": 16, "max_num_seqs": 8,
+                       "max_num_batched_tokens": 2048, "max_model_len": 1008,
+                       "max_steps": 50_000_000},
+            "requests": reqs}
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+FIRST_FRAME = r"""
+import sys, time, asyncio
+t_import = time.time()
+from kvreplay.tui.app import ReplayApp
+from kvreplay.tui.cli import default_paths
+marks = {}
+class A(ReplayApp):
+    def on_mount(self):
+        super().on_mount()
+        self.call_after_refresh(lambda: marks.setdefault("frame", time.time()))
+    def on_loaded(self, m):
+        super().on_loaded(m)
+        self.call_after_refresh(lambda: marks.setdefault("loaded", time.time()))
+async def main():
+    app = A(default_paths())
+    async with app.run_test(size=(150, 48)) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        await pilot.pause()
+asyncio.run(main())
+print(marks["frame"], marks["loaded"], t_import)
+"""
+
+
+def first_frame(repeat: int) -> list[tuple[float, float]]:
+    out = []
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(FIRST_FRAME)  # Textual resolves CSS relative to the app's source file
+    for _ in range(repeat):
+        t0 = time.time()
+        res = subprocess.run([sys.executable, f.name], capture_output=True, text=True, check=True)
+        frame, loaded, _ = map(float, res.stdout.split())
+        out.append(((frame - t0) * 1e3, (loaded - t0) * 1e3))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=2200)
+    ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--baseline", type=int, default=5, help="re-simulations from step 0 to time")
+    ap.add_argument("--frames", type=int, default=3)
+    args = ap.parse_args()
+
+    data = make_long(args.requests)
+    with tempfile.NamedTemporaryFile("w", suffix=".workload.json", delete=False) as f:
+        json.dump(data, f)
+    src = open_source([f.name])
+    os.unlink(f.name)
+
+    rss0 = rss_mb()
+    tl = Timeline(src)
+    t0 = time.perf_counter()
+    tl.build()
+    build_s = time.perf_counter() - t0
+    gc.freeze()  # as the app does once loaded: the loaded records are never collected
+    rss1 = rss_mb()
+    mem = tl.memory_bytes()
+    n = tl.num_steps
+    print(f"replay: {n:,} steps, {len(tl.request_ids):,} requests, {len(tl.preemptions):,} "
+          f"preemptions; loaded in {build_s:.1f} s ({build_s / n * 1e6:.1f} us/step)")
+    print(f"memory: RSS +{rss1 - rss0:.0f} MB; columns {mem['columns'] / 2**20:.1f} MB, "
+          f"{mem['num_snapshots']:,} snapshots {mem['snapshots'] / 2**20:.1f} MB "
+          f"(every ~{n // max(mem['num_snapshots'], 1):,} steps)")
+    assert n >= 1_000_000, "the bench replay must be >= 1,000,000 steps"
+
+    rng = random.Random(1)
+    starts = [rng.randrange(1, n - 1) for _ in range(args.samples)]
+    res: dict[str, list[float]] = {"next preemption": [], "prev preemption": [], "step back": [],
+                                   "go to step": []}
+    for s in starts:
+        tl._cache.clear()
+        tl._cursor = None
+        res["go to step"].append(timed(lambda: tl.view(s)))
+        nxt = tl.next_event("preemption", s)
+        if nxt is not None:
+            res["next preemption"].append(timed(lambda: tl.view(tl.next_event("preemption", s))))
+        tl._cache.clear()
+        tl.view(s)
+        prv = tl.next_event("preemption", s, forward=False)
+        if prv is not None:
+            res["prev preemption"].append(timed(lambda: tl.view(tl.next_event("preemption", s, False))))
+        tl._cache.clear()
+        tl.view(s)
+        res["step back"].append(timed(lambda: tl.view(s - 1)))
+
+    # baseline: no snapshots, re-simulate from step 0 to the target
+    base = []
+    for s in starts[: args.baseline]:
+        def resim() -> None:
+            e = src.engine()
+            while e.step_index < s - 1:
+                e.step(trace=False)
+            e.step(trace=True)
+        base.append(timed(resim))
+    base_p50 = statistics.median(base)
+    print(f"\n{'operation':<18}{'p50 ms':>9}{'p95 ms':>9}{'max ms':>9}   baseline p50 ratio")
+    for name, xs in res.items():
+        p50, p95 = pct(xs, 0.5), pct(xs, 0.95)
+        print(f"{name:<18}{p50:>9.2f}{p95:>9.2f}{max(xs):>9.2f}   {base_p50 / p50:,.0f}x faster "
+              f"than re-simulating from step 0 ({base_p50:.0f} ms p50)")
+    ok = all(pct(res[k], 0.95) < 50 for k in ("next preemption", "prev preemption", "step back"))
+    print(f"target p95 < 50 ms: {'met' if ok else 'MISSED'}")
+
+    # snapshot restore vs copy.deepcopy of the same engine (what the snapshot replaces)
+    import copy
+    snap = tl.snapshots[len(tl.snapshots) // 2]
+    eng = tl.codec.restore(snap)
+    r_ms = statistics.median(timed(lambda: tl.codec.restore(snap)) for _ in range(50))
+    d_ms = statistics.median(timed(lambda: copy.deepcopy(eng)) for _ in range(50))
+    print(f"snapshot restore {r_ms:.3f} ms vs copy.deepcopy {d_ms:.3f} ms ({d_ms / r_ms:.1f}x); "
+          f"{len(snap.blob):,} bytes each")
+
+    ff = first_frame(args.frames)
+    frames = sorted(x[0] for x in ff)
+    loads = sorted(x[1] for x in ff)
+    print(f"\ntime to first frame (embedded sample, fresh process, headless): "
+          f"median {statistics.median(frames):.0f} ms (all: {', '.join(f'{x:.0f}' for x in frames)}); "
+          f"fully loaded {statistics.median(loads):.0f} ms; target < 1500 ms")
+    # baseline for the first frame: the bare interpreter + textual import
+    t0 = time.time()
+    subprocess.run([sys.executable, "-c", "import textual.app"], check=True)
+    bare = (time.time() - t0) * 1e3
+    print(f"baseline: python -c 'import textual.app' {bare:.0f} ms "
+          f"(first frame = {statistics.median(frames) / bare:.1f}x that)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
