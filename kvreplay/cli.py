@@ -20,6 +20,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "parse": ("kvreplay.parsers.cli", "parse vLLM logs into typed events"),
     "simulate": ("kvreplay.replay.cli", "run a workload through the faithful vLLM scheduler"),
     "tui": ("kvreplay.tui.cli", "step through every scheduling decision in a terminal debugger"),
+    "audit": ("kvreplay.audit.audit_cli", "audit logs or Prometheus scrapes: one record per log, status, storms, CI gates"),
+    "whatif": ("kvreplay.audit.whatif_cli", "replay a log's workload under other settings or concurrencies"),
 }
 
 

@@ -1,0 +1,625 @@
+"""The per-log audit: one record per log (per engine for data-parallel logs).
+
+`audit_records(path)` is a pure function of the input file(s): same bytes in, same
+records out. A record is a flat dict of scalars plus four nested lists (`storms`,
+`worst_requests`, `tput_by_concurrency`, `timeline`, `replay_timeline`); `SCHEMA` gives
+every column's polars type so the records of many logs concatenate into one table and
+round-trip through Parquet.
+
+A field that the input cannot give is null, and `null_reasons` says why (e.g. the
+replay needs the startup lines; vLLM 0.33 never prints the stats line's Preemptions).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Sequence
+
+from kvreplay.audit import metrics as M
+from kvreplay.audit.status import KV_FULL, classify
+
+_STORM = {"start_s": float, "end_s": float, "preemptions": int, "recomputed_tokens": int,
+          "kv_usage": float}
+_WORST = {"request": str, "preemptions": int, "recomputed_tokens": int, "time_lost_s": float}
+_TBC = {"running": int, "gen_tput": float, "samples": int}
+_TL = {"t": float, "running": int, "waiting": int, "kv_usage": float, "prompt_tput": float,
+       "gen_tput": float, "preemptions": int}
+_RTL = {"t": float, "kv_usage": float, "running": int, "waiting": int, "preemptions": int}
+
+# column -> python type (int, float, str, bool, list[str]) or nested struct list
+COLUMNS: dict[str, Any] = {
+    "log": str, "engine": int, "source": str,
+    "status": str, "status_evidence": str,
+    "replay": str, "null_reasons": [str],
+    # scheduler
+    "vllm_version": str, "engine_version": str, "profile": str, "model": str,
+    "policy": str, "preemption_mode": str,
+    "max_num_seqs": int, "max_num_seqs_source": str, "running_max": int, "running_typical": int,
+    "max_num_batched_tokens": int, "max_model_len": int, "gpu_memory_utilization": float,
+    "block_size": int, "num_gpu_blocks": int, "kv_cache_tokens": int, "max_concurrency_x": float,
+    "chunked_prefill": bool, "prefix_caching": bool,
+    # counters
+    "samples": int, "interval_s": float, "duration_s": float,
+    "running_mean": float, "waiting_mean": float, "waiting_max": int,
+    "waiting_capacity_mean": float, "deferred_mean": float, "deferred_max": int,
+    "kv_usage_mean": float, "kv_usage_p95": float, "kv_time_ge95": float,
+    "preemptions_logged": int, "preemptions_logged_source": str,
+    "preemptions_replayed": int, "preemptions_replayed_low": int, "preemptions_replayed_high": int,
+    "self_preemptions": int, "requests_preempted": int,
+    "computed_tokens_lost": int, "recomputed_tokens": int, "processed_tokens": int,
+    "recompute_ratio": float, "recompute_source": str,
+    "replay_agreement": float, "step_time_model": str,
+    # workload
+    "requests": int, "arrival_rate_rps": float, "concurrency_mean": float, "concurrency_max": int,
+    "input_len_mean": float, "input_len_p50": float, "input_len_p95": float, "input_len_max": int,
+    "output_len_mean": float, "output_len_p50": float, "output_len_p95": float, "output_len_max": int,
+    "lengths_source": str, "longest_seq_pool_share": float,
+    # perf
+    "prompt_tput_mean": float, "gen_tput_mean": float, "gen_tput_p95": float, "gen_tput_max": float,
+    "ttft_p50_s": float, "ttft_p95_s": float, "itl_p50_s": float, "itl_p95_s": float,
+    "latency_source": str,
+    "step_spike_ratio": float, "step_spike_share": float, "step_spike_prefill_share": float,
+    "step_time_source": str,
+    # detail
+    "storms": [_STORM], "worst_requests": [_WORST], "tput_by_concurrency": [_TBC],
+    "timeline": [_TL], "replay_timeline": [_RTL],
+}
+NESTED = [k for k, v in COLUMNS.items() if isinstance(v, list)]
+SCALARS = [k for k, v in COLUMNS.items() if not isinstance(v, list)]
+
+
+def polars_schema():
+    import polars as pl
+
+    conv = {int: pl.Int64, float: pl.Float64, str: pl.String, bool: pl.Boolean}
+
+    def dt(t):
+        if isinstance(t, list):
+            inner = t[0]
+            if isinstance(inner, dict):
+                return pl.List(pl.Struct({k: conv[v] for k, v in inner.items()}))
+            return pl.List(conv[inner])
+        return conv[t]
+
+    return {k: dt(v) for k, v in COLUMNS.items()}
+
+
+def empty_record(log: str) -> dict[str, Any]:
+    rec: dict[str, Any] = {k: None for k in COLUMNS}
+    rec["log"] = log
+    for k in NESTED:
+        rec[k] = []
+    return rec
+
+
+def _version(v: str | None) -> tuple[int, int, int] | None:
+    if not v:
+        return None
+    nums = []
+    for part in v.lstrip("v").split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        nums.append(int(digits) if digits else 0)
+    while len(nums) < 3:
+        nums.append(0)
+    return tuple(nums)  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------- entry points
+def audit_records(path: str | Sequence[str], *, profile: str | None = None,
+                  replay: bool = True, year: int | None = None) -> list[dict[str, Any]]:
+    """Audit one log (a path, or several files of one server merged by time) or one series
+    of Prometheus scrapes. Returns one record per engine."""
+    paths = [path] if isinstance(path, str) else list(path)
+    label = "+".join(paths)
+    from kvreplay.audit import prom
+
+    if len(paths) == 1 and prom.looks_like_prometheus(paths[0]):
+        return audit_prometheus(paths[0], label)
+    return audit_vllm_log(paths, label, profile=profile, replay=replay, year=year)
+
+
+def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay: bool,
+                   year: int | None) -> list[dict[str, Any]]:
+    from kvreplay import events as ev
+    from kvreplay.errors import UserError
+    from kvreplay.parsers import detect_version, merge_config, parse_files
+
+    events = list(parse_files(paths, year=year))
+    if not events:
+        raise UserError(f"{label}: empty log")
+    dialect = detect_version(events)
+    config = merge_config(events)
+    by_engine: dict[int | None, list[ev.Stats]] = {}
+    for e in events:
+        if isinstance(e, ev.Stats) and e.time is not None:
+            by_engine.setdefault(e.engine, []).append(e)
+    engines = sorted(by_engine, key=lambda k: (-1 if k is None else k))
+    dp = len([k for k in engines if k is not None]) > 1
+    if not engines:
+        engines = [None]
+    v0_pre = [e for e in events if isinstance(e, ev.Preemption)]
+    iterations = [e for e in events if isinstance(e, ev.Iteration) and not e.dummy]
+
+    rp = None
+    replay_reason = None
+    facts = None
+    if replay and not dp:
+        from kvreplay.replay.from_log import ReplayError, replay_facts
+        from kvreplay.replay.logfacts import collect
+
+        facts = collect(events, paths, config=config, vllm_version=dialect.vllm_version,
+                        engine_version=dialect.engine_version)
+        try:
+            rp = replay_facts(facts, profile=None if profile in (None, "auto") else profile)
+        except (ReplayError, UserError) as exc:
+            replay_reason = str(exc)
+        except KeyError as exc:  # an unknown release in get_profile
+            replay_reason = f"no scheduler profile for this release: {exc}"
+    elif dp:
+        replay_reason = ("data-parallel log: the request lines do not say which engine served "
+                         "each request, so the workload cannot be split per engine for a replay")
+    else:
+        replay_reason = "replay not requested (--no-replay)"
+
+    out = []
+    for eng in engines:
+        rec = empty_record(label)
+        rec["source"] = "vllm log"
+        rec["engine"] = eng if dp else None
+        _fill_config(rec, config, dialect)
+        stats = by_engine.get(eng, [])
+        origin = _origin(events, stats)
+        _fill_stats(rec, stats, origin, dialect.vllm_version, dialect.engine_version, v0_pre)
+        if rp is not None:
+            rec["replay"] = "ok"
+            _fill_replay(rec, rp, origin)
+        else:
+            rec["replay"] = "skipped"
+            rec["null_reasons"].append("replay fields (preemptions_replayed, recomputed_tokens, "
+                                       f"recompute_ratio, latency): {replay_reason}")
+            if facts is None and not dp:
+                from kvreplay.replay.logfacts import collect
+
+                facts = collect(events, paths, config=config, vllm_version=dialect.vllm_version,
+                                engine_version=dialect.engine_version)
+            if facts is not None:
+                _fill_workload_from_facts(rec, facts)
+        if iterations and (eng in (None, 0) or not dp):
+            _fill_iterations(rec, [i for i in iterations if i.engine in (None, eng)] or iterations)
+        if rec["step_spike_ratio"] is None and rp is None:
+            rec["null_reasons"].append("step_spike_*: no Iteration lines (--enable-logging-"
+                                       "iteration-details) and no replay to estimate step times")
+        rec["status"], rec["status_evidence"] = classify(rec)
+        out.append(rec)
+    return out
+
+
+# ---------------------------------------------------------------- pieces
+def _origin(events, stats) -> float:
+    from kvreplay import events as ev
+
+    times = [e.time for e in events if isinstance(e, (ev.RequestReceived, ev.Stats)) and e.time is not None]
+    return min(times) if times else 0.0
+
+
+def _fill_config(rec: dict[str, Any], c, dialect) -> None:
+    rec["vllm_version"] = dialect.vllm_version
+    rec["engine_version"] = dialect.engine_version
+    rec["model"] = c.model
+    rec["policy"] = c.scheduling_policy or ("fcfs" if dialect.engine_version == "V1" else None)
+    if c.preemption_mode:
+        rec["preemption_mode"] = c.preemption_mode.lower().replace("preemptionmode.", "")
+    elif dialect.engine_version == "V1":
+        rec["preemption_mode"] = "recompute"
+    if c.max_num_seqs is not None:
+        rec["max_num_seqs"], rec["max_num_seqs_source"] = c.max_num_seqs, "log"
+    elif dialect.engine_version == "V1":
+        rec["max_num_seqs"], rec["max_num_seqs_source"] = 256, "vLLM default (not in the log)"
+    rec["max_num_batched_tokens"] = c.max_num_batched_tokens
+    rec["max_model_len"] = c.max_model_len
+    rec["gpu_memory_utilization"] = c.gpu_memory_utilization
+    rec["block_size"] = c.block_size
+    rec["num_gpu_blocks"] = c.num_gpu_blocks
+    kv = c.kv_cache_tokens
+    if kv is None and c.num_gpu_blocks and c.block_size:
+        kv = c.num_gpu_blocks * c.block_size
+    rec["kv_cache_tokens"] = kv
+    if kv and c.max_model_len:
+        rec["max_concurrency_x"] = round(kv / c.max_model_len, 4)
+    rec["chunked_prefill"] = c.enable_chunked_prefill
+    rec["prefix_caching"] = c.enable_prefix_caching
+    if kv is None:
+        rec["null_reasons"].append("KV cache size: the startup lines (GPU KV cache size / # GPU "
+                                   "blocks) are not in the log")
+
+
+def _fill_stats(rec, stats, origin, version, engine_version, v0_pre) -> None:
+    rec["samples"] = len(stats)
+    if not stats:
+        rec["null_reasons"].append("running/waiting/KV usage: no periodic stats lines "
+                                   "(--disable-log-stats, or a log without them)")
+    times = [s.time for s in stats]
+    gaps = sorted(b - a for a, b in zip(times, times[1:]) if b > a)
+    interval = float(gaps[len(gaps) // 2]) if gaps else None
+    rec["interval_s"] = interval
+    if len(times) > 1:
+        rec["duration_s"] = float(times[-1] - times[0] + (interval or 0))
+    run = [s.running for s in stats if s.running is not None]
+    wait = [s.waiting for s in stats if s.waiting is not None]
+    kv = [s.gpu_kv_usage / 100.0 for s in stats if s.gpu_kv_usage is not None]
+    defer = [s.deferred or 0 for s in stats] if any(s.deferred is not None for s in stats) else []
+    rec["running_mean"] = M.rnd(M.mean(run))
+    rec["running_max"] = max(run) if run else None
+    busy = [s.running for s in stats if s.running and ((s.waiting or 0) > 0 or s.running > 0)]
+    rec["running_typical"] = int(round(M.quantile(busy, 0.5))) if busy else None
+    rec["waiting_mean"] = M.rnd(M.mean(wait))
+    rec["waiting_max"] = max(wait) if wait else None
+    v = _version(version)
+    if defer or (v is not None and v >= (0, 20, 0) and engine_version == "V1" and wait):
+        # 0.20+: Waiting includes deferred requests; Deferred printed only when > 0.
+        d = [s.deferred or 0 for s in stats]
+        rec["deferred_mean"] = M.rnd(M.mean(d))
+        rec["deferred_max"] = max(d) if d else None
+        rec["waiting_capacity_mean"] = M.rnd(M.mean([(s.waiting or 0) - (s.deferred or 0) for s in stats]))
+    rec["kv_usage_mean"] = M.rnd(M.mean(kv))
+    rec["kv_usage_p95"] = M.rnd(M.quantile(kv, 0.95))
+    rec["kv_time_ge95"] = M.rnd(sum(1 for x in kv if x >= KV_FULL) / len(kv)) if kv else None
+    pt = [s.prompt_throughput for s in stats if s.prompt_throughput is not None]
+    gt = [s.generation_throughput for s in stats if s.generation_throughput is not None]
+    rec["prompt_tput_mean"] = M.rnd(M.mean(pt), 2)
+    rec["gen_tput_mean"] = M.rnd(M.mean(gt), 2)
+    rec["gen_tput_p95"] = M.rnd(M.quantile(gt, 0.95), 2)
+    rec["gen_tput_max"] = M.rnd(max(gt) if gt else None, 2)
+    conc = [(s.running or 0) + (s.waiting or 0) for s in stats if s.running is not None]
+    rec["concurrency_mean"] = M.rnd(M.mean(conc), 2)
+    rec["concurrency_max"] = max(conc) if conc else None
+
+    # preemptions as logged
+    if engine_version == "V0" or (v0_pre and engine_version != "V1"):
+        if v0_pre:
+            rec["preemptions_logged"] = max(p.cumulative or 1 for p in v0_pre)
+            modes = sorted({p.mode.lower() for p in v0_pre if p.mode})
+            if modes:
+                rec["preemption_mode"] = "/".join(modes)
+            rec["preemptions_logged_source"] = ("V0 warning's cumulative counter (printed for the "
+                                                "1st, 51st, 101st ... preemption): a lower bound")
+        else:
+            rec["preemptions_logged"] = 0 if stats else None
+            rec["preemptions_logged_source"] = ("V0 warnings (none printed: fewer than 1 "
+                                                "preemption, as the 1st is always printed)")
+    elif v is not None and (0, 11, 1) <= v < (0, 33, 0):
+        rec["preemptions_logged"] = sum(s.preemptions or 0 for s in stats)
+        rec["preemptions_logged_source"] = "stats line 'Preemptions' (printed when > 0)"
+    elif any(s.preemptions is not None for s in stats):
+        rec["preemptions_logged"] = sum(s.preemptions or 0 for s in stats)
+        rec["preemptions_logged_source"] = "stats line 'Preemptions'"
+    else:
+        why = ("vLLM 0.33's stats line never prints Preemptions (its counter is reset before "
+               "the check)" if v is not None and v >= (0, 33, 0) else
+               "the V1 stats line has no Preemptions field before 0.11.1")
+        rec["preemptions_logged_source"] = "not logged: " + why
+        rec["null_reasons"].append("preemptions_logged: " + why)
+
+    # throughput by concurrency (running count buckets of the logged lines)
+    rec["tput_by_concurrency"] = _tput_by_running(
+        [(s.running, s.generation_throughput) for s in stats])
+    tl = []
+    for s in stats:
+        tl.append({"t": round(s.time - origin, 3), "running": s.running, "waiting": s.waiting,
+                   "kv_usage": None if s.gpu_kv_usage is None else round(s.gpu_kv_usage / 100.0, 4),
+                   "prompt_tput": s.prompt_throughput, "gen_tput": s.generation_throughput,
+                   "preemptions": s.preemptions})
+    rec["timeline"] = tl
+    if rec["preemptions_logged"] and any(s.preemptions for s in stats):
+        ev_ = [(s.time - origin - (interval or 10.0), s.preemptions, -1) for s in stats if s.preemptions]
+        rec["storms"] = M.storm_windows(ev_, interval or 10.0)
+
+
+def _tput_by_running(pairs) -> list[dict[str, Any]]:
+    """Mean generation throughput per bucket of running requests (8 buckets)."""
+    rows = [(r, g) for r, g in pairs if r and g is not None]
+    if not rows:
+        return []
+    top = max(r for r, _ in rows)
+    width = max(1, math.ceil(top / 8))
+    acc: dict[int, list[float]] = {}
+    for r, g in rows:
+        b = ((r - 1) // width + 1) * width
+        acc.setdefault(b, []).append(g)
+    return [{"running": b, "gen_tput": round(sum(v) / len(v), 2), "samples": len(v)}
+            for b, v in sorted(acc.items())]
+
+
+def _fill_workload_from_facts(rec, facts) -> None:
+    reqs = facts.requests
+    rec["requests"] = len(reqs)
+    times = [r.time for r in reqs if r.time is not None]
+    if len(times) > 1 and times[-1] > times[0]:
+        rec["arrival_rate_rps"] = round((len(times) - 1) / (times[-1] - times[0]), 4)
+    ins = [len(r.prompt_token_ids) if r.prompt_token_ids is not None else r.prompt_len for r in reqs]
+    ins = [x for x in ins if x]
+    outs = [r.output_len if r.output_len is not None else (r.max_tokens if r.ignore_eos else None)
+            for r in reqs]
+    outs = [x for x in outs if x]
+    _lengths(rec, ins, outs)
+    if reqs:
+        src = []
+        src.append("input lengths logged" if len(ins) == len(reqs) else
+                   f"input lengths logged for {len(ins)} of {len(reqs)} requests")
+        src.append("output lengths logged" if len(outs) == len(reqs) else
+                   f"output lengths known for {len(outs)} of {len(reqs)} (ignore_eos / "
+                   "--enable-log-outputs)")
+        rec["lengths_source"] = "; ".join(src)
+    else:
+        rec["null_reasons"].append("workload: no request lines (--enable-log-requests)")
+
+
+def _lengths(rec, ins, outs) -> None:
+    if ins:
+        rec["input_len_mean"] = M.rnd(M.mean(ins), 2)
+        rec["input_len_p50"] = M.quantile(ins, 0.5)
+        rec["input_len_p95"] = M.rnd(M.quantile(ins, 0.95), 2)
+        rec["input_len_max"] = max(ins)
+    if outs:
+        rec["output_len_mean"] = M.rnd(M.mean(outs), 2)
+        rec["output_len_p50"] = M.quantile(outs, 0.5)
+        rec["output_len_p95"] = M.rnd(M.quantile(outs, 0.95), 2)
+        rec["output_len_max"] = max(outs)
+
+
+def _fill_replay(rec, rp, origin: float) -> None:
+    run = rp.run
+    records = run.records
+    cost = M.recompute_from_records(records)
+    rec["profile"] = rp.profile.name
+    rec["preemptions_replayed"] = cost["preemptions"]
+    if rp.estimate:
+        rec["preemptions_replayed_low"] = rp.estimate.get("preemptions_low")
+        rec["preemptions_replayed_high"] = rp.estimate.get("preemptions_high")
+    rec["self_preemptions"] = cost["self_preemptions"]
+    rec["requests_preempted"] = cost["requests_preempted"]
+    rec["computed_tokens_lost"] = cost["computed_tokens_lost"]
+    rec["recomputed_tokens"] = cost["recomputed_tokens"]
+    rec["processed_tokens"] = cost["processed_tokens"]
+    rec["recompute_ratio"] = M.rnd(cost["recompute_ratio"], 6)
+    rec["recompute_source"] = "replay" + (" (prompt lengths estimated)" if any(rp.rebuilt.prompt_estimated) else "")
+    ver = rp.verification or {}
+    if ver.get("stats_lines"):
+        rec["replay_agreement"] = round(ver["agreeing_lines"] / ver["stats_lines"], 4)
+    model = run.model
+    rec["step_time_model"] = f"{model.describe()} (fit loss {rp.fit.loss:.3g})"
+
+    # workload from the rebuilt requests (exact or estimated lengths)
+    wl = rp.rebuilt.workload
+    ins = [len(s.prompt_token_ids) for s in wl.requests]
+    outs = [s.max_tokens for s in wl.requests]
+    rec["requests"] = len(wl.requests)
+    times = [r.time for r in rp.facts.requests if r.time is not None]
+    if len(times) > 1 and times[-1] > times[0]:
+        rec["arrival_rate_rps"] = round((len(times) - 1) / (times[-1] - times[0]), 4)
+    _lengths(rec, ins, outs)
+    rec["lengths_source"] = ("input " + ("estimated" if any(rp.rebuilt.prompt_estimated) else "logged")
+                             + ", output " + ("estimated (max_tokens)" if any(rp.rebuilt.output_estimated)
+                                              else "logged"))
+    cfg = wl.config
+    usable = (cfg.num_gpu_blocks - 1) * cfg.block_size
+    if usable > 0 and ins:
+        longest = max(min(i + o, cfg.max_model_len) for i, o in zip(ins, outs))
+        rec["longest_seq_pool_share"] = round(longest / usable, 4)
+    if rec["max_num_batched_tokens"] is None:
+        rec["max_num_batched_tokens"] = cfg.max_num_batched_tokens
+    if rec["block_size"] is None:
+        rec["block_size"] = cfg.block_size
+    if rec["num_gpu_blocks"] is None:
+        rec["num_gpu_blocks"] = cfg.num_gpu_blocks
+
+    # step times (estimated) -> latency and decode spikes
+    starts = run.step_start
+    ends = []
+    rows = []
+    for i, r in enumerate(records):
+        sched = r.get("scheduled", ())
+        n_tok = r.get("num_scheduled_tokens", 0)
+        dt = model.dt(n_tok, len(sched)) if sched else model.overhead_s
+        ends.append(starts[i] + dt)
+        if sched:
+            new = set(r.get("new", ())) | set(r.get("resumed", ()))
+            prefill = sum(n for rid, n in sched if n > 1 or rid in new)
+            has_dec = any(n == 1 and rid not in new for rid, n in sched)
+            rows.append((dt, prefill, has_dec))
+    arrival = {rid: starts[s] for rid, s in run.arrival_step.items() if s < len(starts)}
+    lat = M.latency_from_steps(records, ends, arrival)
+    rec["ttft_p50_s"] = M.rnd(M.quantile(lat["ttft"], 0.5))
+    rec["ttft_p95_s"] = M.rnd(M.quantile(lat["ttft"], 0.95))
+    rec["itl_p50_s"] = M.rnd(M.quantile(lat["itl"], 0.5), 5)
+    rec["itl_p95_s"] = M.rnd(M.quantile(lat["itl"], 0.95), 5)
+    rec["latency_source"] = "estimated: replay with the fitted step-time model"
+    st = M.decode_stalls(rows, cfg.max_num_batched_tokens)
+    rec["step_spike_ratio"] = M.rnd(st["spike_ratio"])
+    rec["step_spike_share"] = M.rnd(st["spike_share"])
+    rec["step_spike_prefill_share"] = M.rnd(st["spike_prefill_share"])
+    rec["step_time_source"] = "estimated by the replay's step-time model"
+
+    # storms and the requests hurt most
+    window = rec["interval_s"] or 10.0
+    ev_ = [(starts[it["step"]] - origin, 1, it["recomputed_tokens"]) for it in cost["items"]]
+
+    def kv_at(a, b):
+        xs = [records[i].get("kv_usage") for i in range(len(records))
+              if a <= starts[i] - origin < b and records[i].get("kv_usage") is not None]
+        return M.mean(xs)
+
+    rec["storms"] = M.storm_windows(ev_, window, kv_at=kv_at)
+    rec["worst_requests"] = M.worst_requests(cost["items"], starts)
+    rec["replay_timeline"] = _replay_timeline(records, starts, origin)
+
+
+def _replay_timeline(records, starts, origin, buckets: int = 300) -> list[dict[str, Any]]:
+    if not records:
+        return []
+    t0 = starts[0] - origin
+    span = max(1e-9, starts[-1] - starts[0])
+    width = span / buckets
+    out: dict[int, dict[str, Any]] = {}
+    for r, s in zip(records, starts):
+        k = min(buckets - 1, int((s - starts[0]) / width)) if width > 0 else 0
+        b = out.get(k)
+        if b is None:
+            b = out[k] = {"t": round(t0 + k * width, 3), "kv_usage": 0.0, "running": 0,
+                          "waiting": 0, "preemptions": 0}
+        b["kv_usage"] = max(b["kv_usage"], round(r.get("kv_usage", 0.0), 4))
+        b["running"] = max(b["running"], len(r.get("running", ())))
+        b["waiting"] = max(b["waiting"], len(r.get("waiting", ())))
+        b["preemptions"] += len(r.get("preemptions", ()))
+    return [out[k] for k in sorted(out)]
+
+
+def _fill_iterations(rec, its) -> None:
+    """Logged per-step lines (--enable-logging-iteration-details): decode spikes from real
+    step times."""
+    budget = rec.get("max_num_batched_tokens") or 8192
+    rows = [(i.elapsed_ms / 1000.0, i.context_tokens, i.generation_requests > 0) for i in its]
+    st = M.decode_stalls(rows, budget)
+    if st["spike_ratio"] is not None:
+        rec["step_spike_ratio"] = M.rnd(st["spike_ratio"])
+        rec["step_spike_share"] = M.rnd(st["spike_share"])
+        rec["step_spike_prefill_share"] = M.rnd(st["spike_prefill_share"])
+        rec["step_time_source"] = "logged (Iteration lines)"
+
+
+# ---------------------------------------------------------------- Prometheus
+def audit_prometheus(path: str, label: str) -> list[dict[str, Any]]:
+    from kvreplay.audit import prom
+
+    scrapes = prom.read_scrapes(path)
+    out = []
+    engines = prom.engines_of(scrapes)
+    dp = len(engines) > 1
+    timed = all(s.time is not None for s in scrapes)
+    t0 = scrapes[0].time if timed else 0.0
+    for eng in engines:
+        rec = empty_record(label)
+        rec["source"] = "prometheus"
+        rec["engine"] = int(eng) if dp and eng.isdigit() else None
+        rec["model"] = next((s.model for s in scrapes if s.model), None)
+        rec["block_size"] = next((s.block_size for s in scrapes if s.block_size), None)
+        rec["num_gpu_blocks"] = next((s.num_gpu_blocks for s in scrapes if s.num_gpu_blocks), None)
+        if rec["block_size"] and rec["num_gpu_blocks"]:
+            rec["kv_cache_tokens"] = rec["block_size"] * rec["num_gpu_blocks"]
+        rows = [(s.time, s.values.get(eng, {})) for s in scrapes if eng in s.values]
+        rec["samples"] = len(rows)
+        times = [t for t, _ in rows]
+        if timed and len(rows) > 1:
+            gaps = sorted(b - a for a, b in zip(times, times[1:]))
+            rec["interval_s"] = float(gaps[len(gaps) // 2])
+            rec["duration_s"] = float(times[-1] - times[0])
+        else:
+            rec["null_reasons"].append("rates and durations: scrapes carry no time (add '# SCRAPE "
+                                       "<epoch>' markers or sample timestamps)")
+
+        def col(key):
+            return [v.get(key) for _, v in rows]
+
+        run = [int(x) for x in col("running") if x is not None]
+        wait = [int(x) for x in col("waiting") if x is not None]
+        kv = [x for x in col("kv_usage") if x is not None]
+        rec["running_mean"] = M.rnd(M.mean(run))
+        rec["running_max"] = max(run) if run else None
+        busy = [r for r in run if r > 0]
+        rec["running_typical"] = int(round(M.quantile(busy, 0.5))) if busy else None
+        rec["waiting_mean"] = M.rnd(M.mean(wait))
+        rec["waiting_max"] = max(wait) if wait else None
+        if any(x is not None for x in col("waiting_deferred")) or any(x is not None for x in col("waiting_capacity")):
+            d = [x or 0 for x in col("waiting_deferred")]
+            rec["deferred_mean"] = M.rnd(M.mean(d))
+            rec["deferred_max"] = int(max(d)) if d else None
+            rec["waiting_capacity_mean"] = M.rnd(M.mean([x for x in col("waiting_capacity") if x is not None]))
+        rec["kv_usage_mean"] = M.rnd(M.mean(kv))
+        rec["kv_usage_p95"] = M.rnd(M.quantile(kv, 0.95))
+        rec["kv_time_ge95"] = M.rnd(sum(1 for x in kv if x >= KV_FULL) / len(kv)) if kv else None
+        conc = [r + w for r, w in zip(col("running"), col("waiting")) if r is not None and w is not None]
+        rec["concurrency_mean"] = M.rnd(M.mean(conc), 2)
+        rec["concurrency_max"] = int(max(conc)) if conc else None
+
+        def series(key):
+            return [(t, v[key]) for t, v in rows if v.get(key) is not None]
+
+        pre = series("preemptions")
+        if len(pre) > 1:
+            total, resets = M.counter_increase([v for _, v in pre])
+            rec["preemptions_logged"] = int(round(total))
+            rec["preemptions_logged_source"] = ("prometheus vllm:num_preemptions_total, increase over "
+                                                f"{len(pre)} scrapes" + (f" ({resets} counter reset"
+                                                f"{'s' if resets > 1 else ''})" if resets else ""))
+            deltas = M.counter_deltas([v for _, v in pre])
+            if timed:
+                ev_ = [(pre[i][0] - t0, int(round(d)), -1) for i, d in enumerate(deltas) if d > 0]
+                rec["storms"] = M.storm_windows(ev_, rec["interval_s"] or 10.0)
+        elif len(pre) == 1:
+            rec["null_reasons"].append("preemptions_logged: one scrape only (a counter needs two)")
+        else:
+            rec["null_reasons"].append("preemptions_logged: vllm:num_preemptions_total not scraped")
+        pt, gt, rt = series("prompt_tokens"), series("generation_tokens"), series("recomputed_tokens")
+        if len(pt) > 1 and len(gt) > 1:
+            p_inc = M.counter_increase([v for _, v in pt])[0]
+            g_inc = M.counter_increase([v for _, v in gt])[0]
+            rec["processed_tokens"] = int(round(p_inc + g_inc))
+            if timed and rec["duration_s"]:
+                rec["prompt_tput_mean"] = M.rnd(p_inc / rec["duration_s"], 2)
+                rec["gen_tput_mean"] = M.rnd(g_inc / rec["duration_s"], 2)
+                gdel = M.counter_deltas([v for _, v in gt])
+                rates = [d / (gt[i + 1][0] - gt[i][0]) for i, d in enumerate(gdel) if gt[i + 1][0] > gt[i][0]]
+                rec["gen_tput_p95"] = M.rnd(M.quantile(rates, 0.95), 2)
+                rec["gen_tput_max"] = M.rnd(max(rates) if rates else None, 2)
+                rr = [int(v.get("running") or 0) for _, v in rows]
+                rec["tput_by_concurrency"] = _tput_by_running(list(zip(rr[1:], rates)))
+            if len(rt) > 1:
+                r_inc = M.counter_increase([v for _, v in rt])[0]
+                rec["recomputed_tokens"] = int(round(r_inc))
+                tot = p_inc + g_inc
+                rec["recompute_ratio"] = M.rnd(r_inc / tot, 6) if tot else None
+                rec["recompute_source"] = "prometheus vllm:prompt_tokens_recomputed"
+        if rec["recompute_ratio"] is None:
+            rec["null_reasons"].append("recompute_ratio: scrapes give no recomputed-token counter "
+                                       "(vllm:prompt_tokens_recomputed, 0.16-0.19); replay the log "
+                                       "instead")
+        # latency from histograms: last scrape minus first
+        hs = [s.hist.get(eng, {}) for s in scrapes if eng in s.hist]
+        for key, p50, p95 in (("ttft", "ttft_p50_s", "ttft_p95_s"), ("itl", "itl_p50_s", "itl_p95_s")):
+            series_h = [h[key] for h in hs if key in h]
+            if not series_h:
+                continue
+            last = dict(series_h[-1])
+            first = dict(series_h[0]) if len(series_h) > 1 else {}
+            if first and all(last.get(le, 0) >= c for le, c in first.items()):
+                b = [(le, last[le] - first.get(le, 0.0)) for le in last]
+            else:
+                b = list(last.items())
+            rec[p50] = M.rnd(M.histogram_quantile(0.5, b), 5)
+            rec[p95] = M.rnd(M.histogram_quantile(0.95, b), 5)
+            rec["latency_source"] = "logged: prometheus histograms (bucket interpolation)"
+        tl = []
+        prev = None
+        for i, (t, v) in enumerate(rows):
+            p = v.get("preemptions")
+            d = None
+            if prev is not None and p is not None:
+                d = int(round(p - prev if p >= prev else p))
+            prev = p if p is not None else prev
+            tl.append({"t": round((t - t0) if timed else float(i), 3),
+                       "running": None if v.get("running") is None else int(v["running"]),
+                       "waiting": None if v.get("waiting") is None else int(v["waiting"]),
+                       "kv_usage": M.rnd(v.get("kv_usage")), "prompt_tput": None, "gen_tput": None,
+                       "preemptions": d})
+        rec["timeline"] = tl
+        rec["replay"] = "skipped"
+        rec["null_reasons"].append("replay fields: Prometheus scrapes carry no per-request data; "
+                                   "audit the server log to replay")
+        rec["status"], rec["status_evidence"] = classify(rec)
+        out.append(rec)
+    return out
+
+
+def path_label(p: str) -> str:
+    return os.path.basename(p.rstrip("/")) or p
