@@ -249,6 +249,72 @@ class SpecDecode(Base, tag="spec_decode", kw_only=True):
     system_efficiency: float | None = None
 
 
+# ---------------------------------------------------------------- kvreplay step trace
+# Lines written by kvreplay's vLLM scheduler plugin (kvreplay.vllm_plugin; format in
+# vllm_plugin/lineformat.py). Requests are named by a small per-scheduler handle.
+
+
+class TraceConfig(Base, tag="trace_config", kw_only=True):
+    """`kvtrace config ...`: the scheduler's configuration, once per scheduler instance."""
+
+    vllm_version: str | None = None
+    scheduler: str | None = None  # vLLM base class: Scheduler | AsyncScheduler
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    hash_block_size: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None  # the scheduler's per-step token budget
+    max_model_len: int | None = None
+    enable_chunked_prefill: bool | None = None
+    enable_prefix_caching: bool | None = None
+    policy: str | None = None
+    long_prefill_token_threshold: int | None = None
+    scheduler_reserve_full_isl: bool | None = None
+    watermark: float | None = None
+    async_scheduling: bool | None = None
+    prefill_schedule_interval: int | None = None
+    num_spec_tokens: int | None = None
+    extra: dict[str, str] | None = None  # keys this kvreplay does not know
+
+
+class RequestTrace(Base, tag="trace_request", kw_only=True):
+    """`kvtrace req H ...`: a request arrived (add_request); `at_step` is the step line whose
+    schedule() first sees it. `block_hashes`: the prompt's full blocks (16 hex digits each)."""
+
+    request_id: str
+    handle: int = -1
+    at_step: int = -1
+    prompt_len: int | None = None
+    max_tokens: int | None = None
+    priority: int = 0
+    block_hashes: list[str] | None = None
+
+
+class StepTrace(Base, tag="trace_step", kw_only=True):
+    """`kvtrace step N ...`: one engine iteration. Requests are handles (RequestTrace.handle).
+
+    `scheduled` is None when schedule() did not run in this iteration; `updated_batch` is
+    the step whose batch update_from_output() applied (None: no update). Pairs are
+    (handle, tokens): scheduled tokens, prefix-hit tokens (new/resumed), output tokens
+    (finished/aborted). `preempted`: (victim, trigger or None, computed tokens lost).
+    """
+
+    step: int
+    aborted_before: list[tuple[int, int]] | None = None
+    scheduled: list[tuple[int, int]] | None = None
+    new: list[tuple[int, int]] | None = None
+    resumed: list[tuple[int, int]] | None = None
+    preempted: list[tuple[int, int | None, int]] | None = None
+    aborted_mid: list[tuple[int, int]] | None = None
+    updated_batch: int | None = None
+    finished: list[tuple[int, int]] | None = None
+    block_hashes: list[tuple[int, list[str]]] | None = None
+    free_blocks: int | None = None
+    kv_usage: float | None = None  # fraction 0..1
+    running: int | None = None
+    waiting: int | None = None
+
+
 # ---------------------------------------------------------------- other lines
 
 
@@ -314,6 +380,9 @@ Event = Union[
     Preemption,
     Iteration,
     SpecDecode,
+    TraceConfig,
+    RequestTrace,
+    StepTrace,
     HttpAccess,
     Error,
     Traceback,

@@ -203,6 +203,24 @@ MATCHERS: dict[str, Callable[[str], Fields | None]] = {
         r"Number of speculative tokens: \d+, Number of accepted tokens: (?P<accepted>\d+), "
         r"Number of draft tokens: (?P<drafted>\d+), Number of emitted tokens: (?P<emitted>\d+)\."
     ),
+    "trace_config": _simple(r"kvtrace config (?P<trace_config>\S.*)"),
+    "trace_request": _simple(
+        r"kvtrace req (?P<handle>\d+) at=(?P<at>\d+) p=(?P<prompt_len>\d+) max=(?P<max_tokens>\d+) prio=(?P<priority>-?\d+) "
+        r"id=(?P<req_id>\S+)(?: bh=(?P<block_hashes>[0-9a-f]+(?:,[0-9a-f]+)*))?"
+    ),
+    "trace_step": _simple(
+        r"kvtrace step (?P<step>\d+)"
+        r"(?: ab=(?P<aborted_before>\d+:\d+(?:,\d+:\d+)*))?"
+        r"(?: s=(?P<sched>\d+(?::\d+)?(?:,\d+(?::\d+)?)*|-))?"
+        r"(?: new=(?P<new>\d+:\d+(?:,\d+:\d+)*))?"
+        r"(?: res=(?P<resumed>\d+:\d+(?:,\d+:\d+)*))?"
+        r"(?: pre=(?P<preempted>[\d-]+/[\d-]+/\d+(?:,[\d-]+/[\d-]+/\d+)*))?"
+        r"(?: abm=(?P<aborted_mid>\d+:\d+(?:,\d+:\d+)*))?"
+        r"(?: u=(?P<updated>\d+|-|\?))?"
+        r"(?: f=(?P<finished>\d+:\d+(?:,\d+:\d+)*))?"
+        r"(?: bh=(?P<hashes>\d+:[0-9a-f]+(?:\.[0-9a-f]+)*(?:,\d+:[0-9a-f]+(?:\.[0-9a-f]+)*)*))?"
+        r" free=(?P<free>\d+) kv=(?P<kv_usage>-?\d+(?:\.\d+)?|nan|inf) q=(?P<running>\d+)/(?P<waiting>\d+)"
+    ),
 }
 
 # Field renames so the fast path's names equal the grammar's (regex groups must be unique).
@@ -301,7 +319,16 @@ _FIRST: dict[str, Callable[[str], tuple[str, str] | None]] = {
     "args:": _prefixed("args: ", "namespace"),
     "SpecDecoding": _prefixed("SpecDecoding metrics: ", "spec_v1"),
     "Speculative": _prefixed("Speculative metrics: ", "spec_v0"),
+    "kvtrace": lambda m: _kvtrace(m),
 }
+
+# kvreplay's step-trace plugin lines: "kvtrace step|req|config ..." (4 chars select the kind)
+_TRACE_KINDS = {"step": "trace_step", "req ": "trace_request", "conf": "trace_config"}
+
+
+def _kvtrace(msg: str) -> tuple[str, str] | None:
+    kind = _TRACE_KINDS.get(msg[8:12])
+    return None if kind is None else (kind, msg)
 
 
 def match_message(kind: str, text: str) -> Fields | None:

@@ -1,0 +1,387 @@
+"""Exact replay of a vLLM log written with kvreplay's step-trace plugin.
+
+The plugin (kvreplay.vllm_plugin) logs every engine iteration of vLLM's scheduler: what it
+scheduled, admitted, preempted (victim and trigger) and finished, and the KV pool's free
+blocks. From those lines this module rebuilds the workload exactly (arrival step of every
+request, prompt length, output length, priority, prompt block-hash chain), replays it
+through kvreplay's scheduler, and checks every logged field of every step. The first
+difference is reported with the log line that shows it.
+
+    from kvreplay.replay.from_trace import exact_replay, has_step_trace
+    if has_step_trace(events):
+        result = exact_replay(events)      # events from kvreplay.parsers
+
+Prefix caching: the log carries each request's prompt block-hash chain (and the hashes of
+blocks completed by output tokens). The rebuilt workload gets synthetic prompt tokens in
+which two full blocks are equal iff their logged hashes are equal (so any kvreplay tool
+reproduces the prompt-sharing pattern); the exact replay itself goes further and gives
+every block, output blocks included, the identity the log recorded.
+
+KV-cache event files (`kvreplay record-kv-events`) can be checked too:
+`exact_replay(events, kv_events=records)` compares vLLM's BlockStored / BlockRemoved /
+AllBlocksCleared stream with the set of cached blocks in the replay's block pool.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from kvreplay import events as ev
+from kvreplay.errors import UserError
+from kvreplay.replay.engine import Engine
+from kvreplay.replay.profile import get_profile
+from kvreplay.replay.request import RequestStatus
+from kvreplay.replay.scheduler import SchedulerConfig
+from kvreplay.replay.workload import RequestSpec, Workload
+
+__all__ = ["exact_replay", "has_step_trace", "rebuild_workload", "TraceSession", "sessions"]
+
+# Synthetic token ranges: full prompt blocks from the hash map; everything else per request.
+_BLOCK_TOKEN_BASE = 1_000_000
+_TAIL_TOKEN_BASE = 1_000_000_000
+
+
+def has_step_trace(events: Iterable[Any]) -> bool:
+    """True when the events contain the plugin's step lines (cheap: stops at the first)."""
+    for e in events:
+        if isinstance(e, ev.StepTrace):
+            return True
+    return False
+
+
+class TraceSession:
+    """The trace events of one scheduler instance (one `kvtrace config` line onwards, one
+    process)."""
+
+    def __init__(self, config: ev.TraceConfig | None, pid: int | None) -> None:
+        self.config = config
+        self.pid = pid
+        self.requests: dict[int, ev.RequestTrace] = {}
+        self.steps: list[ev.StepTrace] = []
+
+
+def sessions(events: Iterable[Any]) -> list[TraceSession]:
+    """Split trace events into sessions: per process, a new one at each config line."""
+    current: dict[Any, TraceSession] = {}
+    out: list[TraceSession] = []
+    for e in events:
+        if isinstance(e, ev.TraceConfig):
+            s = TraceSession(e, e.pid)
+            current[e.pid] = s
+            out.append(s)
+        elif isinstance(e, (ev.RequestTrace, ev.StepTrace)):
+            s = current.get(e.pid)
+            if s is None:  # log cut before the config line
+                s = TraceSession(None, e.pid)
+                current[e.pid] = s
+                out.append(s)
+            if isinstance(e, ev.RequestTrace):
+                s.requests[e.handle] = e
+            else:
+                s.steps.append(e)
+    return out
+
+
+def _config(tc: ev.TraceConfig | None) -> SchedulerConfig:
+    if tc is None:
+        raise UserError("the step trace has no 'kvtrace config' line (log cut at the start?)")
+    unsupported = []
+    if (tc.prefill_schedule_interval or 1) != 1:
+        unsupported.append(f"prefill_schedule_interval={tc.prefill_schedule_interval}")
+    if tc.num_spec_tokens:
+        unsupported.append(f"speculative decoding ({tc.num_spec_tokens} tokens)")
+    if tc.hash_block_size and tc.block_size and tc.hash_block_size != tc.block_size:
+        unsupported.append(f"hash block size {tc.hash_block_size} != block size {tc.block_size}")
+    if unsupported:
+        raise UserError("the traced scheduler uses what kvreplay does not replay: " + ", ".join(unsupported))
+    d = SchedulerConfig()
+    return SchedulerConfig(
+        num_gpu_blocks=tc.num_gpu_blocks or d.num_gpu_blocks,
+        block_size=tc.block_size or d.block_size,
+        max_num_seqs=tc.max_num_seqs or d.max_num_seqs,
+        max_num_batched_tokens=tc.max_num_batched_tokens or d.max_num_batched_tokens,
+        max_model_len=tc.max_model_len or d.max_model_len,
+        enable_chunked_prefill=d.enable_chunked_prefill if tc.enable_chunked_prefill is None else tc.enable_chunked_prefill,
+        enable_prefix_caching=bool(tc.enable_prefix_caching),
+        policy=tc.policy or d.policy,
+        long_prefill_token_threshold=tc.long_prefill_token_threshold or 0,
+        scheduler_reserve_full_isl=d.scheduler_reserve_full_isl if tc.scheduler_reserve_full_isl is None else tc.scheduler_reserve_full_isl,
+        watermark=tc.watermark or 0.0,
+        async_scheduling=bool(tc.async_scheduling),
+    )
+
+
+class _Facts:
+    """What the log says about each request, by handle."""
+
+    def __init__(self, session: TraceSession) -> None:
+        self.finished_out: dict[int, int] = {}
+        self.aborted: dict[int, tuple[int, bool, int]] = {}  # handle -> (step, mid, out)
+        self.output_hashes: dict[int, list[str]] = {}
+        for st in session.steps:
+            for h, n in st.finished or ():
+                self.finished_out[h] = n
+            for h, n in st.aborted_before or ():
+                self.aborted.setdefault(h, (st.step, False, n))
+            for h, n in st.aborted_mid or ():
+                self.aborted.setdefault(h, (st.step, True, n))
+            for h, hs in st.block_hashes or ():
+                self.output_hashes.setdefault(h, []).extend(hs)
+
+
+def rebuild_workload(session: TraceSession, name: str = "from-step-trace") -> tuple[Workload, dict[int, str], list[int]]:
+    """The workload the log describes: (workload, handle -> request id, handles left out).
+
+    Requests aborted before any schedule() saw them are left out (they changed nothing).
+    `max_tokens` is the number of output tokens a request had when it finished (so stop
+    strings and EOS replay as what they were); unfinished requests keep their max_tokens.
+    """
+    config = _config(session.config)
+    facts = _Facts(session)
+    bs = config.block_size
+    hash_ids: dict[str, int] = {}
+    specs: list[RequestSpec] = []
+    names: dict[int, str] = {}
+    dropped: list[int] = []
+    for h in sorted(session.requests):
+        r = session.requests[h]
+        names[h] = r.request_id
+        ab = facts.aborted.get(h)
+        if ab is not None and not ab[1] and ab[0] <= r.at_step:
+            dropped.append(h)
+            continue
+        p = r.prompt_len or 1
+        tokens: list[int] = []
+        for hx in (r.block_hashes or ())[: p // bs]:
+            u = hash_ids.setdefault(hx, len(hash_ids))
+            base = _BLOCK_TOKEN_BASE + u * bs
+            tokens.extend(range(base, base + bs))
+        tail = _TAIL_TOKEN_BASE + h * config.max_model_len
+        tokens.extend(range(tail + len(tokens), tail + p))
+        max_tokens = facts.finished_out.get(h)
+        if not max_tokens:
+            max_tokens = r.max_tokens or config.max_model_len
+        specs.append(RequestSpec(r.request_id, r.at_step, tokens, max_tokens, r.priority or 0))
+    wl = Workload(
+        name=name,
+        description="rebuilt from kvreplay step-trace lines",
+        config=config,
+        requests=specs,
+        max_steps=(session.steps[-1].step + 1) if session.steps else 1,
+    )
+    return wl, names, dropped
+
+
+class _LoggedHasher:
+    """Block identities straight from the log: block i of request r gets the id of the
+    hash vLLM logged for it (prompt chain + output blocks); a block the log never named
+    gets a fresh id (its identity never mattered to vLLM's cache)."""
+
+    __slots__ = ("block_size", "chains", "_ids", "_fresh")
+
+    def __init__(self, block_size: int, chains: dict[str, list[str]]) -> None:
+        self.block_size = block_size
+        self._ids: dict[str, int] = {}
+        self.chains = {rid: [self._ids.setdefault(x, len(self._ids)) for x in c] for rid, c in chains.items()}
+        self._fresh = 1 << 62
+
+    def __deepcopy__(self, memo: dict) -> "_LoggedHasher":
+        return self
+
+    def __call__(self, request: Any) -> None:
+        hashes = request.block_hashes
+        num_full = request.num_tokens // self.block_size
+        chain = self.chains.get(request.request_id, ())
+        for i in range(len(hashes), num_full):
+            if i < len(chain):
+                hashes.append(chain[i])
+            else:
+                self._fresh += 1
+                hashes.append(self._fresh)
+
+
+class _TraceEngine(Engine):
+    """kvreplay's engine loop, with the log's aborts put where vLLM had them: before an
+    iteration, or between its schedule() and update_from_output()."""
+
+    mid_aborts: dict[int, list[str]]
+
+    def _update(self, step, batch_queue, rec):  # noqa: D401 - same contract as Engine._update
+        ids = self.mid_aborts.pop(step, None)
+        if ids:
+            self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+        return super()._update(step, batch_queue, rec)
+
+
+def _close(a: float | None, b: float | None) -> bool:
+    return a is None or b is None or abs(a - b) <= 6e-5
+
+
+def _compare(st: ev.StepTrace, rec: dict[str, Any], name) -> tuple[str, Any, Any] | None:
+    """The first field where the logged step and the replayed record differ."""
+    if st.scheduled is not None:
+        if "scheduled" not in rec:
+            return "scheduled", [[name(h), n] for h, n in st.scheduled], None
+        logged = [[name(h), n] for h, n in st.scheduled]
+        if logged != rec["scheduled"]:
+            return "scheduled", logged, rec["scheduled"]
+        hits = rec.get("prefix_hit_tokens", {})
+        for field, pairs, ids in (("new", st.new, rec.get("new", [])), ("resumed", st.resumed, rec.get("resumed", []))):
+            logged = {name(h): n for h, n in pairs or ()}
+            replayed = {rid: hits.get(rid) for rid in ids}
+            if logged != replayed:
+                return field, logged, replayed
+        logged_p = [[name(v), name(t) if t is not None else None, lost] for v, t, lost in st.preempted or ()]
+        replayed_p = [[p["req"], p["trigger"], p["num_computed_tokens_before"]] for p in rec.get("preemptions", [])]
+        if logged_p != replayed_p:
+            return "preempted", logged_p, replayed_p
+    elif "scheduled" in rec:
+        return "scheduled", None, rec["scheduled"]
+    if st.updated_batch != rec.get("updated_batch"):
+        return "updated_batch", st.updated_batch, rec.get("updated_batch")
+    logged_f = sorted(name(h) for h, _ in st.finished or ())
+    replayed_f = sorted(rec.get("finished", []))
+    if logged_f != replayed_f:
+        return "finished", logged_f, replayed_f
+    if st.free_blocks is not None and st.free_blocks != rec["free_blocks"]:
+        return "free_blocks", st.free_blocks, rec["free_blocks"]
+    if not _close(st.kv_usage, rec.get("kv_usage")):
+        return "kv_usage", st.kv_usage, round(rec["kv_usage"], 4)
+    if st.running is not None and st.running != len(rec["running"]):
+        return "running", st.running, len(rec["running"])
+    if st.waiting is not None and st.waiting != len(rec["waiting"]):
+        return "waiting", st.waiting, len(rec["waiting"])
+    return None
+
+
+def _replay_session(session: TraceSession, profile, kv_events) -> dict[str, Any]:
+    wl, names, dropped = rebuild_workload(session)
+    cfg = wl.config
+    facts = _Facts(session)
+    name = names.get
+    engine = _TraceEngine(wl, profile)
+    engine.mid_aborts = {}
+    if cfg.enable_prefix_caching:
+        chains = {}
+        for h, r in session.requests.items():
+            chains[r.request_id] = list(r.block_hashes or ()) + facts.output_hashes.get(h, [])
+        engine.block_hasher = _LoggedHasher(cfg.block_size, chains)
+    before: dict[int, list[str]] = {}
+    dropped_set = set(dropped)
+    for h, (step, mid, _out) in facts.aborted.items():
+        if h in dropped_set:
+            continue
+        (engine.mid_aborts if mid else before).setdefault(step, []).append(names[h])
+    kv_check = _KvEventCheck(kv_events) if kv_events is not None else None
+
+    records: list[dict[str, Any]] = []
+    divergence = None
+    checked = 0
+    for st in session.steps:
+        if engine.done or engine.step_index != st.step:
+            if divergence is None:
+                divergence = _div(st, "step", st.step, engine.step_index if not engine.done else "replay ended")
+            break
+        ids = before.pop(st.step, None)
+        if ids:
+            engine.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+        rec = engine.step()
+        records.append(rec)
+        if divergence is None:
+            diff = _compare(st, rec, lambda h: name(h, f"#{h}"))
+            if diff is None and kv_check is not None:
+                diff = kv_check.check(st.step, engine.scheduler.pool)
+            if diff is not None:
+                divergence = _div(st, *diff)
+            else:
+                checked += 1
+    preemptions = []
+    by_step = {r["step"]: r for r in records}
+    for st in session.steps:
+        rec = by_step.get(st.step, {})
+        rp = rec.get("preemptions", [])
+        for i, (v, t, lost) in enumerate(st.preempted or ()):
+            victim = name(v, f"#{v}")
+            trigger = name(t, f"#{t}") if t is not None else None
+            p = {
+                "step": st.step,
+                "victim": victim,
+                "trigger": trigger,
+                "self_preemption": trigger == victim,
+                "computed_tokens_lost": lost,
+                "file": st.file,
+                "line": st.line,
+                "confidence": "exact",
+            }
+            if i < len(rp) and rp[i]["req"] == victim:
+                for k in ("num_tokens", "num_output_tokens", "blocks_held_before", "free_blocks_before", "free_blocks_after", "victim_rule"):
+                    if k in rp[i]:
+                        p[k] = rp[i][k]
+            preemptions.append(p)
+    return {
+        "steps_logged": len(session.steps),
+        "steps_checked": checked,
+        "first_divergence": divergence,
+        "preemptions": preemptions,
+        "workload": wl,
+        "records": records,
+        "requests_left_out": [names[h] for h in dropped],
+        "kv_events_checked": kv_check.checked if kv_check is not None else None,
+    }
+
+
+def _div(st: ev.StepTrace, field: str, logged: Any, replayed: Any) -> dict[str, Any]:
+    return {"step": st.step, "file": st.file, "line": st.line, "field": field, "logged": logged, "replayed": replayed}
+
+
+class _KvEventCheck:
+    """vLLM's KV-cache events (BlockStored / BlockRemoved / AllBlocksCleared) against the
+    replay's prefix cache: after each step, the number of cached blocks vLLM announced
+    (stored minus removed) must equal the replay pool's cached-hash count.
+
+    `records` are dicts as `kvreplay record-kv-events` writes them: {"step"?: int,
+    "seq": int, "events": [{"type": "BlockStored", "block_hashes": [...]}, ...]}. Records
+    carrying "step" are checked at that step; others are applied in order only."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        from kvreplay.kvevents import CacheState
+
+        self.state = CacheState()
+        self.pending = list(records)
+        self.checked = 0
+
+    def check(self, step: int, pool: Any):
+        applied = False
+        while self.pending and self.pending[0].get("step", step) <= step:
+            self.state.apply(self.pending.pop(0))
+            applied = True
+        if not applied:
+            return None
+        self.checked += 1
+        replayed = pool.num_cached_hashes()
+        if self.state.num_cached != replayed:
+            return "kv_events_cached_blocks", self.state.num_cached, replayed
+        return None
+
+
+def exact_replay(events: list, *, profile: str | None = None, kv_events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Replay a step-traced log through kvreplay's scheduler and check every step.
+
+    Returns {"steps_checked", "first_divergence": None | {"step", "file", "line", "field",
+    "logged", "replayed"}, "preemptions": [{step, victim, trigger, self_preemption,
+    computed_tokens_lost, ..., "confidence": "exact"}], "workload", "records"}, plus
+    "sessions" (one such dict per scheduler instance when the log has several; the top
+    level is the first session with a divergence, else the first).
+    """
+    sess = [s for s in sessions(events) if s.steps]
+    if not sess:
+        raise UserError("no kvtrace step lines: start vLLM with --scheduler-cls kvreplay.vllm_plugin.StepTraceScheduler")
+    results = []
+    for s in sess:
+        prof = get_profile(profile if profile is not None else (s.config.vllm_version if s.config else None))
+        results.append(_replay_session(s, prof, kv_events))
+    top = next((r for r in results if r["first_divergence"] is not None), results[0])
+    out = dict(top)
+    out["sessions"] = results
+    out["steps_checked"] = sum(r["steps_checked"] for r in results)
+    return out
