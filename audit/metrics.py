@@ -215,3 +215,15 @@ def knee(points: Sequence[tuple[float, float]], share: float = 0.9) -> dict[str,
     k = next(c for c, t in pts if t >= share * peak_t)
     falls = next((c for c, t in pts if c > peak_c and t < 0.95 * peak_t), None)
     return {"knee": k, "peak": peak_c, "peak_throughput": peak_t, "falls_after": falls}
+
+
+def step_dt(model: Any, rec: dict[str, Any]) -> float:
+    """Seconds a step takes under a fitted `StepTimeModel` (uses the model's own record
+    features when it has them)."""
+    f = getattr(model, "dt_record", None)
+    if f is not None:
+        return float(f(rec))
+    sched = rec.get("scheduled", ())
+    if not sched:
+        return float(model.overhead_s)
+    return float(model.dt(rec.get("num_scheduled_tokens", 0), len(sched)))

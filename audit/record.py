@@ -420,8 +420,7 @@ def _fill_replay(rec, rp, origin: float) -> None:
     rows = []
     for i, r in enumerate(records):
         sched = r.get("scheduled", ())
-        n_tok = r.get("num_scheduled_tokens", 0)
-        dt = model.dt(n_tok, len(sched)) if sched else model.overhead_s
+        dt = M.step_dt(model, r)
         ends.append(starts[i] + dt)
         if sched:
             new = set(r.get("new", ())) | set(r.get("resumed", ()))

@@ -150,7 +150,7 @@ def _page(title: str, body: list[str]) -> str:
 
 
 def _html_table(rows, cols) -> str:
-    out = ["<table><tr>" + "".join(f"<th class='l'>{escape(h)}</th>" if k in ("log", "status", "setting")
+    out = ["<table><tr>" + "".join(f"<th class='l'>{escape(h)}</th>" if k in ("log", "status", "setting", "request")
                                    else f"<th>{escape(h)}</th>" for k, h in cols) + "</tr>"]
     for r in rows:
         tds = []
@@ -158,7 +158,7 @@ def _html_table(rows, cols) -> str:
             v = r.get(k)
             if k == "status" and v:
                 tds.append(f"<td class='l'><span class='st' style='background:{_STATUS_COLOR.get(v, '#555')}'>{escape(v)}</span></td>")
-            elif k in ("log", "setting"):
+            elif k in ("log", "setting", "request"):
                 tds.append(f"<td class='l'>{escape(str(v))}</td>")
             else:
                 tds.append(f"<td>{escape(fmt(v, k))}</td>")
@@ -202,7 +202,7 @@ def audit_html(rows: list[dict[str, Any]]) -> str:
             body.append(svg.line_chart(
                 [{"label": "running", "points": [(p["t"], p["running"]) for p in tl], "color": svg.PALETTE[2]},
                  {"label": "waiting", "points": [(p["t"], p["waiting"]) for p in tl], "color": svg.PALETTE[3]}],
-                title="Running and waiting requests (logged)", xlabel="seconds", ylabel="requests"))
+                title="Running and waiting requests (logged)", xlabel="seconds", ylabel="requests", yint=True))
         tbc = r.get("tput_by_concurrency") or []
         if len(tbc) > 1:
             body.append(svg.line_chart([{"label": "generation tok/s", "points": [(t["running"], t["gen_tput"]) for t in tbc]}],
@@ -279,7 +279,7 @@ def whatif_html(res: dict[str, Any]) -> str:
             pre_series.append({"label": s, "points": [(r["concurrency"], r["preemptions"]) for r in closed if r["setting"] == s],
                                "color": svg.PALETTE[i % len(svg.PALETTE)]})
         body.append(svg.line_chart(pre_series, title="Preemptions vs concurrency", xlabel="concurrent clients",
-                                   ylabel="preemptions", xticks=xt))
+                                   ylabel="preemptions", xticks=xt, yint=True))
     open_rows = [r for r in rows if r.get("concurrency") is None]
     if open_rows:
         body.append(svg.bar_chart([(r["setting"], r.get("preemptions")) for r in open_rows],

@@ -13,12 +13,14 @@ from typing import Sequence
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 
 
-def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+def _nice_ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> list[float]:
     if hi <= lo:
         hi = lo + 1.0
     raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    if integer:
+        step = max(1.0, float(math.ceil(step)))
     start = math.floor(lo / step) * step
     ticks = []
     v = start
@@ -61,10 +63,10 @@ class Frame:
         return self.h - self.b - (y - self.y0) / (self.y1 - self.y0) * (self.h - self.t - self.b)
 
     def axes(self, title: str, xlabel: str, ylabel: str, *, yfmt=_fmt, xfmt=_fmt,
-             xticks: Sequence[float] | None = None) -> list[str]:
+             xticks: Sequence[float] | None = None, yint: bool = False) -> list[str]:
         out = [f'<rect x="0" y="0" width="{self.w}" height="{self.h}" fill="#fff"/>',
                f'<text x="{self.l}" y="20" font-size="14" font-weight="bold">{escape(title)}</text>']
-        for v in _nice_ticks(self.y0, self.y1):
+        for v in _nice_ticks(self.y0, self.y1, integer=yint):
             y = self.Y(v)
             out.append(f'<line x1="{self.l}" y1="{y:.1f}" x2="{self.w - self.r}" y2="{y:.1f}" stroke="#e5e5e5"/>')
             out.append(f'<text x="{self.l - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{yfmt(v)}</text>')
@@ -89,7 +91,7 @@ def line_chart(series: Sequence[dict], *, title: str, xlabel: str, ylabel: str,
                width: int = 720, height: int = 280, y_min: float | None = 0.0,
                y_max: float | None = None, hlines: Sequence[tuple[float, str]] = (),
                markers: Sequence[dict] = (), yfmt=_fmt, xticks: Sequence[float] | None = None,
-               step: bool = False) -> str:
+               step: bool = False, yint: bool = False) -> str:
     """series: {"label", "points": [(x, y)], "color"?, "dots"?: bool, "dash"?: bool}.
     markers: {"x", "y", "label", "color"?} drawn as rings with a label."""
     pts = [p for s in series for p in s["points"] if p[1] is not None]
@@ -105,7 +107,7 @@ def line_chart(series: Sequence[dict], *, title: str, xlabel: str, ylabel: str,
     if y_max is None:
         hi = hi + (hi - lo) * 0.08 if hi > lo else hi + 1
     f = Frame(width, height, min(xs), max(xs), lo, hi)
-    parts = f.axes(title, xlabel, ylabel, yfmt=yfmt, xticks=xticks)
+    parts = f.axes(title, xlabel, ylabel, yfmt=yfmt, xticks=xticks, yint=yint)
     for v, label in hlines:
         y = f.Y(v)
         parts.append(f'<line x1="{f.l}" y1="{y:.1f}" x2="{width - f.r}" y2="{y:.1f}" stroke="#999" stroke-dasharray="5,4"/>')
@@ -123,8 +125,10 @@ def line_chart(series: Sequence[dict], *, title: str, xlabel: str, ylabel: str,
                 coords.append(f"{f.X(x):.1f},{f.Y(prev):.1f}")
             coords.append(f"{f.X(x):.1f},{f.Y(y):.1f}")
             prev = y
-        dash = ' stroke-dasharray="6,3"' if s.get("dash") else ""
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="{s.get("width", 2)}"{dash} points="{" ".join(coords)}"/>')
+        # later series are thinner and dashed, so a curve equal to an earlier one stays visible
+        dash = ' stroke-dasharray="7,4"' if s.get("dash", i % 2 == 1) else ""
+        width_ = s.get("width", max(1.5, 3.5 - 1.0 * i))
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="{width_}"{dash} points="{" ".join(coords)}"/>')
         if s.get("dots", len(p) <= 40):
             for x, y in p:
                 parts.append(f'<circle cx="{f.X(x):.1f}" cy="{f.Y(y):.1f}" r="3" fill="{color}"/>')
@@ -174,7 +178,7 @@ def timeline_bars(points: Sequence[tuple[float, float]], *, title: str, ylabel: 
         x_range = (min(xs), max(xs))
     hi = max([v for _, v in points] + [1])
     f = Frame(width, height, x_range[0], x_range[1], 0, hi * 1.1)
-    parts = f.axes(title, xlabel, ylabel)
+    parts = f.axes(title, xlabel, ylabel, yint=True)
     px = bar_w if bar_w is not None else max(2.0, (width - f.l - f.r) / max(60, len(points) or 1) * 0.8)
     for x, v in points:
         if not v:

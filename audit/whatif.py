@@ -1,0 +1,312 @@
+"""What-if replays: the log's workload under other scheduler settings or concurrencies.
+
+* Open loop (default): the log's requests arrive at their logged times; the replay runs
+  under each setting with the step-time model fitted on the log (`kvreplay.sources.
+  replay_logs`). The completion order the log shows is NOT imposed (it belongs to the
+  logged setting).
+* Closed loop (`concurrency`): N clients, each sends the next request of the log as soon
+  as its previous one finished, as `vllm bench serve --max-concurrency N` does; the
+  engine is driven step by step and the clock advances by the fitted step time.
+
+Settings use vLLM's flag names. One variable at a time (each value against the logged
+setting) or a grid (every combination). A setting vLLM itself would refuse (the pool
+cannot hold one max_model_len sequence; chunked prefill off with a token budget below
+max_model_len) gives a row with the reason instead of numbers. With a lower
+max_model_len, requests that no longer fit are rejected as vLLM's frontend rejects them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from kvreplay.audit import metrics as M
+
+# vLLM flag (dest form) -> SchedulerConfig field
+KNOBS: dict[str, str] = {
+    "max_num_seqs": "max_num_seqs",
+    "num_gpu_blocks": "num_gpu_blocks",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "max_model_len": "max_model_len",
+    "enable_prefix_caching": "enable_prefix_caching",
+    "enable_chunked_prefill": "enable_chunked_prefill",
+}
+
+
+def flag(knob: str, value: Any) -> str:
+    name = "--" + knob.replace("_", "-")
+    if isinstance(value, bool):
+        return name if value else "--no-" + name[2:]
+    return f"{name} {value}"
+
+
+@dataclass(slots=True)
+class Setting:
+    label: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def plan(knobs: dict[str, list[Any]], *, grid: bool = False) -> list[Setting]:
+    """The baseline ('as logged') first, then one setting per value (or per combination)."""
+    out = [Setting("as logged", {})]
+    items = [(k, v) for k, v in knobs.items() if v]
+    if grid and len(items) > 1:
+        for combo in itertools.product(*[[(k, x) for x in vals] for k, vals in items]):
+            out.append(Setting(" ".join(flag(k, x) for k, x in combo), dict(combo)))
+    else:
+        for k, vals in items:
+            for x in vals:
+                out.append(Setting(flag(k, x), {k: x}))
+    return out
+
+
+@dataclass(slots=True)
+class Context:
+    """What every what-if run shares: the rebuilt workload and the fitted model."""
+
+    log: str
+    rebuilt: Any
+    facts: Any
+    profile: Any
+    model: Any
+    spread: float
+    fit_text: str
+    notes: list[str]
+
+
+def load(paths: Sequence[str], *, profile: str | None = None, year: int | None = None) -> Context:
+    from kvreplay.sources import replay_logs
+
+    rp = replay_logs(list(paths), profile=profile, year=year)
+    ver = rp.verification or {}
+    fit_text = f"loss {rp.fit.loss:.3g}"
+    if ver.get("stats_lines"):
+        fit_text += f", {ver['agreeing_lines']}/{ver['stats_lines']} stats lines agree with the replay"
+    notes = list(rp.rebuilt.notes)
+    if any(rp.rebuilt.prompt_estimated):
+        notes.append("prompt lengths are estimated (not in the log): prefix caching cannot be judged")
+    return Context("+".join(paths), rp.rebuilt, rp.facts, rp.profile, rp.fit.model,
+                   getattr(rp.fit, "spread", 0.0) or 0.0, fit_text, notes)
+
+
+def configure(ctx: Context, setting: Setting):
+    """(rebuilt, facts, notes) for a setting, or raise ValueError with vLLM's reason."""
+    base = ctx.rebuilt.workload.config
+    cfg = dataclasses.replace(base, **{KNOBS[k]: v for k, v in setting.overrides.items()})
+    need = -(-cfg.max_model_len // cfg.block_size)
+    if need > cfg.num_gpu_blocks - 1:
+        raise ValueError(f"vLLM would not start: max_model_len {cfg.max_model_len} needs {need} KV "
+                         f"blocks, the pool has {cfg.num_gpu_blocks - 1} usable")
+    if not cfg.enable_chunked_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
+        raise ValueError(f"vLLM would not start: chunked prefill off needs max_num_batched_tokens "
+                         f"({cfg.max_num_batched_tokens}) >= max_model_len ({cfg.max_model_len})")
+    notes: list[str] = []
+    rb = ctx.rebuilt
+    specs = rb.workload.requests
+    keep: list[int] = []
+    new_specs = []
+    rejected = clamped = 0
+    for i, s in enumerate(specs):
+        p = len(s.prompt_token_ids)
+        asked = rb.requests[i].max_tokens if i < len(rb.requests) else s.max_tokens
+        if p >= cfg.max_model_len or (asked is not None and p + asked > cfg.max_model_len):
+            rejected += 1
+            continue
+        mt = s.max_tokens
+        if p + mt > cfg.max_model_len:
+            mt = cfg.max_model_len - p
+            clamped += 1
+        keep.append(i)
+        new_specs.append(s if mt == s.max_tokens else dataclasses.replace(s, max_tokens=mt))
+    if rejected:
+        notes.append(f"{rejected} requests rejected (prompt + max_tokens > max_model_len {cfg.max_model_len})")
+    if clamped:
+        notes.append(f"{clamped} requests' default max_tokens cut to max_model_len")
+    if not new_specs:
+        raise ValueError("every request is rejected under this max_model_len")
+    wl = dataclasses.replace(rb.workload, config=cfg, requests=new_specs)
+    if len(keep) == len(specs):
+        rb2 = dataclasses.replace(rb, workload=wl)
+        facts2 = ctx.facts
+    else:
+        rb2 = dataclasses.replace(
+            rb, workload=wl, requests=[rb.requests[i] for i in keep],
+            prompt_estimated=[rb.prompt_estimated[i] for i in keep],
+            output_estimated=[rb.output_estimated[i] for i in keep])
+        facts2 = dataclasses.replace(ctx.facts, requests=[ctx.facts.requests[i] for i in keep])
+    return rb2, facts2, notes
+
+
+_KEEP = ("step", "scheduled", "num_scheduled_tokens", "new", "resumed", "prefix_hit_tokens",
+         "preemptions", "sampled", "finished", "kv_usage", "num_computed_tokens")
+
+
+def closed_loop(workload, profile, model, clients: int, *, max_steps: int | None = None):
+    """N clients replaying the workload's requests in order; returns (records, starts,
+    ends, issue time per request, finished)."""
+    from kvreplay.replay.engine import Engine
+
+    engine = Engine(workload, profile)
+    engine.by_step = {}
+    engine.max_arrival = 1 << 62
+    specs = workload.requests
+    total = sum(len(s.prompt_token_ids) + s.max_tokens for s in specs)
+    cap = max_steps or (50 * total + 10_000)
+    nxt = inflight = 0
+    clock = 0.0
+    records, starts, ends = [], [], []
+    issued: dict[str, float] = {}
+    while not engine.done and len(records) < cap:
+        batch = []
+        while inflight < clients and nxt < len(specs):
+            batch.append((nxt, specs[nxt]))
+            issued[specs[nxt].id] = clock
+            nxt += 1
+            inflight += 1
+        if batch:
+            engine.by_step[engine.step_index] = batch
+        rec = engine.step(trace=True)
+        dt = M.step_dt(model, rec)
+        starts.append(clock)
+        clock += dt
+        ends.append(clock)
+        inflight -= len(rec.get("finished", ()))
+        records.append({k: rec[k] for k in _KEEP if k in rec})
+    return records, starts, ends, issued, len(engine.summary.finished_step)
+
+
+def row_metrics(records, starts, ends, arrival: dict[str, float], n_requests: int) -> dict[str, Any]:
+    cost = M.recompute_from_records(records)
+    out_tokens = sum(len(r.get("sampled", ())) for r in records)
+    finished = sum(len(r.get("finished", ())) for r in records)
+    t0 = min(arrival.values()) if arrival else (starts[0] if starts else 0.0)
+    t1 = ends[-1] if ends else t0
+    span = max(1e-9, t1 - t0)
+    lat = M.latency_from_steps(records, ends, arrival)
+    durs = [e - s for s, e in zip(starts, ends)]
+    kv = [r.get("kv_usage") for r in records]
+    tot = sum(d for d, k in zip(durs, kv) if k is not None)
+    kv_mean = (sum(d * k for d, k in zip(durs, kv) if k is not None) / tot) if tot > 0 else None
+    return {
+        "preemptions": cost["preemptions"], "self_preemptions": cost["self_preemptions"],
+        "requests_preempted": cost["requests_preempted"],
+        "recomputed_tokens": cost["recomputed_tokens"], "processed_tokens": cost["processed_tokens"],
+        "recompute_ratio": M.rnd(cost["recompute_ratio"], 6),
+        "output_tokens": out_tokens, "makespan_s": round(span, 3),
+        "output_tput": round(out_tokens / span, 2), "requests_per_s": round(finished / span, 4),
+        "ttft_p50_s": M.rnd(M.quantile(lat["ttft"], 0.5)), "ttft_p95_s": M.rnd(M.quantile(lat["ttft"], 0.95)),
+        "itl_p50_s": M.rnd(M.quantile(lat["itl"], 0.5), 5), "itl_p95_s": M.rnd(M.quantile(lat["itl"], 0.95), 5),
+        "kv_usage_mean": M.rnd(kv_mean), "completed": finished, "requests": n_requests,
+        "steps": len(records),
+    }
+
+
+def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, Any]:
+    """One row: the setting replayed open loop (clients None) or closed loop."""
+    from kvreplay.replay.from_log import timed_replay
+
+    row: dict[str, Any] = {"setting": setting.label, "concurrency": clients}
+    row.update({k: setting.overrides.get(k) for k in KNOBS})
+    try:
+        rb, facts, notes = configure(ctx, setting)
+    except ValueError as exc:
+        row["note"] = str(exc)
+        return row
+    if clients is None:
+        run = timed_replay(rb, facts, ctx.profile, ctx.model, ctx.spread, trace=False,
+                           use_completion_order=False)
+        starts = list(run.step_start)
+        ends = [s + M.step_dt(ctx.model, r) for s, r in zip(starts, run.records)]
+        arrival = {rid: starts[k] for rid, k in run.arrival_step.items() if k < len(starts)}
+        row.update(row_metrics(run.records, starts, ends, arrival, len(rb.workload.requests)))
+        if run.cut_at is not None:
+            notes.append("stopped where the log ends (server stopped with work open)")
+    else:
+        records, starts, ends, issued, done = closed_loop(rb.workload, ctx.profile, ctx.model, clients)
+        row.update(row_metrics(records, starts, ends, issued, len(rb.workload.requests)))
+        if done < len(rb.workload.requests):
+            notes.append(f"only {done} of {len(rb.workload.requests)} requests finished within the step cap")
+    row["note"] = "; ".join(notes) or None
+    return row
+
+
+# ---------------------------------------------------------------- sweep
+_CTX: Context | None = None
+
+
+def _task(args: tuple[int, int | None, list[Setting]]) -> dict[str, Any]:
+    i, clients, settings = args
+    assert _CTX is not None
+    return run_one(_CTX, settings[i], clients)
+
+
+def _init(ctx: Context) -> None:
+    global _CTX
+    _CTX = ctx
+
+
+def sweep(ctx: Context, settings: list[Setting], concurrency: Sequence[int] | None = None,
+          *, jobs: int | None = None) -> dict[str, Any]:
+    """Every setting (x every concurrency); rows in a fixed order whatever the jobs."""
+    base = ctx.rebuilt.workload.config
+    settings = [s if not s.overrides or any(getattr(base, KNOBS[k]) != v for k, v in s.overrides.items())
+                else Setting(s.label + " (= logged)", s.overrides) for s in settings]
+    conc: list[int | None] = list(concurrency) if concurrency else [None]
+    tasks = [(i, c, settings) for i in range(len(settings)) for c in conc]
+    jobs = jobs or min(len(tasks), os.cpu_count() or 1)
+    if jobs <= 1 or len(tasks) <= 1:
+        _init(ctx)
+        rows = [_task(t) for t in tasks]
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context(method),
+                                 initializer=_init, initargs=(ctx,)) as ex:
+            rows = list(ex.map(_task, tasks, chunksize=1))
+    knees = knees_of(rows) if concurrency else []
+    if concurrency:
+        mode = ("closed loop: N clients, each sending the log's next request as soon as its "
+                "previous one finished (vllm bench serve --max-concurrency N); "
+                f"{len(ctx.rebuilt.workload.requests)} requests")
+    else:
+        mode = (f"open loop: the log's {len(ctx.rebuilt.workload.requests)} requests at their "
+                "logged arrival times; times simulated with the step-time model")
+    return {"log": ctx.log, "model": ctx.model.describe(), "fit": ctx.fit_text, "mode": mode,
+            "notes": ctx.notes, "rows": rows, "knees": knees}
+
+
+def knees_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    settings = list(dict.fromkeys(r["setting"] for r in rows if r.get("concurrency") is not None))
+    for s in settings:
+        pts = [(r["concurrency"], r.get("output_tput")) for r in rows
+               if r["setting"] == s and r.get("output_tput") is not None]
+        if not pts:
+            out.append({"setting": s, "knee": None, "text": f"{s}: no runs"})
+            continue
+        k = M.knee(pts)
+        top = max(c for c, _ in pts)
+        if k["knee"] == top and k["peak"] == top and len(pts) > 1:
+            text = (f"{s}: throughput still rises at the largest concurrency tried ({top}: "
+                    f"{k['peak_throughput']:,.0f} tok/s): the knee is beyond it")
+        else:
+            text = (f"{s}: knee at {k['knee']} clients (the lowest reaching 90% of the peak "
+                    f"{k['peak_throughput']:,.0f} tok/s, at {k['peak']})")
+            if k["falls_after"] is not None:
+                text += f"; throughput falls past {k['peak']} (at {k['falls_after']})"
+        out.append({"setting": s, **k, "text": text})
+    if len(out) > 1 and out[0].get("knee") is not None:
+        base = out[0]["knee"]
+        moved = [f"{o['setting']} -> {o['knee']}" for o in out[1:] if o.get("knee") not in (None, base)]
+        if moved:
+            out.append({"setting": None, "knee": None,
+                        "text": f"the knee moves from {base} (as logged): " + ", ".join(moved)})
+        else:
+            out.append({"setting": None, "knee": None,
+                        "text": f"the knee stays at {base} under every setting tried"})
+    return out
