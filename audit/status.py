@@ -5,8 +5,7 @@ Rules, first match wins (thresholds below; the README lists them):
 1. **single-sequence-length bound** — KV pressure (preemptions, or KV usage >= 95% in at
    least 10% of the samples) and one sequence can take a large part of the pool: the pool
    holds fewer than 2 sequences of max_model_len ("Maximum concurrency ... < 2x"), or the
-   longest request seen needs >= 50% of the pool, or a request preempted itself (it
-   could not grow even after every other request was evicted).
+   longest request seen needs >= 50% of the pool.
 2. **KV-block bound** — KV pressure, and requests were preempted or queued (waiting > 0)
    while the pool was full: more KV blocks (or fewer concurrent sequences) is the fix.
 3. **prefill interference** — no KV pressure (KV p95 < 90%, no preemptions), and the steps
@@ -71,10 +70,12 @@ def classify(r: dict[str, Any]) -> tuple[str, str]:
             why.append(f"the pool holds {mcx:.2f}x max_model_len ({r.get('max_model_len')} tokens)")
         if longest is not None and longest >= LONGEST_SHARE:
             why.append(f"the longest request needs {_pct(longest)} of the pool")
-        if selfp:
-            why.append(f"{selfp} self-preemptions (a request evicted itself to grow)")
         if why:
+            if selfp:
+                why.append(f"{selfp} self-preemptions (a request evicted itself to grow)")
             return SINGLE_SEQ, "; ".join(facts + why)
+        if selfp:
+            facts.append(f"{selfp} self-preemptions")
         running = r.get("running_max")
         seqs = r.get("max_num_seqs")
         extra = []
