@@ -1,0 +1,613 @@
+"""Golden files for kvreplay: build, render, parse, select and compare (no pytest import).
+
+A golden file is what kvreplay makes of one input (a vLLM log, or a workload JSON), written
+so that a code review can read it and a change shows as a small diff:
+
+    # kvreplay golden file: written by `pytest --kvreplay-update`; review it like code.
+    [input]
+    files = ["vllm033_fcfs_heavy.reqbody.log"]
+    kind = log
+    ...
+    [events]                        counts per event kind (logs)
+    [version]                       detected vLLM version (logs)
+    [config]                        engine / scheduler configuration
+    [workload]                      name and request count (workloads)
+    [replay]                        totals of the replay, or `error = "..."` when it cannot run
+    [preemptions]                   one line per preemption, fixed column order:
+    step=41 victim=r3 trigger=r3 self=true rule="fcfs: running[-1]" lost=240 recompute=241 prefix_hit=0 readmitted=150
+
+Keys inside a section are sorted. Values are JSON, except that plain words are written bare
+and a missing value is `-`. Comment lines (`#`) and blank lines are not compared.
+
+Public functions (the CLI can reuse them):
+    build(source, *, kind=None, profile=None, vllm_version=None, year=None) -> Golden
+    render(golden_or_doc, *, header=()) -> str
+    parse(text) -> doc                      # dict: section -> dict | list of dicts
+    select(doc, fields) -> doc              # keep only the selected sections / keys / columns
+    compare(expected_doc, actual_doc, *, fields=None) -> Mismatch | None
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+Doc = dict[str, Any]  # section name -> {key: value} or, for "preemptions", [record, ...]
+
+SECTIONS = ("input", "events", "version", "config", "workload", "replay", "preemptions")
+LIST_SECTIONS = ("preemptions",)
+
+# Preemption columns, in the order they are written (unknown extra keys follow, sorted).
+COLUMNS = (
+    "step",
+    "victim",
+    "trigger",
+    "self",
+    "rule",
+    "mode",
+    "lost",
+    "recompute",
+    "prefix_hit",
+    "readmitted",
+    "confidence",
+)
+COLUMN_HELP = {
+    "step": "engine step of the preemption",
+    "victim": "request preempted",
+    "trigger": "request whose allocation failed",
+    "self": "the victim was the trigger",
+    "rule": "victim-selection rule that picked it",
+    "mode": "V0: recompute or swap",
+    "lost": "computed tokens thrown away",
+    "recompute": "tokens computed again at readmission (num_tokens - prefix hit)",
+    "prefix_hit": "prefix-cache hit tokens at readmission",
+    "readmitted": "step the victim was scheduled again",
+    "confidence": "log replay: consistent | inferred",
+}
+
+LOG_REPLAY_NOTE = (
+    "NOTE: [replay] and [preemptions] come from log replay (rebuilt workload, fitted",
+    "step times), which kvreplay is still tuning: when it improves, refresh this file",
+    "with `pytest --kvreplay-update` and review the diff.",
+)
+
+_LOCATION_FIELDS = frozenset(
+    ("origin", "file", "line", "lines", "time", "time_text", "level", "process", "pid",
+     "engine", "source", "note")
+)
+_SUMMARY_KEYS = (
+    "profile",
+    "requests",
+    "steps",
+    "preemptions",
+    "self_preemptions",
+    "requests_preempted",
+    "computed_tokens_lost",
+    "tokens_recomputed",
+    "prompts",
+    "output_lengths",
+    "cut_short",
+)
+
+
+class GoldenUsageError(ValueError):
+    """A bad argument (unknown field, unreadable source): the message says what to fix."""
+
+
+@dataclass
+class Golden:
+    """What kvreplay made of one input: the document plus what the header should say."""
+
+    doc: Doc
+    kind: str  # "log" | "workload"
+    from_log_replay: bool = False  # the replay sections depend on log-replay heuristics
+
+    def header(self, source_label: str | None = None, fields: Sequence[str] | None = None) -> list[str]:
+        out = ["kvreplay golden file: written by `pytest --kvreplay-update`; review it like code."]
+        if source_label:
+            out.append(f"source: {source_label}")
+        if fields:
+            out.append("compared fields: " + ", ".join(fields))
+        if self.from_log_replay:
+            out.extend(LOG_REPLAY_NOTE)
+        return out
+
+
+# ---------------------------------------------------------------- build
+def build(
+    source: str | Path | Sequence[str | Path] | Mapping[str, Any],
+    *,
+    kind: str | None = None,
+    profile: str | None = None,
+    vllm_version: str | None = None,
+    year: int | None = None,
+) -> Golden:
+    """Parse and replay `source` (log file(s), a workload file, or a workload dict).
+
+    kind: "log" | "workload" (default: a dict or a `.json` file is a workload, else a log).
+    profile: scheduler profile to replay with (vLLM release, e.g. "0.33"); default: the
+        one the log's version selects (logs) or kvreplay's default (workloads).
+    vllm_version: logs only: the vLLM version the log is from, instead of detecting it.
+    """
+    if isinstance(source, Mapping):
+        kind = kind or "workload"
+        if kind != "workload":
+            raise GoldenUsageError("a dict source is a workload; kind must be 'workload'")
+        return _build_workload(dict(source), "<dict>", profile)
+    paths = [str(source)] if isinstance(source, (str, Path)) else [str(p) for p in source]
+    if not paths:
+        raise GoldenUsageError("no source given")
+    if kind is None:
+        kind = "workload" if len(paths) == 1 and paths[0].endswith(".json") else "log"
+    if kind == "workload":
+        if len(paths) != 1:
+            raise GoldenUsageError("a workload source is one JSON file")
+        from kvreplay.replay.workload import load_workload
+
+        return _build_workload(load_workload(paths[0]), Path(paths[0]).name, profile)
+    if kind != "log":
+        raise GoldenUsageError(f"kind must be 'log' or 'workload', not {kind!r}")
+    return _build_log(paths, profile=profile, vllm_version=vllm_version, year=year)
+
+
+def _build_log(paths: list[str], *, profile: str | None, vllm_version: str | None, year: int | None) -> Golden:
+    import msgspec
+
+    from kvreplay.errors import UserError
+    from kvreplay.parsers import detect_version, merge_config, parse_files
+
+    events = list(parse_files(paths, year=year, vllm_version=vllm_version))
+    kinds = Counter(type(e).__struct_config__.tag for e in events)
+    doc: Doc = {
+        "input": {
+            "kind": "log",
+            "files": [Path(p).name for p in paths],
+            "profile": profile or "auto",
+            "vllm_version": vllm_version or "auto",
+            "events": len(events),
+            "lines": sum(getattr(e, "lines", 1) for e in events),
+        },
+        "events": dict(kinds),
+    }
+    dialect = detect_version(events, vllm_version)
+    doc["version"] = {
+        "vllm_version": dialect.vllm_version,
+        "how": dialect.how,
+        "engine_version": dialect.engine_version,
+    }
+    cfg = merge_config(events)
+    doc["config"] = {
+        k: v for k, v in msgspec.structs.asdict(cfg).items()
+        if k not in _LOCATION_FIELDS and v is not None
+    }
+    del events
+    from kvreplay.sources import replay_logs
+
+    try:
+        rep = replay_logs(paths, profile=profile, vllm_version=vllm_version, year=year)
+    except UserError as exc:
+        doc["replay"] = {"error": str(exc)}
+        doc["preemptions"] = []
+        return Golden(doc, "log", from_log_replay=True)
+    summary = rep.summary()
+    replay = {k: summary[k] for k in _SUMMARY_KEYS if k in summary}
+    if "unfinished_requests" in summary:
+        replay["unfinished_requests"] = len(summary["unfinished_requests"] or ())
+    ver = getattr(rep, "verification", None) or {}
+    if "stats_lines" in ver:
+        replay["stats_lines"] = ver["stats_lines"]
+        replay["stats_lines_agreeing"] = ver.get("agreeing_lines")
+    stats = getattr(rep.facts, "stats", None) or []
+    logged = [s.preemptions for s in stats if getattr(s, "preemptions", None) is not None]
+    replay["logged_preemptions"] = sum(logged) if logged else None
+    est = getattr(rep, "estimate", None)
+    if est:
+        replay["preemptions_low"] = est.get("preemptions_low")
+        replay["preemptions_high"] = est.get("preemptions_high")
+    doc["replay"] = replay
+    doc["preemptions"] = [
+        _record(
+            step=p.get("step"),
+            victim=p.get("victim"),
+            trigger=p.get("trigger"),
+            self=p.get("self_preemption"),
+            rule=p.get("victim_rule"),
+            lost=p.get("computed_tokens_lost"),
+            recompute=p.get("tokens_recomputed"),
+            prefix_hit=p.get("prefix_hit_at_readmission"),
+            readmitted=p.get("readmission_step"),
+            confidence=p.get("confidence"),
+        )
+        for p in rep.preemptions
+    ]
+    return Golden(doc, "log", from_log_replay=True)
+
+
+def _build_workload(data: dict[str, Any], label: str, profile: str | None) -> Golden:
+    from kvreplay.errors import UserError
+
+    engine = "v0" if data.get("engine") == "v0" else "v1"
+    doc: Doc = {
+        "input": {"kind": "workload", "files": [label], "engine": engine, "profile": profile or "default"},
+        "workload": {
+            "name": data.get("name"),
+            "requests": len(data.get("requests") or ()),
+        },
+    }
+    try:
+        if engine == "v0":
+            from kvreplay.replay import v0
+
+            records = v0.run_workload(data)
+            summary = v0.summarize(records, data)
+            doc["config"] = {k: v for k, v in (data.get("config") or {}).items()}
+            replay = {
+                "profile": "v0",
+                "completed": bool(summary.get("completed", True)),
+                "steps": len(records),
+            }
+        else:
+            from dataclasses import asdict
+
+            from kvreplay.replay import get_profile, parse_workload, simulate
+            from kvreplay.replay.profile import DEFAULT_PROFILE
+
+            wl = parse_workload(data)
+            prof = get_profile(profile) if profile else DEFAULT_PROFILE
+            records, run = simulate(wl, prof)
+            doc["config"] = asdict(wl.config)
+            replay = {
+                "profile": prof.name,
+                "completed": run.completed,
+                "steps": run.num_steps,
+                "prefix_hit_tokens": run.total_prefix_hit_tokens,
+            }
+    except UserError as exc:
+        doc["replay"] = {"error": str(exc)}
+        doc["preemptions"] = []
+        return Golden(doc, "workload")
+    pre = trace_preemptions(records)
+    replay.update(
+        preemptions=len(pre),
+        self_preemptions=sum(1 for p in pre if p["self"]),
+        requests_preempted=len({p["victim"] for p in pre}),
+        computed_tokens_lost=sum(p["lost"] or 0 for p in pre),
+        tokens_recomputed=sum(p["recompute"] or 0 for p in pre),
+    )
+    doc["replay"] = replay
+    doc["preemptions"] = pre
+    return Golden(doc, "workload")
+
+
+def trace_preemptions(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Preemption rows from trace records (V1 `simulate` and V0 `run_workload` alike)."""
+    records = list(records)
+    back: dict[str, list[tuple[int, int]]] = {}
+    for r in records:
+        hits = r.get("prefix_hit_tokens") or r.get("cached_tokens") or {}
+        for rid in list(r.get("resumed", ())) + list(r.get("swapped_in", ())):
+            back.setdefault(rid, []).append((r["step"], int(hits.get(rid, 0) or 0)))
+    out = []
+    for r in records:
+        step = r["step"]
+        for p in r.get("preemptions", ()):
+            rid = p["req"]
+            again = next((b for b in back.get(rid, ()) if b[0] > step), None)
+            mode = p.get("mode")
+            lost = p.get("num_computed_tokens_before")
+            if mode == "swap":
+                lost = 0  # V0 swap: the KV blocks go to CPU memory, nothing is recomputed
+            if again is None:
+                recompute = None
+            elif mode == "swap":
+                recompute = 0
+            else:
+                recompute = p.get("num_tokens", 0) - again[1]
+            rec = _record(
+                step=step,
+                victim=rid,
+                trigger=p.get("trigger"),
+                self=bool(p.get("self_preempt")),
+                rule=p.get("victim_rule"),
+                lost=lost,
+                recompute=recompute,
+                prefix_hit=again[1] if again else None,
+                readmitted=again[0] if again else None,
+            )
+            if mode is not None:
+                rec["mode"] = mode
+                if rec["rule"] is None:
+                    del rec["rule"]  # V0 has one victim rule: the lowest-priority running
+            out.append(rec)
+    return out
+
+
+def _record(**kw: Any) -> dict[str, Any]:
+    return {k: v for k, v in kw.items() if not (k == "confidence" and v is None)}
+
+
+# ---------------------------------------------------------------- render / parse
+_BARE = re.compile(r"[A-Za-z0-9_.:/+@%\-]+\Z")
+_RESERVED = {"-", "true", "false", "null"}
+
+
+def encode(value: Any) -> str:
+    """One value as written in a golden file."""
+    if value is None:
+        return "-"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return json.dumps(value)
+    if isinstance(value, str):
+        if _BARE.match(value) and value not in _RESERVED and not _looks_numeric(value):
+            return value
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return json.dumps(list(value), ensure_ascii=False, sort_keys=True)
+    if isinstance(value, Mapping):
+        return json.dumps(dict(value), ensure_ascii=False, sort_keys=True)
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def _looks_numeric(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+_DECODER = json.JSONDecoder()
+
+
+def decode(text: str) -> Any:
+    value, end = _decode_at(text.strip(), 0)
+    return value
+
+
+def _decode_at(text: str, pos: int) -> tuple[Any, int]:
+    """Decode one value starting at `pos`; return it and the position after it."""
+    if pos < len(text) and text[pos] in "\"[{":
+        try:
+            return _DECODER.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            pass
+    end = pos
+    while end < len(text) and not text[end].isspace():
+        end += 1
+    word = text[pos:end]
+    if word == "-":
+        return None, end
+    if word in ("true", "false", "null"):
+        return {"true": True, "false": False, "null": None}[word], end
+    if re.fullmatch(r"-?\d+", word):
+        return int(word), end
+    if _looks_numeric(word):
+        return float(word), end
+    return word, end
+
+
+def _columns(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    keys = {k for r in records for k in r}
+    return [c for c in COLUMNS if c in keys] + sorted(keys.difference(COLUMNS))
+
+
+def render_record(rec: Mapping[str, Any], columns: Sequence[str] | None = None) -> str:
+    cols = columns or _columns([rec])
+    return " ".join(f"{c}={encode(rec.get(c))}" for c in cols if c in rec)
+
+
+def parse_record(line: str) -> dict[str, Any]:
+    rec: dict[str, Any] = {}
+    pos, text = 0, line.strip()
+    while pos < len(text):
+        m = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)=").match(text, pos)
+        if not m:
+            raise GoldenUsageError(f"cannot read golden record near {text[pos:pos + 30]!r}")
+        value, pos = _decode_at(text, m.end())
+        rec[m.group(1)] = value
+    return rec
+
+
+def doc_lines(doc: Doc) -> list[str]:
+    """The compared lines of a document (section headers included, comments not)."""
+    lines: list[str] = []
+    order = [s for s in SECTIONS if s in doc] + sorted(set(doc).difference(SECTIONS))
+    for name in order:
+        body = doc[name]
+        if lines:
+            lines.append("")
+        lines.append(f"[{name}]")
+        if isinstance(body, list):
+            cols = _columns(body)
+            lines.extend(render_record(r, cols) for r in body)
+        else:
+            lines.extend(f"{k} = {encode(body[k])}" for k in sorted(body))
+    return lines
+
+
+def render(golden: Golden | Doc, *, header: Sequence[str] = ()) -> str:
+    doc = golden.doc if isinstance(golden, Golden) else golden
+    out = [f"# {h}" for h in header]
+    if out:
+        out.append("")
+    out.extend(doc_lines(doc))
+    return "\n".join(out) + "\n"
+
+
+def parse(text: str) -> Doc:
+    doc: Doc = {}
+    current: str | None = None
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.fullmatch(r"\[([A-Za-z0-9_.\-]+)\]", line)
+        if m:
+            current = m.group(1)
+            doc[current] = [] if current in LIST_SECTIONS else {}
+            continue
+        if current is None:
+            raise GoldenUsageError(f"golden line {n}: a value before any [section]: {line!r}")
+        body = doc[current]
+        try:
+            if isinstance(body, list):
+                body.append(parse_record(line))
+            else:
+                key, sep, value = line.partition(" = ")
+                if not sep:
+                    raise GoldenUsageError(f"expected 'key = value', got {line!r}")
+                body[key.strip()] = decode(value)
+        except GoldenUsageError as exc:
+            raise GoldenUsageError(f"golden line {n}: {exc}") from None
+    return doc
+
+
+# ---------------------------------------------------------------- select
+def normalize_fields(fields: str | Iterable[str] | None) -> list[str] | None:
+    """'preemptions.victim, replay' -> ['preemptions.victim', 'replay']; check the names."""
+    if fields is None:
+        return None
+    items = fields.split(",") if isinstance(fields, str) else list(fields)
+    out: list[str] = []
+    for raw in items:
+        f = str(raw).strip()
+        if not f:
+            continue
+        section, _, key = f.partition(".")
+        if section not in SECTIONS:
+            raise GoldenUsageError(
+                f"unknown golden field {f!r}: sections are {', '.join(SECTIONS)} "
+                "(select a key with section.key, e.g. replay.preemptions or preemptions.victim)"
+            )
+        if section in LIST_SECTIONS and key and key not in COLUMNS:
+            raise GoldenUsageError(
+                f"unknown preemption column {key!r}: columns are {', '.join(COLUMNS)}"
+            )
+        if f not in out:
+            out.append(f)
+    return out or None
+
+
+def select(doc: Doc, fields: Sequence[str] | None) -> Doc:
+    """Keep [input] and the selected sections / keys / preemption columns."""
+    if not fields:
+        return doc
+    whole = {f for f in fields if "." not in f}
+    keys: dict[str, list[str]] = {}
+    for f in fields:
+        if "." in f:
+            s, _, k = f.partition(".")
+            if s not in whole:
+                keys.setdefault(s, []).append(k)
+    out: Doc = {}
+    for name, body in doc.items():
+        if name == "input" or name in whole:
+            out[name] = body
+        elif name in keys:
+            want = keys[name]
+            if isinstance(body, list):
+                out[name] = [{k: r[k] for k in want if k in r} for r in body]
+            else:
+                out[name] = {k: body[k] for k in want if k in body}
+    for name in keys:  # a selected section absent on this side still shows, empty
+        out.setdefault(name, [] if name in LIST_SECTIONS else {})
+    return out
+
+
+# ---------------------------------------------------------------- compare
+@dataclass
+class Mismatch:
+    summary: list[str] = field(default_factory=list)  # the first differences, in words
+    diff: list[str] = field(default_factory=list)  # unified diff lines (- golden, + now)
+    changed_lines: int = 0
+
+    def message(self, *, max_diff_lines: int = 40) -> str:
+        out = ["first differences:"]
+        out.extend(f"  {s}" for s in self.summary)
+        shown = self.diff[:max_diff_lines]
+        out.append(f"diff (- golden file, + now; {self.changed_lines} changed lines):")
+        out.extend(f"  {d}" for d in shown)
+        if len(self.diff) > len(shown):
+            out.append(f"  ... {len(self.diff) - len(shown)} more diff lines not shown")
+        return "\n".join(out)
+
+
+def compare(expected: Doc, actual: Doc, *, fields: Sequence[str] | None = None,
+            max_items: int = 8) -> Mismatch | None:
+    """None when equal (on the selected fields), else what differs, first things first."""
+    exp = select(expected, fields)
+    act = select(actual, fields)
+    a_lines, b_lines = doc_lines(exp), doc_lines(act)
+    if a_lines == b_lines:
+        return None
+    diff = [
+        d.rstrip("\n")
+        for d in difflib.unified_diff(a_lines, b_lines, "golden", "now", n=1, lineterm="")
+    ][2:]
+    changed = sum(1 for d in diff if d[:1] in "+-")
+    return Mismatch(_describe(exp, act, max_items), diff, changed)
+
+
+# What a reader wants first: what was run, what the replay found, then the inputs to it.
+_DESCRIBE_ORDER = ("input", "replay", "preemptions", "version", "workload", "config", "events")
+
+
+def _describe(exp: Doc, act: Doc, max_items: int) -> list[str]:
+    out: list[str] = []
+    names = [s for s in _DESCRIBE_ORDER if s in exp or s in act]
+    names += sorted((set(exp) | set(act)).difference(SECTIONS))
+    for name in names:
+        a, b = exp.get(name), act.get(name)
+        if a == b:
+            continue
+        if a is None:
+            out.append(f"[{name}] is new (not in the golden file)")
+            continue
+        if b is None:
+            out.append(f"[{name}] is in the golden file but not produced any more")
+            continue
+        if isinstance(a, list) or isinstance(b, list):
+            out.extend(_describe_records(name, list(a or []), list(b or [])))
+            continue
+        for k in sorted(set(a) | set(b)):
+            if k not in b:
+                out.append(f"{name}.{k}: {encode(a[k])} -> (gone)")
+            elif k not in a:
+                out.append(f"{name}.{k}: (new) -> {encode(b[k])}")
+            elif a[k] != b[k]:
+                out.append(f"{name}.{k}: {encode(a[k])} -> {encode(b[k])}")
+    if len(out) > max_items:
+        out = out[:max_items] + [f"... and {len(out) - max_items} more"]
+    return out
+
+
+def _describe_records(name: str, a: list[dict], b: list[dict]) -> list[str]:
+    out: list[str] = []
+    if len(a) != len(b):
+        out.append(f"{name}: {len(a)} in the golden file, {len(b)} now")
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            where = f"{name} #{i + 1}" + (f" (golden step {x['step']})" if "step" in x else "")
+            parts = []
+            for k in _columns([x, y]):
+                if x.get(k) != y.get(k):
+                    parts.append(f"{k} {encode(x.get(k))} -> {encode(y.get(k))}")
+            out.append(f"first changed record: {where}: " + ", ".join(parts))
+            break
+    else:
+        if len(a) > len(b):
+            out.append(f"first missing record: {render_record(a[len(b)])}")
+        elif len(b) > len(a):
+            out.append(f"first extra record: {render_record(b[len(a)])}")
+    return out
