@@ -109,7 +109,7 @@ def test_step_back_and_forward_match_the_records() -> None:
             await pilot.press("G")
             await pilot.pause()
             assert app.cursor == len(records) - 1
-            for _ in range(40):  # backwards across snapshot boundaries
+            for _ in range(20):  # backwards across snapshot boundaries
                 await pilot.press("left")
                 v = app.view
                 assert v.step == app.cursor
@@ -117,10 +117,10 @@ def test_step_back_and_forward_match_the_records() -> None:
                 assert v.after.running == records[app.cursor]["running"]
                 assert v.after.waiting == records[app.cursor]["waiting"]
             await pilot.press("g")
-            for _ in range(30):
+            for _ in range(20):
                 await pilot.press("right")
                 assert app.view.record == records[app.cursor]
-            assert app.cursor == 30
+            assert app.cursor == 20
             step = app.cursor
             assert f"Step {step}" in text(app, "#step")
             running = " ".join(records[step]["running"])
@@ -163,8 +163,14 @@ def test_goto_search_request_view_bookmarks_and_diff() -> None:
             assert app.query_one("#tabs").active == "request"
             header = text(app, "#request-header")
             assert "Request r4" in header
+            # the life list has the focus: Enter on an event jumps to its step
+            life = app.tl.life["r4"]
+            hl = app.query_one("#request-life").highlighted
+            await pilot.press("down", "enter")
+            await pilot.pause()
+            assert app.cursor == life[min(hl + 1, len(life) - 1)].step
             n_pre = sum(1 for r in records for p in r.get("preemptions", ()) if p["req"] == "r4")
-            assert f"preempted {n_pre} times" in header
+            assert f"preempted {n_pre} time" in header
             # next/previous preemption of the selected request
             await pilot.press("g", "p")
             await pilot.pause()
@@ -221,6 +227,15 @@ def test_help_lists_every_key_and_palette_has_the_actions() -> None:
                 assert f"\n{key}" in help_text or f" {key} " in help_text or f"{key} " in help_text
             await pilot.press("escape")
             await pilot.pause()
+            # the palette renders every entry (titles are markup: no stray brackets)
+            await pilot.press("ctrl+p")
+            await pilot.pause()
+            for ch in "next preemption":
+                await pilot.press(ch)
+            await pilot.pause(0.3)
+            await pilot.press("enter")
+            await pilot.pause(0.2)
+            assert app.cursor == app.tl.next_event("preemption", 0)  # ran from the palette
             titles = [c.title for c in app.get_system_commands(app.screen)]
             for _keys, action, desc, _show in KEYS:
                 if action not in ("quit", "help"):

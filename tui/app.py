@@ -187,7 +187,8 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         t = Text()
-        t.append("kvreplay tui: keys\n\n", style="bold")
+        t.append("kvreplay tui: keys", style="bold")
+        t.append("   (↑ ↓ PgUp PgDn scroll, Esc closes)\n\n", style="dim")
         for keys, _action, desc, _show in KEYS:
             t.append(f"{key_display(keys):<18}", style="bold cyan").append(f"{desc}\n")
         t.append(f"{'ctrl+p':<18}", style="bold cyan").append("Command palette (every action)\n")
@@ -202,6 +203,9 @@ class HelpScreen(ModalScreen[None]):
             help_panel = Panel(id="help-text")
             help_panel.show(t)
             yield help_panel
+
+    def on_mount(self) -> None:
+        self.query_one("#help").focus()
 
     def action_close(self) -> None:
         self.dismiss(None)
@@ -225,7 +229,8 @@ class SourceReady(Message):
 class ReplayApp(App[None]):
     CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses elsewhere
     TITLE = "kvreplay"
-    BINDINGS = [Binding(k, a, d, show=s) for k, a, d, s in KEYS]
+    BINDINGS = [Binding(k, a, d, show=s, key_display=key_display(k).split()[0])
+                for k, a, d, s in KEYS]
 
     cursor: reactive[int] = reactive(0, init=False)
 
@@ -293,7 +298,7 @@ class ReplayApp(App[None]):
         tl = Timeline(src, snapshot_every=self.snapshot_every)
         self.post_message(SourceReady(tl))
         tl.build(progress=lambda _tl: self.post_message(Progress()),
-                 cancelled=lambda: worker.is_cancelled)
+                 cancelled=lambda: worker.is_cancelled, progress_every_s=0.25)
         self.post_message(Loaded())
 
     def on_source_ready(self, message: SourceReady) -> None:
@@ -421,13 +426,13 @@ class ReplayApp(App[None]):
         if tl is None:
             return
         src = tl.source
-        state = ("loaded" if tl.done else ("stopped" if tl.cancelled else "loading… Esc stops"))
-        sel = f"  selected {self.selected}" if self.selected else ""
-        marks = f"  bookmarks {len(self.bookmarks)}" if self.bookmarks else ""
+        state = ("loaded" if tl.done else ("stopped" if tl.cancelled else "loading (Esc stops)"))
+        sel = f" · selected {self.selected}" if self.selected else ""
+        marks = f" · bookmarks {len(self.bookmarks)}" if self.bookmarks else ""
         label.update(
-            f"{src.label}  profile {tl.profile.name}  confidence {src.confidence}  "
-            f"step {self.cursor}/{max(tl.num_steps - 1, 0)}  {len(tl.preemptions)} preemptions  "
-            f"{state}{sel}{marks}"
+            f"step {self.cursor}/{max(tl.num_steps - 1, 0)} · {len(tl.preemptions)} preemptions · "
+            f"{state}{sel}{marks} · {src.label} · profile {tl.profile.name} · "
+            f"confidence {src.confidence}"
         )
 
     # -- actions -------------------------------------------------------------------------
@@ -529,7 +534,7 @@ class ReplayApp(App[None]):
                 self.notify(f"No request {rid!r}.", severity="error", timeout=3)
                 return
             self.selected = rid
-            self.query_one(TabbedContent).active = "request"
+            self.action_tab("request")
             step = tl.next_request_event(rid, self.cursor - 1)
             if step is None:
                 step = tl.next_request_event(rid, self.cursor + 1, forward=False)
@@ -577,6 +582,8 @@ class ReplayApp(App[None]):
 
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
+        if tab == "request":
+            self.query_one("#request-life", OptionList).focus()
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -597,7 +604,7 @@ class ReplayApp(App[None]):
         for keys, action, desc, _show in KEYS:
             if action in ("quit", "help"):
                 continue
-            yield SystemCommand(f"{desc}  [{key_display(keys)}]", desc,
+            yield SystemCommand(f"{desc}  ({key_display(keys)})", desc,
                                 lambda a=action: self.run_action(a))
 
 

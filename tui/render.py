@@ -47,7 +47,7 @@ def step_text(tl: Timeline, v: StepView, selected: str | None) -> Text:
     t = Text()
     t.append(f"Step {v.step}", style="bold")
     total = "" if tl.done else " loaded"
-    t.append(f"  of {tl.num_steps}{total}\n", style="dim")
+    t.append(f" / {tl.num_steps - 1}{total}\n", style="dim")
     if rec.get("idle"):
         t.append("idle: nothing to schedule\n", style="dim")
     used = rec.get("num_scheduled_tokens", 0)
@@ -265,11 +265,11 @@ def request_header(tl: Timeline, rid: str, v: StepView | None) -> Text:
             t.append(f"at step {v.step}: {state}\n")
         else:
             t.append(f"at step {v.step}: {r.status}, computed {r.num_computed_tokens}/{r.num_tokens}, "
-                     f"{len(r.blocks)} blocks, {r.num_preemptions} preemptions\n")
+                     f"{_n(len(r.blocks), 'block')}, {_n(r.num_preemptions, 'preemption')}\n")
     n = sum(1 for e in tl.life.get(rid, []) if e.kind == "preempted")
     lost = sum(tl.preemptions[e.preemption].computed_lost for e in tl.life.get(rid, [])
                if e.kind == "preempted" and e.preemption is not None)
-    t.append(f"preempted {n} times, {lost} computed tokens thrown away in all\n")
+    t.append(f"preempted {_n(n, 'time')}, {lost} computed tokens thrown away in all\n")
     return t
 
 
@@ -302,8 +302,24 @@ def diff_text(d: StateDiff, title: str) -> Text:
         t.append(f"new live requests: {' '.join(d.added)}\n", style="green")
     if d.removed:
         t.append(f"gone (finished): {' '.join(d.removed)}\n", style="yellow")
-    for rid, f, a, b in d.changed[:60]:
-        t.append(f"{rid} {f}: {a} → {b}\n")
+    # routine progress (computed and sequence both +k) on one line; the rest first
+    by_rid: dict[str, dict[str, tuple[Any, Any]]] = {}
+    for rid, f, a, b in d.changed:
+        by_rid.setdefault(rid, {})[f] = (a, b)
+    routine: list[str] = []
+    other: list[tuple[str, str, Any, Any]] = []
+    for rid, fields in by_rid.items():
+        c, n = fields.get("num_computed_tokens"), fields.get("num_tokens")
+        if set(fields) <= {"num_computed_tokens", "num_tokens", "blocks"} and c and c[1] > c[0]:
+            routine.append(f"{rid}+{c[1] - c[0]}")
+            if "blocks" in fields:
+                other.append((rid, "blocks", *fields["blocks"]))
+            continue
+        other.extend((rid, f, a, b) for f, (a, b) in fields.items())
+    for rid, f, a, b in other[:60]:
+        t.append(f"{rid} {f}: {a} → {b}\n", style="bold" if f in ("status", "num_preemptions") else "")
+    if routine:
+        t.append("computed tokens: ", style="bold").append(" ".join(routine[:80]) + "\n", style="dim")
     t.append(f"\nblocks changed: {len(d.blocks)}\n", style="bold")
     for bid, a, b in d.blocks[:80]:
         t.append(f"  block {bid:>5}: {a} → {b}\n")
