@@ -351,12 +351,20 @@ def encode(value: Any) -> str:
     if isinstance(value, str):
         if _BARE.match(value) and value not in _RESERVED and not _looks_numeric(value):
             return value
-        return json.dumps(value, ensure_ascii=False)
+        return _json(value)
     if isinstance(value, (list, tuple)):
-        return json.dumps(list(value), ensure_ascii=False, sort_keys=True)
+        return _json(list(value))
     if isinstance(value, Mapping):
-        return json.dumps(dict(value), ensure_ascii=False, sort_keys=True)
-    return json.dumps(str(value), ensure_ascii=False)
+        return _json(dict(value))
+    return _json(str(value))
+
+
+def _json(value: Any) -> str:
+    """Compact JSON on one line: readable non-ASCII text, but escaped line separators."""
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    for ch in "\x85\u2028\u2029":
+        text = text.replace(ch, f"\\u{ord(ch):04x}")
+    return text
 
 
 def _looks_numeric(s: str) -> bool:
@@ -448,7 +456,7 @@ def render(golden: Golden | Doc, *, header: Sequence[str] = ()) -> str:
 def parse(text: str) -> Doc:
     doc: Doc = {}
     current: str | None = None
-    for n, raw in enumerate(text.splitlines(), 1):
+    for n, raw in enumerate(text.split("\n"), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue

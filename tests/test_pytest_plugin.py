@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvreplay.pytest_plugin import golden as g
 from kvreplay.samples import DEFAULT_LOG, sample_path
@@ -303,6 +305,19 @@ def test_values_round_trip(value) -> None:
     assert g.decode(g.encode(value)) == value
     rec = {"step": 1, "victim": value, "lost": 2}
     assert g.parse_record(g.render_record(rec)) == rec
+
+
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
+)
+
+
+@given(st.dictionaries(st.from_regex(r"[a-z_]{1,8}", fullmatch=True), st.one_of(_scalars, st.lists(_scalars, max_size=3)), max_size=6),
+       st.lists(st.dictionaries(st.sampled_from(g.COLUMNS), _scalars, min_size=1), max_size=4))
+def test_documents_round_trip(section: dict, records: list) -> None:
+    doc = {"replay": section, "preemptions": records}
+    assert g.parse(g.render(doc, header=["a comment"])) == doc
 
 
 def test_render_parse_round_trip_and_sorted_keys() -> None:
