@@ -1,9 +1,10 @@
 """What-if replays: the log's workload under other scheduler settings or concurrencies.
 
-* Open loop (default): the log's requests arrive at their logged times; the replay runs
-  under each setting with the step-time model fitted on the log (`kvreplay.sources.
-  replay_logs`). The completion order the log shows is NOT imposed (it belongs to the
-  logged setting).
+* Open loop (default): the log's requests arrive at their logged times (within-second
+  spread as fitted); the replay runs under each setting with the step-time model fitted
+  on the log (`kvreplay.sources.replay_logs`). The completion order the log shows is NOT
+  imposed (it belongs to the logged setting), nor are aborts or the log's end: every
+  request runs to completion.
 * Closed loop (`concurrency`): N clients, each sends the next request of the log as soon
   as its previous one finished, as `vllm bench serve --max-concurrency N` does; the
   engine is driven step by step and the clock advances by the fitted step time.
@@ -140,73 +141,129 @@ def configure(ctx: Context, setting: Setting):
     return rb2, facts2, notes
 
 
-_KEEP = ("step", "scheduled", "num_scheduled_tokens", "new", "resumed", "prefix_hit_tokens",
-         "preemptions", "sampled", "finished", "kv_usage", "num_computed_tokens")
+def _dt(model, tokens: int, reqs: int, ctx_tokens: int) -> float:
+    if not reqs:
+        return float(model.overhead_s)
+    if getattr(model, "per_context_token_s", 0.0):
+        return float(model.dt(tokens, reqs, ctx_tokens))
+    return float(model.dt(tokens, reqs))
 
 
-def closed_loop(workload, profile, model, clients: int, *, max_steps: int | None = None):
-    """N clients replaying the workload's requests in order; returns (records, starts,
-    ends, issue time per request, finished)."""
+def drive(workload, profile, model, *, arrivals: Sequence[float] | None = None,
+          clients: int | None = None, max_steps: int | None = None) -> dict[str, Any]:
+    """Run the workload through the engine on a simulated clock and measure it.
+
+    Open loop: request i enters at the first step starting at or after `arrivals[i]`.
+    Closed loop: `clients` requests in flight; a finished one is replaced by the next
+    request of the workload at the next step (vllm bench serve --max-concurrency).
+    The engine runs untraced; what the metrics need is read from each SchedulerOutput.
+    Recomputed tokens are defined as in `kvreplay.audit.metrics`."""
     from kvreplay.replay.engine import Engine
 
+    if (arrivals is None) == (clients is None):
+        raise ValueError("give arrivals (open loop) or clients (closed loop)")
     engine = Engine(workload, profile)
     engine.by_step = {}
     engine.max_arrival = 1 << 62
+    sched = engine.scheduler
+    summary = engine.summary
     specs = workload.requests
+    n = len(specs)
+    order = sorted(range(n), key=lambda i: (arrivals[i], i)) if arrivals is not None else list(range(n))
     total = sum(len(s.prompt_token_ids) + s.max_tokens for s in specs)
     cap = max_steps or (50 * total + 10_000)
-    nxt = inflight = 0
-    clock = 0.0
-    records, starts, ends = [], [], []
+    use_ctx = bool(getattr(model, "per_context_token_s", 0.0))
+    k = inflight = 0
+    clock = float(arrivals[order[0]]) if arrivals is not None and n else 0.0
+    t_first = clock
     issued: dict[str, float] = {}
-    while not engine.done and len(records) < cap:
+    first_tok: dict[str, float] = {}
+    last_tok: dict[str, float] = {}
+    n_tok: dict[str, int] = {}
+    lost_pending: dict[str, int] = {}
+    pre = self_pre = recomputed = processed = steps = 0
+    victims: set[str] = set()
+    kv_area = busy_time = 0.0
+    prev_fin = 0
+    while not engine.done and steps < cap:
+        idle = not (sched.has_requests() or engine.batch_queue)
+        if idle:
+            if k >= n:
+                break
+            if arrivals is not None:
+                clock = max(clock, float(arrivals[order[k]]))
         batch = []
-        while inflight < clients and nxt < len(specs):
-            batch.append((nxt, specs[nxt]))
-            issued[specs[nxt].id] = clock
-            nxt += 1
-            inflight += 1
+        if arrivals is not None:
+            while k < n and arrivals[order[k]] <= clock:
+                i = order[k]
+                batch.append((i, specs[i]))
+                issued[specs[i].id] = float(arrivals[i])
+                k += 1
+        else:
+            while inflight < clients and k < n:
+                batch.append((k, specs[k]))
+                issued[specs[k].id] = clock
+                k += 1
+                inflight += 1
         if batch:
             engine.by_step[engine.step_index] = batch
-        rec = engine.step(trace=True)
-        dt = M.step_dt(model, rec)
-        starts.append(clock)
+        engine.step(trace=False)
+        steps += 1
+        out = engine.last_output
+        if out is None:
+            dt = float(model.overhead_s)
+        else:
+            ns = out.num_scheduled_tokens
+            tokens = sum(ns.values())
+            processed += tokens
+            for p in out.preemptions:
+                pre += 1
+                self_pre += bool(p.get("self_preempt"))
+                victims.add(p["req"])
+                lost_pending[p["req"]] = p["num_computed_tokens_before"]
+            for rid in out.resumed_req_ids:
+                lost = lost_pending.pop(rid, None)
+                if lost is not None:
+                    recomputed += max(0, lost - out.prefix_hit_tokens.get(rid, 0))
+            ctx_tokens = 0
+            if use_ctx:
+                live = sched.requests
+                ctx_tokens = sum(live[r].num_computed_tokens for r in ns if r in live)
+            dt = _dt(model, tokens, len(ns), ctx_tokens)
+            end = clock + dt
+            for rid, w in zip(ns, out.will_sample):
+                if w:
+                    if rid not in first_tok:
+                        first_tok[rid] = end
+                    last_tok[rid] = end
+                    n_tok[rid] = n_tok.get(rid, 0) + 1
+            busy_time += dt
+            kv_area += dt * sched.kv_cache_usage
         clock += dt
-        ends.append(clock)
-        inflight -= len(rec.get("finished", ()))
-        records.append({k: rec[k] for k in _KEEP if k in rec})
-    return records, starts, ends, issued, len(engine.summary.finished_step)
-
-
-def row_metrics(records, starts, ends, arrival: dict[str, float], n_requests: int) -> dict[str, Any]:
-    cost = M.recompute_from_records(records)
-    out_tokens = sum(len(r.get("sampled", ())) for r in records)
-    finished = sum(len(r.get("finished", ())) for r in records)
-    t0 = min(arrival.values()) if arrival else (starts[0] if starts else 0.0)
-    t1 = ends[-1] if ends else t0
-    span = max(1e-9, t1 - t0)
-    lat = M.latency_from_steps(records, ends, arrival)
-    durs = [e - s for s, e in zip(starts, ends)]
-    kv = [r.get("kv_usage") for r in records]
-    tot = sum(d for d, k in zip(durs, kv) if k is not None)
-    kv_mean = (sum(d * k for d, k in zip(durs, kv) if k is not None) / tot) if tot > 0 else None
+        fin = len(summary.finished_step)
+        inflight -= fin - prev_fin
+        prev_fin = fin
+    span = max(1e-9, clock - t_first)
+    ttft = [first_tok[r] - issued[r] for r in first_tok if r in issued]
+    itl = [(last_tok[r] - first_tok[r]) / (n_tok[r] - 1) for r in first_tok if n_tok[r] > 1]
+    out_tokens = sum(n_tok.values())
+    done = len(summary.finished_step)
     return {
-        "preemptions": cost["preemptions"], "self_preemptions": cost["self_preemptions"],
-        "requests_preempted": cost["requests_preempted"],
-        "recomputed_tokens": cost["recomputed_tokens"], "processed_tokens": cost["processed_tokens"],
-        "recompute_ratio": M.rnd(cost["recompute_ratio"], 6),
+        "preemptions": pre, "self_preemptions": self_pre, "requests_preempted": len(victims),
+        "recomputed_tokens": recomputed, "processed_tokens": processed,
+        "recompute_ratio": M.rnd(recomputed / processed, 6) if processed else None,
         "output_tokens": out_tokens, "makespan_s": round(span, 3),
-        "output_tput": round(out_tokens / span, 2), "requests_per_s": round(finished / span, 4),
-        "ttft_p50_s": M.rnd(M.quantile(lat["ttft"], 0.5)), "ttft_p95_s": M.rnd(M.quantile(lat["ttft"], 0.95)),
-        "itl_p50_s": M.rnd(M.quantile(lat["itl"], 0.5), 5), "itl_p95_s": M.rnd(M.quantile(lat["itl"], 0.95), 5),
-        "kv_usage_mean": M.rnd(kv_mean), "completed": finished, "requests": n_requests,
-        "steps": len(records),
+        "output_tput": round(out_tokens / span, 2), "requests_per_s": round(done / span, 4),
+        "ttft_p50_s": M.rnd(M.quantile(ttft, 0.5)), "ttft_p95_s": M.rnd(M.quantile(ttft, 0.95)),
+        "itl_p50_s": M.rnd(M.quantile(itl, 0.5), 5), "itl_p95_s": M.rnd(M.quantile(itl, 0.95), 5),
+        "kv_usage_mean": M.rnd(kv_area / busy_time) if busy_time > 0 else None,
+        "completed": done, "requests": n, "steps": steps,
     }
 
 
 def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, Any]:
     """One row: the setting replayed open loop (clients None) or closed loop."""
-    from kvreplay.replay.from_log import timed_replay
+    from kvreplay.replay.from_log import arrival_times
 
     row: dict[str, Any] = {"setting": setting.label, "concurrency": clients}
     row.update({k: setting.overrides.get(k) for k in KNOBS})
@@ -215,20 +272,14 @@ def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, An
     except ValueError as exc:
         row["note"] = str(exc)
         return row
+    wl = rb.workload
     if clients is None:
-        run = timed_replay(rb, facts, ctx.profile, ctx.model, ctx.spread, trace=False,
-                           use_completion_order=False)
-        starts = list(run.step_start)
-        ends = [s + M.step_dt(ctx.model, r) for s, r in zip(starts, run.records)]
-        arrival = {rid: starts[k] for rid, k in run.arrival_step.items() if k < len(starts)}
-        row.update(row_metrics(run.records, starts, ends, arrival, len(rb.workload.requests)))
-        if run.cut_at is not None:
-            notes.append("stopped where the log ends (server stopped with work open)")
+        res = drive(wl, ctx.profile, ctx.model, arrivals=arrival_times(facts, ctx.spread))
     else:
-        records, starts, ends, issued, done = closed_loop(rb.workload, ctx.profile, ctx.model, clients)
-        row.update(row_metrics(records, starts, ends, issued, len(rb.workload.requests)))
-        if done < len(rb.workload.requests):
-            notes.append(f"only {done} of {len(rb.workload.requests)} requests finished within the step cap")
+        res = drive(wl, ctx.profile, ctx.model, clients=clients)
+    row.update(res)
+    if res["completed"] < len(wl.requests):
+        notes.append(f"only {res['completed']} of {len(wl.requests)} requests finished within the step cap")
     row["note"] = "; ".join(notes) or None
     return row
 

@@ -41,30 +41,39 @@ def test_plan_one_at_a_time_and_grid():
 
 
 def test_closed_loop_with_every_client_equals_simulate():
-    """N >= requests clients all send at step 0: exactly the simulate() run."""
+    """N >= requests clients all send at step 0: exactly the simulate() run, and the same
+    preemption cost as the record-based computation the audit uses."""
+    from kvreplay.audit.metrics import recompute_from_records
+
     wl, _ = make_workload(30, **CASE)
     prof = get_profile("0.33")
     records, summary = simulate(wl, prof)
     model = StepTimeModel(0.008, 3e-5, 0.0)
-    recs, starts, ends, issued, done = W.closed_loop(wl, prof, model, clients=30)
-    assert done == 30
-    assert len(recs) == len(records)
-    pre = sum(len(r.get("preemptions", ())) for r in recs)
-    assert pre == summary.total_preemptions > 0
-    assert all(t == 0.0 for t in issued.values())
-    assert ends[-1] == pytest.approx(sum(model.dt(r.get("num_scheduled_tokens", 0), len(r.get("scheduled", ())))
-                                         if r.get("scheduled") else model.overhead_s for r in recs))
+    res = W.drive(wl, prof, model, clients=30)
+    truth = recompute_from_records(records)
+    assert res["completed"] == 30 and res["steps"] == len(records)
+    assert res["preemptions"] == summary.total_preemptions == truth["preemptions"] > 0
+    assert res["self_preemptions"] == summary.self_preemptions
+    assert res["processed_tokens"] == truth["processed_tokens"]
+    assert res["recomputed_tokens"] == truth["recomputed_tokens"]
+    assert res["recompute_ratio"] == pytest.approx(truth["recompute_ratio"], abs=1e-6)
+    assert res["output_tokens"] == sum(len(r.get("sampled", ())) for r in records)
+    makespan = sum(model.dt(r.get("num_scheduled_tokens", 0), len(r.get("scheduled", ())))
+                   if r.get("scheduled") else model.overhead_s for r in records)
+    assert res["makespan_s"] == pytest.approx(makespan, abs=2e-3)
 
 
 def test_closed_loop_one_client_is_sequential():
     wl, _ = make_workload(6, **CASE)
     prof = get_profile("0.33")
-    recs, starts, ends, issued, done = W.closed_loop(wl, prof, StepTimeModel(0.01, 0, 0), clients=1)
-    assert done == 6
-    assert sum(len(r.get("preemptions", ())) for r in recs) == 0
-    assert max(len(r.get("scheduled", ())) for r in recs) == 1
-    times = [issued[s.id] for s in wl.requests]
-    assert times == sorted(times) and len(set(times)) == 6
+    model = StepTimeModel(0.01, 0.0, 0.0)
+    res = W.drive(wl, prof, model, clients=1)
+    assert res["completed"] == 6 and res["preemptions"] == 0
+    # one request at a time, one token per step after its prefill chunks: ITL = one step
+    assert res["itl_p50_s"] == pytest.approx(0.01)
+    # open loop with everything arriving at once runs them together: more throughput
+    burst = W.drive(wl, prof, model, arrivals=[0.0] * 6)
+    assert burst["output_tput"] > 3 * res["output_tput"]
 
 
 def test_refused_and_rejected_settings(ctx):
