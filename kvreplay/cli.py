@@ -19,6 +19,7 @@ from kvreplay.errors import UserError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "parse": ("kvreplay.parsers.cli", "parse vLLM logs into typed events"),
     "simulate": ("kvreplay.replay.cli", "run a workload through the faithful vLLM scheduler"),
+    "record-kv-events": ("kvreplay.kvevents", "record vLLM's KV-cache events (ZMQ, --kv-events-config) to a file"),
     "tui": ("kvreplay.tui.cli", "step through every scheduling decision in a terminal debugger"),
     "audit": ("kvreplay.audit.audit_cli", "audit logs or Prometheus scrapes: one record per log, status, storms, CI gates"),
     "whatif": ("kvreplay.audit.whatif_cli", "replay a log's workload under other settings or concurrencies"),

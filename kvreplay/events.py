@@ -309,6 +309,7 @@ class StepTrace(Base, tag="trace_step", kw_only=True):
     updated_batch: int | None = None
     finished: list[tuple[int, int]] | None = None
     block_hashes: list[tuple[int, list[str]]] | None = None
+    kv_events: int | None = None  # KV-cache event batches published so far (seq < this)
     free_blocks: int | None = None
     kv_usage: float | None = None  # fraction 0..1
     running: int | None = None

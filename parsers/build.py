@@ -619,7 +619,8 @@ def b_trace_step(f: Fields, base: dict) -> ev.Event:
         step=step, aborted_before=_pairs(d.get("aborted_before")), scheduled=sched,
         new=_pairs(d.get("new")), resumed=_pairs(d.get("resumed")), preempted=pre,
         aborted_mid=_pairs(d.get("aborted_mid")), updated_batch=updated,
-        finished=_pairs(d.get("finished")), block_hashes=bh, free_blocks=int(d["free"]),
+        finished=_pairs(d.get("finished")), block_hashes=bh,
+        kv_events=int(d["kv_events"]) if "kv_events" in d else None, free_blocks=int(d["free"]),
         kv_usage=float(d["kv_usage"]), running=int(d["running"]), waiting=int(d["waiting"]),
         **base,
     )

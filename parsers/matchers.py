@@ -219,6 +219,7 @@ MATCHERS: dict[str, Callable[[str], Fields | None]] = {
         r"(?: u=(?P<updated>\d+|-|\?))?"
         r"(?: f=(?P<finished>\d+:\d+(?:,\d+:\d+)*))?"
         r"(?: bh=(?P<hashes>\d+:[0-9a-f]+(?:\.[0-9a-f]+)*(?:,\d+:[0-9a-f]+(?:\.[0-9a-f]+)*)*))?"
+        r"(?: ev=(?P<kv_events>\d+))?"
         r" free=(?P<free>\d+) kv=(?P<kv_usage>-?\d+(?:\.\d+)?|nan|inf) q=(?P<running>\d+)/(?P<waiting>\d+)"
     ),
 }

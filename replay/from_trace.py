@@ -272,7 +272,10 @@ def _replay_session(session: TraceSession, profile, kv_events) -> dict[str, Any]
         if h in dropped_set:
             continue
         (engine.mid_aborts if mid else before).setdefault(step, []).append(names[h])
-    kv_check = _KvEventCheck(kv_events) if kv_events is not None else None
+    kv_check = None
+    if kv_events is not None:
+        hasher = engine.block_hasher if isinstance(engine.block_hasher, _LoggedHasher) else None
+        kv_check = _KvEventCheck(kv_events, hasher)
 
     records: list[dict[str, Any]] = []
     divergence = None
@@ -290,7 +293,7 @@ def _replay_session(session: TraceSession, profile, kv_events) -> dict[str, Any]
         if divergence is None:
             diff = _compare(st, rec, lambda h: name(h, f"#{h}"))
             if diff is None and kv_check is not None:
-                diff = kv_check.check(st.step, engine.scheduler.pool)
+                diff = kv_check.check(st, engine.scheduler.pool)
             if diff is not None:
                 divergence = _div(st, *diff)
             else:
@@ -335,32 +338,39 @@ def _div(st: ev.StepTrace, field: str, logged: Any, replayed: Any) -> dict[str, 
 
 
 class _KvEventCheck:
-    """vLLM's KV-cache events (BlockStored / BlockRemoved / AllBlocksCleared) against the
-    replay's prefix cache: after each step, the number of cached blocks vLLM announced
-    (stored minus removed) must equal the replay pool's cached-hash count.
+    """vLLM's KV-cache events (BlockStored / BlockRemoved / AllBlocksCleared, as written by
+    `kvreplay record-kv-events`) against the replay's block pool: after every step whose
+    line says how many event batches vLLM had published (`ev=K`), the set of blocks the
+    events announce as cached must equal the set of cached blocks in kvreplay's pool."""
 
-    `records` are dicts as `kvreplay record-kv-events` writes them: {"step"?: int,
-    "seq": int, "events": [{"type": "BlockStored", "block_hashes": [...]}, ...]}. Records
-    carrying "step" are checked at that step; others are applied in order only."""
+    def __init__(self, records: list[dict[str, Any]], hasher: "_LoggedHasher | None") -> None:
+        from collections import deque
 
-    def __init__(self, records: list[dict[str, Any]]) -> None:
         from kvreplay.kvevents import CacheState
 
         self.state = CacheState()
-        self.pending = list(records)
+        self.pending = deque(sorted(records, key=lambda r: r.get("seq", 0)))
         self.checked = 0
+        self.names = {v: k for k, v in hasher._ids.items()} if hasher is not None else {}
 
-    def check(self, step: int, pool: Any):
-        applied = False
-        while self.pending and self.pending[0].get("step", step) <= step:
-            self.state.apply(self.pending.pop(0))
-            applied = True
-        if not applied:
+    def check(self, st: ev.StepTrace, pool: Any):
+        if st.kv_events is None or st.updated_batch is None:
+            # vLLM publishes a step's events in update_from_output(): after a step without
+            # an update (async scheduling's first), what schedule() cached is not out yet.
             return None
+        pending = self.pending
+        while pending and pending[0].get("seq", 0) < st.kv_events:
+            self.state.apply(pending.popleft())
         self.checked += 1
-        replayed = pool.num_cached_hashes()
-        if self.state.num_cached != replayed:
-            return "kv_events_cached_blocks", self.state.num_cached, replayed
+        names = self.names
+        replayed = {names.get(h, f"unlogged:{h}") for h in pool.cached_block_hash_to_block}
+        logged = self.state.cached
+        if replayed != logged:
+            return (
+                "kv_cached_blocks",
+                {"cached": len(logged), "only_in_vllm": sorted(logged - replayed)[:8]},
+                {"cached": len(replayed), "only_in_replay": sorted(replayed - logged)[:8]},
+            )
         return None
 
 

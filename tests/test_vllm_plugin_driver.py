@@ -89,8 +89,9 @@ def run_jobs(jobs_path: str) -> None:
         handler.setFormatter(fmt)
         handler.setLevel(logging.INFO)
         vlog.addHandler(handler)
-        if job.get("plugin", True):
-            sm.Scheduler, am.AsyncScheduler = StepTraceScheduler, StepTraceAsyncScheduler
+        classes = (StepTraceScheduler, StepTraceAsyncScheduler) if job.get("plugin", True) else real
+        classes, publishers = _enable_kv_events(job.get("kv_events"), classes)
+        sm.Scheduler, am.AsyncScheduler = classes
         argv = [HARNESS, job["workload"], "-o", job["trace"], "--summary", job["summary"],
                 "--meta", job["meta"]]
         status, err = "ok", None
@@ -111,12 +112,64 @@ def run_jobs(jobs_path: str) -> None:
             sys.stdout = real_stdout
             sys.argv = old_argv
             sm.Scheduler, am.AsyncScheduler = real
+            _disable_kv_events(publishers)
             vlog.removeHandler(handler)
             handler.close()
         rec = {"workload": job["workload"], "status": status, "error": err,
                "seconds": round(time.perf_counter() - t0, 3)}
         real_stdout.write("@@JOB " + json.dumps(rec) + "\n")
         real_stdout.flush()
+
+
+def _enable_kv_events(kv: dict | None, classes: tuple) -> tuple[tuple, list]:
+    """With {"endpoint", "replay_endpoint"}: the scheduler gets vLLM's KVEventsConfig (ZMQ
+    publisher), as `--kv-events-config` gives it. Returns the scheduler classes to use and
+    the list that collects the publishers vLLM creates."""
+    publishers: list = []
+    if not kv:
+        return classes, publishers
+    import vllm.distributed.kv_events as kve
+    from vllm.config.kv_events import KVEventsConfig
+
+    cfg = KVEventsConfig(
+        enable_kv_cache_events=True, publisher="zmq", endpoint=kv["endpoint"],
+        replay_endpoint=kv.get("replay_endpoint"), topic="",
+    )
+
+    def with_events(base):
+        class WithKvEvents(base):
+            def __init__(self, *a, **k):
+                k["vllm_config"].kv_events_config = cfg
+                super().__init__(*a, **k)
+
+        WithKvEvents.__name__ = base.__name__
+        return WithKvEvents
+
+    real_create = kve.EventPublisherFactory.__dict__["create"]
+    bound = kve.EventPublisherFactory.create
+
+    def create(*a, **k):
+        pub = bound(*a, **k)
+        publishers.append(pub)
+        return pub
+
+    kve.EventPublisherFactory.create = create
+    publishers.append(("restore", real_create))
+    return tuple(with_events(c) for c in classes), publishers
+
+
+def _disable_kv_events(publishers: list) -> None:
+    if not publishers:
+        return
+    import vllm.distributed.kv_events as kve
+
+    for p in publishers:
+        if isinstance(p, tuple):
+            setattr(kve.EventPublisherFactory, "create", p[1])
+    time.sleep(float(os.environ.get("KVREPLAY_KV_EVENTS_DRAIN_S", "2.0")))  # let the publisher thread send
+    for p in publishers:
+        if not isinstance(p, tuple):
+            p.shutdown()
 
 
 def check_entry_points(tmpdir: str) -> None:

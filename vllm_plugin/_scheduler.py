@@ -43,6 +43,23 @@ class StepTraceMixin:
         self._kvt_caching = bool(self.cache_config.enable_prefix_caching)
         self._kvt_pool = self.kv_cache_manager.block_pool
         self._kvt_log = logger.info
+        # Async: an iteration may end right after schedule() (no update); its line is
+        # written later, so the state at that moment is kept when schedule() returns.
+        self._kvt_async = isinstance(self, AsyncScheduler)
+        self._kvt_snap: tuple | None = None
+        # KV-cache events: count the batches vLLM publishes, so the trace can say which
+        # batches belong to which step (vLLM numbers them 0, 1, 2 ... in publish order).
+        self._kvt_ev = -1
+        pub = getattr(self, "kv_event_publisher", None)
+        if pub is not None and type(pub).__name__ != "NullEventPublisher":
+            self._kvt_ev = 0
+            publish = pub.publish
+
+            def counting_publish(batch, _publish=publish):
+                self._kvt_ev += 1
+                return _publish(batch)
+
+            pub.publish = counting_publish
         sc = self.scheduler_config
         spec = getattr(self, "num_spec_tokens", 0) or 0
         self._kvt_log(
@@ -80,18 +97,23 @@ class StepTraceMixin:
             self._kvt_ab = []
         if not updated:
             parts.append("u=-")
+        if self._kvt_ev >= 0:
+            parts.append(f"ev={self._kvt_ev}")
+        snap = self._kvt_snap
+        if updated or snap is None:
+            snap = self._kvt_state()
+        self._kvt_snap = None
+        self._kvt_log("kvtrace step %d %s free=%d kv=%.4f q=%d/%d", self._kvt_line, " ".join(parts), *snap)
+        self._kvt_line += 1
+        self._kvt_open = None
+
+    def _kvt_state(self) -> tuple:
         pool = self._kvt_pool
-        free = pool.get_num_free_blocks()
         waiting = len(self.waiting)
         khw = getattr(self, "kv_holding_waiting", None)
         if khw is not None:
             waiting += len(khw)
-        self._kvt_log(
-            "kvtrace step %d %s free=%d kv=%.4f q=%d/%d",
-            self._kvt_line, " ".join(parts), free, pool.get_usage(), len(self.running), waiting,
-        )
-        self._kvt_line += 1
-        self._kvt_open = None
+        return pool.get_num_free_blocks(), pool.get_usage(), len(self.running), waiting
 
     # -- wrapped vLLM methods --------------------------------------------------------
     def add_request(self, request) -> None:
@@ -158,6 +180,8 @@ class StepTraceMixin:
             parts.append("pre=" + ",".join(pre))
         self._kvt_open = parts
         self._kvt_batch[id(out)] = self._kvt_line
+        if self._kvt_async:
+            self._kvt_snap = self._kvt_state()
         return out
 
     def _preempt_request(self, request, *args, **kwargs):

@@ -15,7 +15,7 @@ AsyncScheduler (batch queue of depth 2).
 `req H`: one per arriving request, written in `add_request`. H is a short decimal handle used
 in step lines instead of the (long) request id; `at=N` is the step line whose `schedule()`
 first sees the request; `p` prompt tokens, `max` max_tokens, `prio` priority, `id` vLLM's
-request id, `bh` the prompt's full-block hash chain (first 8 bytes of each hash, hex; only
+request id, `bh` the prompt's full-block hash chain (last 8 bytes of each hash, hex; only
 with prefix caching). No token ids are ever logged.
 
 `step N`: one per engine iteration (one `schedule()` and/or one `update_from_output()`),
@@ -33,6 +33,8 @@ N = 0, 1, 2 ... per scheduler instance. Keys, in this order, each optional:
                      batch, as always in sync mode); `u=-`: no update in this iteration
     f=H:OUT,...      finished in update_from_output(), with their output token counts
     bh=H:X.X,...     block hashes that became full in this update (prefix caching only)
+    ev=K             KV-cache event batches vLLM has published so far (with --kv-events-config);
+                     the batches with seq < K were published by the end of this step
     free=F           free KV blocks at the end of the iteration (evictable cached ones count)
     kv=U             KV cache usage at the end of the iteration (0..1, 4 decimals)
     q=R/W            running / waiting requests at the end of the iteration
@@ -46,9 +48,11 @@ HASH_BYTES = 8
 
 
 def short_hash(h) -> str:
-    """A vLLM block hash (bytes; int in old releases) as 16 hex digits."""
+    """A vLLM block hash as 16 hex digits: its last 8 bytes, which is exactly the integer
+    vLLM's KV-cache events publish (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES, on by default), so
+    trace lines and `record-kv-events` files name a block the same way."""
     if isinstance(h, (bytes, bytearray)):
-        return h[:HASH_BYTES].hex()
+        return h[-HASH_BYTES:].hex()
     if isinstance(h, int):
         return format(h & 0xFFFFFFFFFFFFFFFF, "016x")
     # BlockHashWithGroupId or other wrappers: fall back to the bytes of its repr
