@@ -22,6 +22,8 @@ def fmt(v: Any, key: str = "") -> str:
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
+        if key in ("start_s", "end_s", "t"):
+            return f"{v:g}"
         if key in ("kv_usage_p95", "kv_time_ge95", "kv_usage_mean", "recompute_ratio",
                    "replay_agreement", "longest_seq_pool_share", "kv_usage"):
             return f"{100 * v:.1f}%"
@@ -180,10 +182,10 @@ def audit_html(rows: list[dict[str, Any]]) -> str:
         kv_series = []
         if rtl:
             kv_series.append({"label": "replayed (max per bucket)", "points": [(p["t"], 100 * p["kv_usage"]) for p in rtl],
-                              "color": "#9ecae1", "dots": False, "width": 1.5})
+                              "color": "#9ecae1", "dots": False, "width": 1.5, "dash": False})
         if tl:
             kv_series.append({"label": "logged (stats lines)", "points": [(p["t"], None if p["kv_usage"] is None else 100 * p["kv_usage"]) for p in tl],
-                              "color": svg.PALETTE[0]})
+                              "color": svg.PALETTE[0], "dash": False, "width": 2.5})
         body.append(svg.line_chart(kv_series, title="KV cache usage over time", xlabel="seconds from the first request / stats line",
                                    ylabel="KV usage %", y_min=0, y_max=105, hlines=[(95, "95%")]))
         xs = [p["t"] for p in tl] + [p["t"] for p in rtl]
@@ -200,8 +202,10 @@ def audit_html(rows: list[dict[str, Any]]) -> str:
                                           xlabel="seconds", x_range=xr))
         if tl:
             body.append(svg.line_chart(
-                [{"label": "running", "points": [(p["t"], p["running"]) for p in tl], "color": svg.PALETTE[2]},
-                 {"label": "waiting", "points": [(p["t"], p["waiting"]) for p in tl], "color": svg.PALETTE[3]}],
+                [{"label": "running", "points": [(p["t"], p["running"]) for p in tl], "color": svg.PALETTE[2],
+                  "dash": False, "width": 2},
+                 {"label": "waiting", "points": [(p["t"], p["waiting"]) for p in tl], "color": svg.PALETTE[3],
+                  "dash": False, "width": 2}],
                 title="Running and waiting requests (logged)", xlabel="seconds", ylabel="requests", yint=True))
         tbc = r.get("tput_by_concurrency") or []
         if len(tbc) > 1:
