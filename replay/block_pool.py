@@ -14,6 +14,14 @@ from typing import Iterable
 class KVCacheBlock:
     __slots__ = ("block_id", "ref_cnt", "block_hash", "prev", "next", "is_null")
 
+    # Links are not part of a block's state: the free queue rebuilds them (see below).
+    def __getstate__(self) -> tuple:
+        return (self.block_id, self.ref_cnt, self.block_hash, self.is_null)
+
+    def __setstate__(self, state: tuple) -> None:
+        self.block_id, self.ref_cnt, self.block_hash, self.is_null = state
+        self.prev = self.next = None
+
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
@@ -82,6 +90,25 @@ class FreeKVCacheBlockQueue:
         prev.next = first
         first.prev = prev  # type: ignore[union-attr]
         self.num_free_blocks += len(blocks)
+
+    # Pickle / deepcopy without following the links (a long list would recurse too deep):
+    # the queue is stored as its order, and the links are rebuilt.
+    def __getstate__(self) -> dict:
+        order = []
+        node = self.head.next
+        while node is not self.tail:
+            order.append(node)
+            node = node.next  # type: ignore[union-attr]
+        return {"order": order}
+
+    def __setstate__(self, state: dict) -> None:
+        self.head = KVCacheBlock(-1)
+        self.tail = KVCacheBlock(-1)
+        self.head.next = self.tail
+        self.tail.prev = self.head
+        self.num_free_blocks = 0
+        for block in state["order"]:
+            self.append(block)
 
     def block_ids(self) -> list[int]:
         out = []

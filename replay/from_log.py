@@ -207,7 +207,8 @@ def rebuild_workload(
             # Unknown content: tokens unique to this request (no prefix sharing assumed).
             prompt = [1_000_000 + i * 100_003 + j for j in range(max(1, int(n)))]
             est = r.prompt_len is None or prompt_lens is not None
-        prompt = prompt[: cfg.max_model_len]
+        # vLLM's frontend refuses a prompt that leaves no room for one output token.
+        prompt = prompt[: cfg.max_model_len - 1]
         max_tokens = r.max_tokens if r.max_tokens is not None else cfg.max_model_len - len(prompt)
         out_est = False
         if r.output_len is not None:
@@ -319,7 +320,8 @@ def timed_replay(
     )
     abort_i = 0
     max_tokens = {s.id: s.max_tokens for s in specs}
-    while not engine.done:
+    step_limit = _step_limit(wl)
+    while not engine.done and engine.step_index < step_limit:
         busy = sched.has_requests() or bool(engine.batch_queue)
         if not busy and pending:
             clock = max(clock, times[pending[0]])
@@ -841,18 +843,36 @@ def _fit_unknown_prompts(facts: LogFacts, prof: SchedulerProfile, spreads: tuple
         lens = _rescale_lengths(f.run, facts, lens)
         rebuilt = rebuild_workload(facts, prof, prompt_lens=lens)
         f = fit(rebuilt, facts, prof, spreads=(f.spread,))
-    counts = []
-    for factor in (0.85, 1.0, 1.15):
-        rb = rebuild_workload(facts, prof, prompt_lens=[max(1, round(n * factor)) for n in lens])
-        r = timed_replay(rb, facts, prof, f.model, f.spread, trace=False)
-        counts.append(r.summary.total_preemptions)
+    import random
+
+    counts: dict[str, int] = {}
+    for factor in (0.8, 0.9, 1.0, 1.1, 1.2):
+        for seed in (None, 1, 2):
+            if seed is None:
+                var = [max(1, round(n * factor)) for n in lens]
+                name = f"lengths x{factor}"
+            else:
+                # a different mix: real prompt lengths vary widely (log-normal, sigma 0.5),
+                # renormalised to the same total
+                rng = random.Random(seed)
+                raw = [n * rng.lognormvariate(0.0, 0.5) for n in lens]
+                k = sum(lens) / max(1e-9, sum(raw))
+                var = [max(1, round(x * k * factor)) for x in raw]
+                name = f"lengths x{factor}, mix {seed}"
+            rb = rebuild_workload(facts, prof, prompt_lens=var)
+            r = timed_replay(rb, facts, prof, f.model, f.spread, trace=False)
+            counts[name] = r.summary.total_preemptions
+    values = sorted(counts.values())
     estimate = {
-        "preemptions_low": min(counts),
-        "preemptions_high": max(counts),
-        "variants": {"prompt lengths x0.85": counts[0], "as estimated": counts[1],
-                     "prompt lengths x1.15": counts[2]},
+        "preemptions_low": values[0],
+        "preemptions_high": values[-1],
+        "preemptions_median": values[len(values) // 2],
+        "variants": counts,
         "why": "prompt lengths are not in this log; they were estimated from the stats "
-               "lines' prompt throughput",
+               "lines' prompt throughput, and the count is replayed over plausible variants "
+               "of them (total and mix)"
+               + ("; prefix-cache sharing between prompts is unknown too"
+                  if rebuilt.workload.config.enable_prefix_caching else ""),
         "make_it_exact": "set VLLM_REQUEST_BODY_LOG_LEVEL=INFO (vLLM 0.31+) or --log-level "
                          "DEBUG so every prompt is logged, or enable kvreplay's step-trace "
                          "scheduler plugin",
@@ -928,7 +948,8 @@ def step_replay(
     stop_at = _cut_time(facts)
     cut = None
     sched = engine.scheduler
-    while not engine.done:
+    step_limit = _step_limit(wl) + max(arrival_steps, default=0)
+    while not engine.done and engine.step_index < step_limit:
         now = clock_fn(engine.step_index, t) if clock_fn is not None else t
         if stop_at is not None and now > stop_at:
             cut = stop_at
@@ -1229,3 +1250,10 @@ def _burst_spacing(rebuilt: Rebuilt, facts: LogFacts, prof: SchedulerProfile,
             run.step_start = clock[: len(run.records)]
             best = (cand_loss, Anchored(arr, clock, anchored.phase, run, anchored.iterations, 0))
     return best[1], best[0]
+
+
+def _step_limit(wl: Workload) -> int:
+    """A bound no faithful replay of this workload reaches: every request prefilled one
+    token a step and decoded alone, with room for a preemption each. Stops a workload that
+    could never finish (vLLM would spin forever) from running away."""
+    return 1000 + sum(len(s.prompt_token_ids) + 2 * s.max_tokens for s in wl.requests) * 2
