@@ -18,6 +18,7 @@ from kvreplay.errors import UserError
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "parse": ("kvreplay.parsers.cli", "parse vLLM logs into typed events"),
+    "replay": ("kvreplay.replay_cli", "reconstruct every preemption from a vLLM server log"),
     "simulate": ("kvreplay.replay.cli", "run a workload through the faithful vLLM scheduler"),
     "record-kv-events": ("kvreplay.kvevents", "record vLLM's KV-cache events (ZMQ, --kv-events-config) to a file"),
     "tui": ("kvreplay.tui.cli", "step through every scheduling decision in a terminal debugger"),

@@ -401,19 +401,27 @@ def _finish_imminent(sched, max_tokens: dict[str, int]) -> bool:
 
 
 def _cut_time(facts: LogFacts) -> float | None:
-    """When the log looks cut short (server killed): the replay stops at its last line."""
-    if facts.last_time is None or not facts.stats:
+    """When the log stops before the run ended (server killed, log copied mid-run), the
+    replay stops at its last line. A clean end is a last stats line showing nothing running
+    or waiting after the last arrival, or (non-streaming requests) a completion line for
+    every request that was not aborted."""
+    if facts.last_time is None or not facts.requests:
         return None
-    last = facts.stats[-1]
-    open_work = (last.running or 0) + (last.waiting or 0)
-    n_stream = sum(1 for r in facts.requests if r.stream)
-    if open_work > 0 and facts.last_time <= last.time + 2 * (facts.interval_s or 10.0):
-        return facts.last_time + 1.0
-    if not n_stream and facts.completions and len(facts.completions) < len(facts.requests):
-        aborted = sum(1 for r in facts.requests if r.aborted_time is not None)
-        if len(facts.completions) + aborted < len(facts.requests) and open_work > 0:
-            return facts.last_time + 1.0
-    return None
+    last_arrival = facts.requests[-1]
+    if facts.stats:
+        last = facts.stats[-1]
+        if (last.running or 0) + (last.waiting or 0) == 0 and last.seq > last_arrival.seq:
+            return None
+    streaming = any(r.stream for r in facts.requests)
+    aborted = sum(1 for r in facts.requests if r.aborted_time is not None)
+    if not streaming and facts.completions and len(facts.completions) + aborted >= len(facts.requests):
+        return None
+    if not streaming and not facts.completions and facts.stats:
+        # no access lines at all (uvicorn's access log off): trust the stats lines only
+        last = facts.stats[-1]
+        if (last.running or 0) + (last.waiting or 0) == 0:
+            return None
+    return facts.last_time + 1.0
 
 
 # ---------------------------------------------------------------- 3. fit
@@ -786,12 +794,15 @@ def replay_facts(
 ) -> LogReplay:
     """Rebuild, fit and replay. With `step_time` the step-time model is taken as given
     (not fitted)."""
-    prof = get_profile(profile or facts.vllm_version)
-    if facts.engine_version == "V0":
+    if facts.engine_version == "V0" or (
+        not profile and facts.vllm_version and not _version_at_least(facts.vllm_version, (0, 8, 0))
+    ):
         raise ReplayError(
-            "this is a V0-engine log; replaying V0 logs is not supported yet (use "
-            "`kvreplay simulate` on a V0 workload)"
+            f"this log comes from the V0 engine (vLLM {facts.vllm_version or '<= 0.10'}); "
+            "replaying V0 logs is not supported yet: `kvreplay audit` reads its counters and "
+            "every-50th preemption warnings, and `kvreplay simulate` replays V0 workloads"
         )
+    prof = get_profile(profile or facts.vllm_version)
     pattern = arrival_pattern(facts)
     burst = pattern != "poisson"
     spreads = (0.0,) if burst else (1.0,)
@@ -944,7 +955,8 @@ def step_replay(
     abort_i = 0
     records: list[dict[str, Any]] = []
     starts: list[float] = []
-    t = 0.0
+    # wall clock from the first arrival's second (refined later by the stats anchors)
+    t = reqs[0].time if reqs and reqs[0].time is not None else 0.0
     stop_at = _cut_time(facts)
     cut = None
     sched = engine.scheduler
@@ -1010,7 +1022,8 @@ def _clock(run: TimedRun, facts: LogFacts, anchors: list[int | None], phase: flo
         pts.append((a + 1, s.time + phase - 0.5 * (dur[a + 1] if a + 1 < n else 0.0)))
         last = a + 1
     if not pts:
-        t0 = run.step_start[0] if run.step_start else 0.0
+        # nothing to pin the clock to: start it at the first arrival's second
+        t0 = facts.requests[0].time if facts.requests and facts.requests[0].time else 0.0
         return [t0 + cum[i] for i in range(n + 1)]
     out = [0.0] * (n + 1)
     # before the first pin: model durations backwards
