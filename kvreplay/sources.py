@@ -6,6 +6,7 @@ parsers -> events <- replay.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 from kvreplay.errors import UserError
@@ -40,3 +41,49 @@ def replay_logs(paths: Sequence[str], *, profile: str | None = None,
         return replay_facts(facts, profile=None if profile in (None, "auto") else profile)
     except ReplayError as exc:
         raise UserError(str(exc)) from None
+
+
+def source_from_logs(paths: Sequence[str], *, profile: str | None = None,
+                     vllm_version: str | None = None, year: int | None = None):
+    """A `ReplaySource` for the TUI and the pytest plugin: the log's rebuilt workload with
+    every request entering at the step the log replay placed it, so a plain `Engine` run of
+    it is the log replay."""
+    import dataclasses
+
+    from kvreplay.replay.session import ReplaySource
+    from kvreplay.replay.workload import Workload
+
+    rep = replay_logs(paths, profile=profile, vllm_version=vllm_version, year=year)
+    wl = rep.rebuilt.workload
+    arrival = rep.run.arrival_step
+    specs = [dataclasses.replace(s, arrival_step=arrival.get(s.id, 0)) for s in wl.requests]
+    max_steps = len(rep.run.records) if rep.run.cut_at is not None else wl.max_steps
+    workload = Workload(wl.name, wl.description, wl.config, specs, max_steps=max_steps)
+    log_lines: dict[int, list[tuple[str, int]]] = {}
+    for r in rep.facts.requests:
+        log_lines.setdefault(arrival.get(r.log_id, 0), []).append((r.file, r.line))
+    finishes = [rec["step"] for rec in rep.run.records for _ in rec.get("finished", ())]
+    for (file, line, _, _), step in zip(rep.facts.completions, finishes):
+        log_lines.setdefault(step, []).append((file, line))
+    for row in rep.verification["lines"]:
+        if row.get("step") is not None:
+            log_lines.setdefault(row["step"], []).append((row["file"], row["line"]))
+    for lines in log_lines.values():
+        lines.sort(key=lambda x: (x[0], x[1]))
+    confidence = "consistent" if all(
+        p.get("confidence") == "consistent" for p in rep.preemptions) else "inferred"
+    summary = rep.summary()
+    return ReplaySource(
+        workload=workload,
+        profile=rep.profile,
+        label=f"log {', '.join(Path(p).name for p in paths)} "
+        f"(vLLM {summary['vllm_version'] or '?'}, replayed)",
+        kind="log",
+        paths=list(paths),
+        confidence=confidence,
+        log_lines=log_lines,
+        notes=[summary["step_time_model"], f"arrivals: {summary['arrival_pattern']}"]
+        + rep.rebuilt.notes + rep.facts.missing,
+        extra={"step_times": rep.run.step_start, "replay": rep,
+               "preemption_confidence": {p["step"]: p.get("confidence") for p in rep.preemptions}},
+    )

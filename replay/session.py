@@ -59,13 +59,12 @@ def open_source(paths: Sequence[str | Path], *, profile: str | None = None) -> R
             kind="workload",
             paths=paths,
         )
-    try:
-        from kvreplay.replay.from_log import source_from_logs
-    except ImportError:
-        raise UserError(
-            "replaying vLLM logs is not available in this build; give a workload JSON"
-        ) from None
-    return source_from_logs(paths, profile=profile)
+    # Logs need the parsers; the glue that joins parsers and replay lives outside the
+    # replay package (parsers -> events <- replay).
+    import importlib
+
+    sources = importlib.import_module("kvreplay.sources")
+    return sources.source_from_logs(paths, profile=profile)
 
 
 def _looks_like_workload(path: str) -> bool:

@@ -67,7 +67,9 @@ def test_jump_to_preemption_why_panel_and_block_map() -> None:
             resumed = next(r for r in records[rec["step"]:] if p["req"] in r.get("resumed", ()))
             assert f"Readmitted at step {resumed['step']}" in why
             assert f"prefix hit {resumed['prefix_hit_tokens'][p['req']]} tokens" in why
-            assert "confidence: exact" in why
+            # the default sample is a stock 0.33 log: its replay is checked against the
+            # stats lines, not recorded step by step
+            assert "confidence: consistent" in why
             # block map: after the step the victim holds nothing, free = record's
             await pilot.press("2")
             await pilot.pause()

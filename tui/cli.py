@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 # What `kvreplay tui` opens with no argument (one place to change it).
-DEFAULT_SAMPLE = "fcfs_heavy.workload.json"
+DEFAULT_SAMPLE = "vllm033_fcfs_heavy.reqbody.log"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
