@@ -71,28 +71,29 @@ class SchedulerProfile:
     notes: tuple[str, ...] = field(default=())
 
 
-P_0_33 = SchedulerProfile(name="0.33", releases="0.31.0–0.33.0")
+P_0_33 = SchedulerProfile(name="0.33", releases="0.33.x")
 
-# 0.28-0.30: the lone request is not exempt from the threshold (C3) and a PRIORITY request
-# that preempts itself ends Phase R (C6-self).
-P_0_28 = replace(
-    P_0_33,
-    name="0.28",
-    releases="0.28.0–0.30.x",
-    threshold_lone_request_exempt=False,
-    priority_self_preempt_continues=False,
-)
-# 0.19-0.27: append-only free queue (C15), rollback index adjusted only for a scheduled
-# victim (C6); prefix stats at every lookup before 0.27 (C14), no watermark before 0.24.
-P_0_19 = replace(
+# 0.31-0.32: a PRIORITY request that preempts itself ends Phase R (C6-self, Part E).
+P_0_31 = replace(P_0_33, name="0.31", releases="0.31.0–0.32.x", priority_self_preempt_continues=False)
+# 0.30: the lone request is not exempt from the threshold (C3).
+P_0_30 = replace(P_0_31, name="0.30", releases="0.30.x", threshold_lone_request_exempt=False)
+# 0.28-0.29: no stale tracking of a preempted request's in-flight async output (A9: from
+# 0.30). NOTE 0.18-0.30 also serve a separate skipped_waiting queue first (C11); with the
+# inputs kvreplay models a request is only ever skipped for stale output (0.30+), so that
+# queue would only matter in 0.30, where it is not modelled.
+P_0_28 = replace(P_0_30, name="0.28", releases="0.28.0–0.29.x", async_stale_output=False)
+# 0.24-0.27: append-only free queue (C15); rollback index adjusted only for a victim
+# scheduled this step (C6). Prefix stats at admission from 0.27 (C14, counters only).
+P_0_24 = replace(
     P_0_28,
-    name="0.19",
-    releases="0.19.0–0.27.x",
+    name="0.24",
+    releases="0.24.0–0.27.x",
     free_unhashed_to_head=False,
     rollback_index="if_scheduled",
-    prefix_stats_at_admission=False,
-    watermark=False,
-    async_stale_output=False,
+)
+# 0.19-0.23: no V1 watermark (C13); prefix stats at every lookup (C14).
+P_0_19 = replace(
+    P_0_24, name="0.19", releases="0.19.0–0.23.x", watermark=False, prefix_stats_at_admission=False
 )
 # 0.12-0.18: no full-sequence admission gate (C12).
 P_0_12 = replace(P_0_19, name="0.12", releases="0.12.0–0.18.x", full_sequence_gate=False)
@@ -139,18 +140,22 @@ P_0_8_5 = replace(
 )
 
 PROFILES: dict[str, SchedulerProfile] = {
-    p.name: p for p in (P_0_33, P_0_28, P_0_19, P_0_12, P_0_11, P_0_9, P_0_8_5)
+    p.name: p
+    for p in (P_0_33, P_0_31, P_0_30, P_0_28, P_0_24, P_0_19, P_0_12, P_0_11, P_0_9, P_0_8_5)
 }
 
 # (first release, profile) in ascending order; a release maps to the last entry <= it.
 _RANGES: list[tuple[tuple[int, int, int], SchedulerProfile]] = [
     ((0, 8, 5), P_0_8_5),
-    ((0, 9, 2), P_0_9),
+    ((0, 9, 1), P_0_9),  # PRIORITY arrived in 0.9.1 or 0.9.2 (0.9.1 not read)
     ((0, 10, 2), P_0_11),
     ((0, 12, 0), P_0_12),
     ((0, 19, 0), P_0_19),
+    ((0, 24, 0), P_0_24),
     ((0, 28, 0), P_0_28),
-    ((0, 31, 0), P_0_33),
+    ((0, 30, 0), P_0_30),
+    ((0, 31, 0), P_0_31),
+    ((0, 33, 0), P_0_33),
 ]
 DEFAULT_PROFILE = P_0_33
 
@@ -196,3 +201,19 @@ def get_profile(name: str | None) -> SchedulerProfile:
         if version >= first:
             chosen = profile
     return chosen
+
+
+def check_config(profile: SchedulerProfile, config) -> None:
+    """Knobs a release did not have are an error, not silently ignored."""
+    if config.policy == "priority" and not profile.priority_policy:
+        raise UserError(
+            f"the PRIORITY policy does not exist in vLLM {profile.releases} (V1 has it from 0.9.2)"
+        )
+    if config.watermark and not profile.watermark:
+        raise UserError(
+            f"the V1 watermark does not exist in vLLM {profile.releases} (introduced in 0.24)"
+        )
+    if config.long_prefill_token_threshold and not profile.long_prefill_threshold:
+        raise UserError(
+            f"long_prefill_token_threshold does not exist in vLLM {profile.releases}"
+        )

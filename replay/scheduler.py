@@ -78,6 +78,9 @@ class Scheduler:
         *,
         check_invariants: bool = False,
     ) -> None:
+        from kvreplay.replay.profile import check_config
+
+        check_config(profile, config)
         self.config = config
         self.profile = profile
         self.check_invariants = check_invariants
