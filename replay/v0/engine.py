@@ -139,58 +139,65 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
 
-def run_workload(workload: dict, check_invariants: bool = False) -> List[dict]:
-    """Replay a V0 workload (`"engine": "v0"`) through the V0 scheduler model.
+class V0Engine:
+    """The V0 step loop one iteration at a time (the step-wise API under `run_workload`).
 
-    Returns one record per engine iteration, with the oracle's field names and order.
-    A run vLLM would abort (swap space exhausted) ends with a `terminal_error` record.
-    Raises `UserError` for an invalid workload.
+    `add_request(r, idx, arrival_time)` puts a request (a workload request dict: id,
+    prompt_token_ids, max_tokens, priority, n) into the waiting queue; `step(step, arrivals)`
+    runs one engine iteration and returns its trace record (oracle field names and order).
+    Used by `run_workload` (arrivals by step) and by the V0 log replay (arrivals by time).
     """
-    cfg, reqs, profile = parse_workload(workload)
-    config = V0Config(
-        block_size=cfg["block_size"], num_gpu_blocks=cfg["num_gpu_blocks"],
-        num_cpu_blocks=cfg["num_cpu_blocks"], max_num_seqs=cfg["max_num_seqs"],
-        max_num_batched_tokens=cfg["max_num_batched_tokens"], max_model_len=cfg["max_model_len"],
-        enable_chunked_prefill=cfg["enable_chunked_prefill"],
-        enable_prefix_caching=cfg["enable_prefix_caching"], policy=cfg["policy"],
-        preemption_mode=cfg["preemption_mode"], watermark=cfg["watermark"])
-    sched = Scheduler(config, profile, check_invariants=check_invariants)
-    bm = sched.block_manager
-    by_step: Dict[int, List[tuple]] = {}
-    for idx, r in enumerate(reqs):
-        by_step.setdefault(int(r.get("arrival_step", 0)), []).append((idx, r))
-    last_arrival = max((int(r.get("arrival_step", 0)) for r in reqs), default=0)
-    groups: Dict[str, SequenceGroup] = {}
-    order: List[str] = []
-    ever_preempted: set = set()
-    seq_counter = 0
-    fixed = cfg["fixed_token"] if cfg["fake_token_mode"] == "fixed" else None
-    max_model_len = cfg["max_model_len"]
-    ng, nc = cfg["num_gpu_blocks"], cfg["num_cpu_blocks"]
-    lines: List[dict] = []
 
-    for step in range(int(cfg["max_steps"])):
-        arrivals: List[str] = []
-        for idx, r in by_step.get(step, []):
-            n = int(r.get("n", 1))
-            # LLMEngine._add_processed_request: n>1 -> n independent groups
-            ids = [r["id"]] if n == 1 else [f"{r['id']}_parallel_sample_{i}" for i in range(n)]
-            for rid in ids:
-                g = SequenceGroup(rid, seq_counter, r["prompt_token_ids"], int(r["max_tokens"]),
-                                  int(r.get("priority", 0)),
-                                  float(r.get("arrival_step", 0)) + idx * 1e-6)
-                seq_counter += 1
-                groups[rid] = g
-                order.append(rid)
-                sched.add_seq_group(g)
-                arrivals.append(rid)
+    def __init__(self, cfg: Dict[str, Any], profile: V0Profile,
+                 check_invariants: bool = False) -> None:
+        config = V0Config(
+            block_size=cfg["block_size"], num_gpu_blocks=cfg["num_gpu_blocks"],
+            num_cpu_blocks=cfg["num_cpu_blocks"], max_num_seqs=cfg["max_num_seqs"],
+            max_num_batched_tokens=cfg["max_num_batched_tokens"],
+            max_model_len=cfg["max_model_len"],
+            enable_chunked_prefill=cfg["enable_chunked_prefill"],
+            enable_prefix_caching=cfg["enable_prefix_caching"], policy=cfg["policy"],
+            preemption_mode=cfg["preemption_mode"], watermark=cfg["watermark"])
+        self.cfg = cfg
+        self.sched = Scheduler(config, profile, check_invariants=check_invariants)
+        self.groups: Dict[str, SequenceGroup] = {}
+        self.order: List[str] = []
+        self.ever_preempted: set = set()
+        self.seq_counter = 0
+        self.fixed = cfg["fixed_token"] if cfg["fake_token_mode"] == "fixed" else None
+        self.terminated = False
+
+    def add_request(self, r: dict, idx: int, arrival_time: Optional[float] = None) -> List[str]:
+        """Add a request; n > 1 becomes n groups (`LLMEngine._add_processed_request`).
+        Returns the group ids. `arrival_time` (default: arrival_step + idx * 1e-6) orders
+        groups under the priority policy."""
+        if arrival_time is None:
+            arrival_time = float(r.get("arrival_step", 0)) + idx * 1e-6
+        n = int(r.get("n", 1))
+        ids = [r["id"]] if n == 1 else [f"{r['id']}_parallel_sample_{i}" for i in range(n)]
+        for rid in ids:
+            g = SequenceGroup(rid, self.seq_counter, r["prompt_token_ids"], int(r["max_tokens"]),
+                              int(r.get("priority", 0)), arrival_time)
+            self.seq_counter += 1
+            self.groups[rid] = g
+            self.order.append(rid)
+            self.sched.add_seq_group(g)
+        return ids
+
+    def has_unfinished(self) -> bool:
+        return self.sched.has_unfinished_seqs()
+
+    def step(self, step: int, arrivals: List[str]) -> dict:
+        """One engine iteration: an `idle` record when nothing is unfinished, a record with
+        `terminal_error` when vLLM would stop (then `terminated` is set)."""
+        sched = self.sched
+        bm = sched.block_manager
+        groups = self.groups
+        cfg = self.cfg
         rec: Dict[str, Any] = {"step": step, "arrivals": arrivals}
         if not sched.has_unfinished_seqs():
             rec["idle"] = True
-            lines.append(rec)
-            if step >= last_arrival:
-                break
-            continue
+            return rec
         pre_status: Dict[str, str] = {}
         for q, name in ((sched.waiting, WAITING), (sched.running, RUNNING), (sched.swapped, SWAPPED)):
             for g in q:
@@ -205,8 +212,8 @@ def run_workload(workload: dict, check_invariants: bool = False) -> List[dict]:
             rec["terminal_error"] = {"type": e.type_name, "message": e.message,
                                      "victim": pre[-1]["req"] if pre else None}
             rec["num_cumulative_preemption"] = sched.num_cumulative_preemption
-            lines.append(rec)
-            break
+            self.terminated = True
+            return rec
         free_gpu_after_schedule = bm.get_num_free_gpu_blocks()
         free_cpu_after_schedule = bm.get_num_free_cpu_blocks()
         ssg = so.scheduled
@@ -219,8 +226,9 @@ def run_workload(workload: dict, check_invariants: bool = False) -> List[dict]:
                 cached[rid] = cached.get(rid, 0) + ncached
         rec["cached_tokens"] = cached
         ids = [g.request_id for g, _, _ in ssg]
-        rec["new"] = [i for i in ids if pre_status.get(i) == WAITING and i not in ever_preempted]
-        rec["resumed"] = [i for i in ids if pre_status.get(i) == WAITING and i in ever_preempted]
+        ever = self.ever_preempted
+        rec["new"] = [i for i in ids if pre_status.get(i) == WAITING and i not in ever]
+        rec["resumed"] = [i for i in ids if pre_status.get(i) == WAITING and i in ever]
         rec["swapped_in"] = [i for i in ids if pre_status.get(i) == SWAPPED]
         rec["running_scheduled"] = [i for i in ids if pre_status.get(i) == RUNNING]
         pre = sched.preemption_log
@@ -233,9 +241,11 @@ def run_workload(workload: dict, check_invariants: bool = False) -> List[dict]:
         rec["blocks_to_copy"] = so.blocks_to_copy
         rec["ignored"] = [g.request_id for g in so.ignored]
         for p in pre:
-            ever_preempted.add(p["req"])
+            ever.add(p["req"])
 
         # ---- fake model + _process_model_outputs (sync, single step)
+        fixed = self.fixed
+        max_model_len = cfg["max_model_len"]
         will_sample: List[str] = []
         sampled: List[str] = []
         finished_now: List[str] = []
@@ -262,7 +272,9 @@ def run_workload(workload: dict, check_invariants: bool = False) -> List[dict]:
         rec["will_sample"] = will_sample
         rec["sampled"] = sampled
         rec["finished"] = finished_now + rec["ignored"]
-        live = [rid for rid in order if not groups[rid].is_finished()]
+        live = [rid for rid in self.order if not groups[rid].is_finished()]
+        if len(live) < len(self.order) // 2:
+            self.order = [rid for rid in self.order if not groups[rid].is_finished()]
         rec["num_computed_tokens"] = {rid: groups[rid].num_computed_tokens for rid in live}
         rec["num_output_tokens"] = {rid: groups[rid].num_output_tokens for rid in live}
         rec["status"] = {rid: groups[rid].status for rid in live}
@@ -275,6 +287,7 @@ def run_workload(workload: dict, check_invariants: bool = False) -> List[dict]:
         rec["running"] = [g.request_id for g in sched.running]
         rec["waiting"] = [g.request_id for g in sched.waiting]
         rec["swapped"] = [g.request_id for g in sched.swapped]
+        ng, nc = cfg["num_gpu_blocks"], cfg["num_cpu_blocks"]
         rec["free_gpu_blocks_after_schedule"] = free_gpu_after_schedule
         rec["free_cpu_blocks_after_schedule"] = free_cpu_after_schedule
         rec["free_gpu_blocks"] = bm.get_num_free_gpu_blocks()
@@ -282,8 +295,36 @@ def run_workload(workload: dict, check_invariants: bool = False) -> List[dict]:
         rec["gpu_cache_usage"] = round(1.0 - rec["free_gpu_blocks"] / ng, 6)
         rec["cpu_cache_usage"] = round(1.0 - rec["free_cpu_blocks"] / nc, 6) if nc else 0.0
         rec["num_cumulative_preemption"] = sched.num_cumulative_preemption
+        return rec
+
+
+def run_workload(workload: dict, check_invariants: bool = False) -> List[dict]:
+    """Replay a V0 workload (`"engine": "v0"`) through the V0 scheduler model.
+
+    Returns one record per engine iteration, with the oracle's field names and order.
+    A run vLLM would abort (swap space exhausted) ends with a `terminal_error` record.
+    Raises `UserError` for an invalid workload.
+    """
+    cfg, reqs, profile = parse_workload(workload)
+    eng = V0Engine(cfg, profile, check_invariants=check_invariants)
+    by_step: Dict[int, List[tuple]] = {}
+    for idx, r in enumerate(reqs):
+        by_step.setdefault(int(r.get("arrival_step", 0)), []).append((idx, r))
+    last_arrival = max((int(r.get("arrival_step", 0)) for r in reqs), default=0)
+    lines: List[dict] = []
+    for step in range(int(cfg["max_steps"])):
+        arrivals: List[str] = []
+        for idx, r in by_step.get(step, []):
+            arrivals.extend(eng.add_request(r, idx))
+        rec = eng.step(step, arrivals)
         lines.append(rec)
-        if not sched.has_unfinished_seqs() and step >= last_arrival:
+        if rec.get("idle"):
+            if step >= last_arrival:
+                break
+            continue
+        if eng.terminated:
+            break
+        if not eng.has_unfinished() and step >= last_arrival:
             break
     return lines
 
