@@ -99,8 +99,10 @@ class Engine:
             if rec is not None:
                 yield rec
 
-    def step(self, *, trace: bool = True) -> dict[str, Any] | None:
-        """One engine iteration (A9). Returns its trace record when `trace` is true.
+    def step(self, *, trace: bool | str = True) -> dict[str, Any] | None:
+        """One engine iteration (A9). Returns its trace record when `trace` is true;
+        `trace="light"` gives a record without the per-request maps and queue lists (counts
+        instead: `num_running`, `num_waiting`, `context_tokens`), for fitting loops.
 
         All loop state lives on the instance, so an Engine can be deep-copied between
         steps (the TUI keeps such snapshots to step backwards)."""
@@ -123,17 +125,26 @@ class Engine:
             sample_ids = [rid for rid, w in zip(out.num_scheduled_tokens, out.will_sample) if w]
             batch_queue.appendleft((step, out, sample_ids))
             if rec is not None:
-                self._record_schedule(rec, out, sample_ids)
+                if trace == "light":
+                    rec["scheduled"] = list(out.num_scheduled_tokens.items())
+                    rec["num_scheduled_tokens"] = out.total_num_scheduled_tokens
+                    rec["new"] = out.new_req_ids
+                    rec["resumed"] = out.resumed_req_ids
+                    rec["prefix_hit_tokens"] = out.prefix_hit_tokens
+                    rec["preempted"] = out.preempted_req_ids
+                    rec["preemptions"] = out.preemptions
+                else:
+                    self._record_schedule(rec, out, sample_ids)
             model_executed = out.total_num_scheduled_tokens > 0
             if not (
                 len(batch_queue) < self.batch_queue_size
                 and (model_executed or sched.has_requests())
             ):
-                self._update(step, batch_queue, rec)
+                self._update(step, batch_queue, rec, trace == "light")
                 did_update = True
         elif batch_queue:
             self.last_output = None
-            self._update(step, batch_queue, rec)
+            self._update(step, batch_queue, rec, trace == "light")
             did_update = True
         else:
             self.last_output = None
@@ -144,7 +155,20 @@ class Engine:
             if not did_update:
                 rec.setdefault("sampled", [])
                 rec.setdefault("finished", [])
-            self._record_state(rec, batch_queue)
+            if trace == "light":
+                requests = sched.requests
+                ctx = 0
+                for rid, _ in rec.get("scheduled", ()):
+                    r = requests.get(rid)
+                    if r is not None:
+                        ctx += r.num_computed_tokens
+                rec["context_tokens"] = ctx
+                rec["num_running"] = len(sched.running)
+                rec["num_waiting"] = len(sched.waiting)
+                rec["free_blocks"] = sched.pool.free_block_queue.num_free_blocks
+                rec["kv_usage"] = sched.kv_cache_usage
+            else:
+                self._record_state(rec, batch_queue)
         step += 1
         self.step_index = step
         summary = self.summary
@@ -179,7 +203,8 @@ class Engine:
                 }
             )
 
-    def _update(self, step: int, batch_queue: deque, rec: dict[str, Any] | None) -> None:
+    def _update(self, step: int, batch_queue: deque, rec: dict[str, Any] | None,
+                light: bool = False) -> None:
         b_step, out, sample_ids = batch_queue.pop()
         sched = self.scheduler
         wl = self.workload
@@ -190,14 +215,19 @@ class Engine:
                 tokens[rid] = wl.fake_token(req.num_output_tokens)
         result = sched.update_from_output(out, tokens)
         summary = self.summary
+        first = summary.first_token_step
         for req in result.sampled:
-            summary.first_token_step.setdefault(req.request_id, step)
+            if req.num_output_tokens == 1:  # its first token (outputs survive preemption)
+                first.setdefault(req.request_id, step)
         for req in result.finished:
             summary.finished_step[req.request_id] = step
         if rec is not None:
             rec["updated_batch"] = b_step
-            rec["sampled"] = sorted((r.request_id for r in result.sampled), key=self.order.__getitem__)
-            rec["finished"] = sorted((r.request_id for r in result.finished), key=self.order.__getitem__)
+            if light:
+                rec["sampled"] = [r.request_id for r in result.sampled]
+            else:
+                rec["sampled"] = [r.request_id for r in sorted(result.sampled, key=_by_index)]
+            rec["finished"] = [r.request_id for r in sorted(result.finished, key=_by_index)]
 
     def _record_schedule(self, rec: dict[str, Any], out: SchedulerOutput, sample_ids: list[str]) -> None:
         rec["scheduled"] = [[rid, n] for rid, n in out.num_scheduled_tokens.items()]
@@ -235,6 +265,10 @@ class Engine:
                 r.request_id: r.num_output_placeholders for r in live if r.num_output_placeholders
             }
             rec["in_flight_batches"] = [b[0] for b in batch_queue]
+
+
+def _by_index(r: Request) -> int:
+    return r.index
 
 
 def simulate(

@@ -78,9 +78,19 @@ class StepTimeModel:
         return text
 
 
+def n_running(rec: dict[str, Any]) -> int:
+    return rec["num_running"] if "num_running" in rec else len(rec.get("running", ()))
+
+
+def n_waiting(rec: dict[str, Any]) -> int:
+    return rec["num_waiting"] if "num_waiting" in rec else len(rec.get("waiting", ()))
+
+
 def step_features(rec: dict[str, Any]) -> tuple[int, int, int]:
     """(scheduled tokens, scheduled requests, context tokens of the scheduled requests)."""
     sched = rec.get("scheduled", ())
+    if "context_tokens" in rec:
+        return rec.get("num_scheduled_tokens", 0), len(sched), rec["context_tokens"]
     comp = rec.get("num_computed_tokens", {})
     ctx = 0
     for rid, _ in sched:
@@ -365,27 +375,17 @@ def timed_replay(
             engine.by_step[step] = [(k, specs[k])]
             arrival_step[specs[k].id] = step
             clock = max(clock, times[k])
-        rec = engine.step(trace=True)
+        rec = engine.step(trace=True if trace else "light")
         step_start.append(clock)
         clock += model.dt_record(rec)
         finished += len(rec.get("finished", ()))
-        if trace:
-            records.append(rec)
-        else:
-            records.append(_compact(rec))
+        records.append(rec)
     summary = engine.summary
     if cut is not None or not engine.done:
         summary.num_steps = engine.step_index
         summary.completed = False
     unfinished = [s.id for s in specs if s.id not in summary.finished_step]
     return TimedRun(records, step_start, arrival_step, summary, model, spread, cut, unfinished)
-
-
-def _compact(rec: dict[str, Any]) -> dict[str, Any]:
-    keep = ("step", "arrivals", "scheduled", "num_scheduled_tokens", "new", "resumed",
-            "prefix_hit_tokens", "preempted", "preemptions", "sampled", "finished", "running",
-            "waiting", "free_blocks", "kv_usage", "num_output_tokens", "num_computed_tokens")
-    return {k: rec[k] for k in keep if k in rec}
 
 
 def _finish_imminent(sched, max_tokens: dict[str, int]) -> bool:
@@ -478,9 +478,9 @@ def loss_of(run: TimedRun, facts: LogFacts, phase: float = 0.5) -> float:
             continue
         i = rec["step"]
         if s.running is not None:
-            total += (len(rec["running"]) - s.running) ** 2
+            total += (n_running(rec) - s.running) ** 2
         if s.waiting is not None:
-            total += (len(rec["waiting"]) - s.waiting) ** 2
+            total += (n_waiting(rec) - s.waiting) ** 2
         if s.kv_usage is not None:
             total += (100 * (rec["kv_usage"] - s.kv_usage)) ** 2 / 25.0
         # generated tokens so far, in units of one stats interval's average
@@ -701,8 +701,8 @@ def verify(run: TimedRun, facts: LogFacts, phase: float = 0.5) -> dict[str, Any]
             "line": s.line,
             "time": s.time,
             "step": step,
-            "running": [len(rec["running"]), s.running],
-            "waiting": [len(rec["waiting"]), s.waiting],
+            "running": [n_running(rec), s.running],
+            "waiting": [n_waiting(rec), s.waiting],
             "kv_usage": [round(rec["kv_usage"], 4), s.kv_usage],
             "generation_throughput": [round(gen / interval, 1), s.generation_throughput],
             "prompt_throughput": [round(prompt / interval, 1), s.prompt_throughput],
@@ -797,11 +797,11 @@ def replay_facts(
     if facts.engine_version == "V0" or (
         not profile and facts.vllm_version and not _version_at_least(facts.vllm_version, (0, 8, 0))
     ):
-        raise ReplayError(
-            f"this log comes from the V0 engine (vLLM {facts.vllm_version or '<= 0.10'}); "
-            "replaying V0 logs is not supported yet: `kvreplay audit` reads its counters and "
-            "every-50th preemption warnings, and `kvreplay simulate` replays V0 workloads"
-        )
+        # --- V0 hook (issue 9, replay/from_log_v0.py): V0-engine logs replay through the
+        # V0 engine, checked against their stats lines and every-50th warnings.
+        from kvreplay.replay.from_log_v0 import replay_v0_facts
+
+        return replay_v0_facts(facts, profile=profile, step_time=step_time)
     prof = get_profile(profile or facts.vllm_version)
     pattern = arrival_pattern(facts)
     burst = pattern != "poisson"
@@ -972,10 +972,10 @@ def step_replay(
                 sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
                 engine.summary.finished_step[rid] = engine.step_index
             abort_i += 1
-        rec = engine.step(trace=True)
+        rec = engine.step(trace=True if trace else "light")
         starts.append(now)
         t = now + model.dt_record(rec)
-        records.append(rec if trace else _compact(rec))
+        records.append(rec)
     summary = engine.summary
     if cut is not None:
         summary.num_steps = engine.step_index
@@ -1140,9 +1140,9 @@ def anchored_loss(
             continue
         rec = run.records[a]
         if st.running is not None:
-            total += (len(rec["running"]) - st.running) ** 2
+            total += (n_running(rec) - st.running) ** 2
         if st.waiting is not None:
-            total += (len(rec["waiting"]) - st.waiting) ** 2
+            total += (n_waiting(rec) - st.waiting) ** 2
         if st.kv_usage is not None:
             total += (100 * (rec["kv_usage"] - st.kv_usage) / 5.0) ** 2
         n += 1
@@ -1183,9 +1183,11 @@ def anchored_replay(
         placed, bad = _place(windows, clock, facts, burst)
         # Step 0 is the first arrival's step by definition (the engine was idle before);
         # the clock before the first stats line is extrapolated, so do not trust it there.
+        if placed:
+            placed[0] = 0
+        if placed == arrival:
+            break  # a fixed point: another round would replay the same thing
         arrival = placed
-        if arrival:
-            arrival[0] = 0
     assert best is not None
     return best[1], best[0]
 
