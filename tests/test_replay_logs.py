@@ -139,7 +139,7 @@ def test_thin_logs_say_what_is_missing() -> None:
     assert "--enable-log-requests" in proc.stderr
     assert "Traceback" not in proc.stderr
     proc = run_cli("replay", str(DATA / "corpus" / "09-v063-swap-preemption-chat-ids.log"))
-    assert proc.returncode == 2 and "V0 engine" in proc.stderr
+    assert proc.returncode == 2 and "V0" in proc.stderr and "GPU blocks" in proc.stderr
     proc = run_cli("replay", "/no/such/file.log")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
 
