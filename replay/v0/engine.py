@@ -187,6 +187,27 @@ class V0Engine:
     def has_unfinished(self) -> bool:
         return self.sched.has_unfinished_seqs()
 
+    def abort_request(self, request_id: str) -> List[str]:
+        """`Scheduler.abort_seq_group`: the request's groups leave every queue and free their
+        blocks (GPU or CPU). Returns the aborted group ids."""
+        sched = self.sched
+        out: List[str] = []
+        prefix = request_id + "_parallel_sample_"
+        for name in ("waiting", "running", "swapped"):
+            q = getattr(sched, name)
+            keep = []
+            for g in q:
+                if g.request_id == request_id or g.request_id.startswith(prefix):
+                    if not g.is_finished():
+                        g.status = "FINISHED_ABORTED"
+                    sched.block_manager.free(g)
+                    out.append(g.request_id)
+                else:
+                    keep.append(g)
+            q.clear()
+            q.extend(keep)
+        return out
+
     def step(self, step: int, arrivals: List[str]) -> dict:
         """One engine iteration: an `idle` record when nothing is unfinished, a record with
         `terminal_error` when vLLM would stop (then `terminated` is set)."""
