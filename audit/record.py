@@ -468,8 +468,8 @@ def _replay_timeline(records, starts, origin, buckets: int = 300) -> list[dict[s
             b = out[k] = {"t": round(t0 + k * width, 3), "kv_usage": 0.0, "running": 0,
                           "waiting": 0, "preemptions": 0}
         b["kv_usage"] = max(b["kv_usage"], round(r.get("kv_usage", 0.0), 4))
-        b["running"] = max(b["running"], len(r.get("running", ())))
-        b["waiting"] = max(b["waiting"], len(r.get("waiting", ())))
+        b["running"] = max(b["running"], r.get("num_running", len(r.get("running", ()))))
+        b["waiting"] = max(b["waiting"], r.get("num_waiting", len(r.get("waiting", ()))))
         b["preemptions"] += len(r.get("preemptions", ()))
     return [out[k] for k in sorted(out)]
 

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         import msgspec
 
         enc = msgspec.json.Encoder()
-        _write(args.trace, lambda f: [f.write(enc.encode(r).decode() + "\n") for r in rep.run.records])
+        _write(args.trace, lambda f: [f.write(enc.encode(r).decode() + "\n") for r in rep.full_trace()])
     report = to_json(rep)
     if args.format == "json":
         text = json.dumps(report, indent=1, sort_keys=True) + "\n"

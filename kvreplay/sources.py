@@ -48,17 +48,11 @@ def source_from_logs(paths: Sequence[str], *, profile: str | None = None,
     """A `ReplaySource` for the TUI and the pytest plugin: the log's rebuilt workload with
     every request entering at the step the log replay placed it, so a plain `Engine` run of
     it is the log replay."""
-    import dataclasses
-
     from kvreplay.replay.session import ReplaySource
-    from kvreplay.replay.workload import Workload
 
     rep = replay_logs(paths, profile=profile, vllm_version=vllm_version, year=year)
-    wl = rep.rebuilt.workload
     arrival = rep.run.arrival_step
-    specs = [dataclasses.replace(s, arrival_step=arrival.get(s.id, 0)) for s in wl.requests]
-    max_steps = len(rep.run.records) if rep.run.cut_at is not None else wl.max_steps
-    workload = Workload(wl.name, wl.description, wl.config, specs, max_steps=max_steps)
+    workload = rep.workload()
     log_lines: dict[int, list[tuple[str, int]]] = {}
     for r in rep.facts.requests:
         log_lines.setdefault(arrival.get(r.log_id, 0), []).append((r.file, r.line))

@@ -763,6 +763,24 @@ class LogReplay:
     estimate: dict[str, Any] | None  # count interval when prompts are unknown
     arrival_pattern: str = "poisson"
 
+    def workload(self) -> Workload:
+        """The rebuilt workload with each request entering at the step the replay placed
+        it: a plain `Engine` run of it is this replay (cut where the log was cut)."""
+        import dataclasses
+
+        wl = self.rebuilt.workload
+        arrival = self.run.arrival_step
+        specs = [dataclasses.replace(s, arrival_step=arrival.get(s.id, 0)) for s in wl.requests]
+        max_steps = len(self.run.records) if self.run.cut_at is not None else wl.max_steps
+        return Workload(wl.name, wl.description, wl.config, specs, max_steps=max_steps)
+
+    def full_trace(self) -> list[dict[str, Any]]:
+        """The replay's per-step trace in the conformance format (every field). Aborts
+        logged by the server are applied at the same steps."""
+        return step_replay(self.rebuilt, self.facts, self.profile,
+                           [self.run.arrival_step.get(s.id, 0) for s in self.rebuilt.workload.requests],
+                           self.fit.model, trace=True).records
+
     def summary(self) -> dict[str, Any]:
         n_pre = len(self.preemptions)
         victims = {p["victim"] for p in self.preemptions}
@@ -809,7 +827,8 @@ def replay_facts(
     rebuilt = rebuild_workload(facts, prof)
     estimate = None
     if facts.prompts_known or facts.prompt_lengths_known:
-        f = fit(rebuilt, facts, prof, spreads=spreads, model=step_time)
+        # one round: the anchored iteration below refits the step-time model anyway
+        f = fit(rebuilt, facts, prof, spreads=spreads, model=step_time, rounds=2)
     else:
         rebuilt, f, estimate = _fit_unknown_prompts(facts, prof, spreads)
     anchored, loss = anchored_replay(
@@ -820,7 +839,8 @@ def replay_facts(
         # and keep whichever agrees better with the stats lines.
         f0 = fit(rebuilt, facts, prof, spreads=(0.0,), model=step_time or f.model, rounds=1)
         alt, alt_loss = anchored_replay(
-            rebuilt, facts, prof, f0.run, f.model, burst=False, fixed_model=step_time is not None
+            rebuilt, facts, prof, f0.run, f.model, burst=False,
+            fixed_model=step_time is not None, iterations=3,
         )
         # A global shift of every arrival is invisible to this loss, so only a clearly
         # better fit (half the disagreement) replaces the first one.
@@ -829,7 +849,9 @@ def replay_facts(
     if pattern == "burst":
         anchored, loss = _burst_spacing(rebuilt, facts, prof, anchored, loss)
     model = anchored.run.model
-    run = step_replay(rebuilt, facts, prof, anchored.arrival_steps, model, trace=True)
+    # light records (counts, no per-request maps); LogReplay.full_trace() gives the
+    # conformance-format trace of the same replay
+    run = step_replay(rebuilt, facts, prof, anchored.arrival_steps, model, trace=False)
     anchors = _anchors(run, facts)
     clock = _clock(run, facts, anchors, anchored.phase)
     run.step_start = clock[: len(run.records)]
@@ -837,6 +859,8 @@ def replay_facts(
     f = Fit(model, f.spread, loss, run, f.tried)
     check = verify(run, facts, phase=anchored.phase)
     conf = confidence_function(check, run)
+    if any(rebuilt.prompt_estimated):
+        conf = lambda step: "inferred"  # noqa: E731 - lengths guessed: nothing is confirmed
     pre = preemption_records(run, rebuilt, conf)
     rep = LogReplay(facts, rebuilt, prof, f, run, pre, storms(pre), check, estimate)
     rep.arrival_pattern = pattern
