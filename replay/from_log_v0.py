@@ -355,6 +355,7 @@ def timed_replay_v0(rebuilt: Rebuilt, facts: LogFacts, model: StepTimeModel,
     cut = None
     step = 0
     idx = 0
+    finished = 0
     while step < limit:
         if not eng.has_unfinished():
             if not pending:
@@ -367,8 +368,22 @@ def timed_replay_v0(rebuilt: Rebuilt, facts: LogFacts, model: StepTimeModel,
             eng.abort_request(aborts[ai][1])
             ai += 1
         arrivals: list[str] = []
-        while pending and times[pending[0]] <= clock + 1e-6:
-            k = pending.popleft()
+        imminent = None
+        while pending:
+            k = pending[0]
+            need = reqs[k].completions_before
+            if finished < need and clock < times[k] + 2.0:
+                break  # the log shows more completions before this arrival
+            due = times[k] <= clock + 1e-6
+            if not due and finished == need and clock >= times[k] - 1.0:
+                # the log shows this arrival before the next completion, and one is
+                # about to happen: let the request in first
+                if imminent is None:
+                    imminent = _finish_imminent(eng)
+                due = imminent
+            if not due:
+                break
+            pending.popleft()
             for s in by_parent.get(reqs[k].log_id, ()):
                 r = {"id": s.id, "prompt_token_ids": s.prompt_token_ids,
                      "max_tokens": s.max_tokens, "priority": s.priority}
@@ -385,6 +400,7 @@ def timed_replay_v0(rebuilt: Rebuilt, facts: LogFacts, model: StepTimeModel,
             for k in COMPACT_DROP:
                 rec.pop(k, None)
         records.append(rec)
+        finished += len(rec.get("finished", ()))
         step += 1
         if eng.terminated:
             break
@@ -393,6 +409,15 @@ def timed_replay_v0(rebuilt: Rebuilt, facts: LogFacts, model: StepTimeModel,
     run = TimedRun(records, starts, arrival, summary, model, placement[1], cut, unfinished)
     run.step_start.append(clock)  # end of the last step (popped by callers that need it)
     return run
+
+
+def _finish_imminent(eng: V0Engine) -> bool:
+    """Will a running group sample its last token in the coming step?"""
+    mml = eng.cfg["max_model_len"]
+    for g in eng.sched.running:
+        if not g.is_prefill() and (g.num_output_tokens + 1 >= g.max_tokens or g.get_len() + 1 > mml):
+            return True
+    return False
 
 
 def _ends(run: TimedRun) -> list[float]:
@@ -831,6 +856,38 @@ def _estimate_out_lens(facts: LogFacts, extras: V0Extras, run: TimedRun,
     return {r.log_id: min(r.max_tokens or lo, lo) for r in open_}
 
 
+def _duration_model(rebuilt: Rebuilt, facts: LogFacts, extras: V0Extras,
+                    stop_at: float | None) -> StepTimeModel:
+    """A first step-time model: the replay's number of steps must fill the time the log
+    shows the engine busy (first arrival to the last stats line or finish showing work)."""
+    m = initial_model(facts)
+    run = timed_replay_v0(rebuilt, facts, m, (0.0, 1.0), stop_at=None)
+    t0 = facts.requests[0].time if facts.requests and facts.requests[0].time is not None else None
+    busy = [s.time for s in facts.stats
+            if (s.running or 0) + (s.waiting or 0)
+            + (extras.swapped.get((s.file, s.line), (0, 0))[0] or 0) > 0]
+    busy += [t for t, _ in extras.finished if t is not None]
+    if t0 is None or not busy or not run.records:
+        return m
+    span = max(busy) + 0.5 - t0
+    # steps the replay ran up to the last busy stats line: all of them if the log shows
+    # the run ending, else the share of generated tokens the log reached
+    n = len(run.records)
+    if facts.stats and max(busy) >= (facts.stats[-1].time if facts.stats else 0) and stop_at is not None:
+        want = sum((st.generation_throughput or 0.0) * e for st, e in zip(facts.stats, _elapsed(facts)))
+        from kvreplay.replay.render_v0 import step_tokens
+
+        c = 0
+        for i, rec in enumerate(run.records):
+            c += step_tokens(rec)[1]
+            if c >= want:
+                n = i + 1
+                break
+    if span <= 0 or n <= 0:
+        return m
+    return StepTimeModel(overhead_s=span / n, per_token_s=0.0, per_request_s=0.0)
+
+
 # ---------------------------------------------------------------- driver
 def replay_v0_facts(facts: LogFacts, *, profile: str | None = None,
                     step_time: StepTimeModel | None = None) -> V0LogReplay:
@@ -850,8 +907,9 @@ def replay_v0_facts(facts: LogFacts, *, profile: str | None = None,
     tried: list[dict[str, Any]] = []
     best: tuple[float, StepTimeModel, tuple[float, float], Rebuilt] | None = None
     out_lens = None
+    m0 = step_time or _duration_model(rebuilt, facts, extras, stop_at)
     for placement in PLACEMENTS:
-        m = step_time or initial_model(facts)
+        m = m0
         rb = rebuilt
         for rnd in range(4 if step_time is None else 2):
             run = timed_replay_v0(rb, facts, m, placement, stop_at=stop_at)
