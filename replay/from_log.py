@@ -834,9 +834,9 @@ def replay_facts(
     anchored, loss = anchored_replay(
         rebuilt, facts, prof, f.run, f.model, burst=burst, fixed_model=step_time is not None
     )
-    if not burst:
-        # The iteration can settle one step off; start it again from a burst-like guess
-        # and keep whichever agrees better with the stats lines.
+    if not burst and phase_estimate(facts) is None:
+        # Without a phase estimate the iteration can settle one step off; start it again
+        # from a burst-like guess and keep whichever agrees better with the stats lines.
         f0 = fit(rebuilt, facts, prof, spreads=(0.0,), model=step_time or f.model, rounds=1)
         alt, alt_loss = anchored_replay(
             rebuilt, facts, prof, f0.run, f.model, burst=False,
@@ -1209,8 +1209,9 @@ def anchored_replay(
         # the clock before the first stats line is extrapolated, so do not trust it there.
         if placed:
             placed[0] = 0
-        if placed == arrival:
-            break  # a fixed point: another round would replay the same thing
+        moved = sum(1 for a, b in zip(placed, arrival) if a != b)
+        if moved == 0 or (it >= 2 and moved <= 0.002 * len(arrival)):
+            break  # (nearly) a fixed point: another round would replay about the same
         arrival = placed
     assert best is not None
     return best[1], best[0]
