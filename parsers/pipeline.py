@@ -9,6 +9,7 @@ Noise event, or an Unparsed event.
 from __future__ import annotations
 
 import calendar
+import codecs
 import gzip
 import heapq
 import io
@@ -21,6 +22,7 @@ from typing import IO, Any, Iterable, Iterator
 from kvreplay import events as ev
 from kvreplay.errors import UserError
 from kvreplay.parsers import build, matchers
+from kvreplay.parsers.fast import fast_message as _fast
 
 MAX_LINE = 4 * 1024 * 1024  # characters kept per physical line; the rest is dropped with a note
 WRAP_WIDTHS = frozenset({80, 100, 120, 132, 160, 200, 240, 250, 256, 300, 500, 512, 1000, 1024, 2000, 2048, 4000, 4096})
@@ -63,34 +65,97 @@ def open_text(path: str) -> tuple[IO[str], str, float | None]:
 
 def physical_lines(stream: IO[str], limit: int = MAX_LINE) -> Iterator[tuple[str, str | None]]:
     """(text without EOL, note) per physical line; over-long lines are cut to `limit` chars."""
-    readline = stream.readline
+    for lines, notes in line_chunks(stream.read, limit):
+        if notes is None:
+            for s in lines:
+                yield s, None
+        else:
+            get = notes.get
+            for i, s in enumerate(lines):
+                yield s, get(i)
+
+
+CHUNK = 1 << 20  # bytes (or characters) read at a time
+
+
+def line_chunks(read: Any, limit: int = MAX_LINE, decode: Any = None, size: int = CHUNK) -> Iterator[tuple[list[str], dict[int, str] | None]]:
+    """Physical lines in batches: `(lines, notes)`, lines without EOL, notes `{index: note}`
+    (None when no line of the batch has one). `read(n)` returns text, or bytes when `decode`
+    (an incremental UTF-8 decoder's `decode`) is given. The result equals `readline(limit)`
+    on a newline="\n" text stream: CR before LF dropped, invalid UTF-8 replaced with a note,
+    over-long lines cut to `limit` characters with a note (memory stays bounded by `limit`)."""
+    tail = ""
+    cut: str | None = None  # head of an over-long line whose end is still being skipped
+    dropped = 0
     while True:
         try:
-            s = readline(limit)
+            data = read(size)
+            eof = not data
+            text = decode(data, eof) if decode is not None else data
         except (OSError, EOFError, gzip.BadGzipFile) as exc:
-            yield "", f"read error: {exc}"
+            yield [""], {0: f"read error: {exc}"}
             return
-        if not s:
+        if cut is not None:  # skipping the rest of an over-long line
+            nl = text.find("\n")
+            if nl < 0 and not eof:
+                dropped += len(text)
+                continue
+            if nl < 0:
+                dropped += len(text)
+                text = ""
+            else:
+                dropped += nl
+                text = text[nl + 1:]
+            yield [_finish(cut)], {0: _cut_note(cut, limit, dropped)}
+            cut = None
+            if eof and nl < 0:
+                return
+            tail = ""
+        elif tail:
+            text = tail + text
+        if eof and not text:
             return
-        note = None
-        if s[-1] == "\n":
-            s = s[:-1]
-        elif len(s) >= limit:
-            dropped = 0
-            while True:
-                rest = readline(limit)
-                if not rest:
-                    break
-                if rest[-1] == "\n":
-                    dropped += len(rest) - 1
-                    break
-                dropped += len(rest)
-            note = f"line truncated to {limit} characters ({dropped} dropped)"
-        if s and s[-1] == "\r":
-            s = s[:-1]
-        if "\ufffd" in s:
-            note = "invalid UTF-8 replaced" if note is None else note + "; invalid UTF-8 replaced"
-        yield s, note
+        lines = text.split("\n")
+        tail = lines.pop()
+        if eof and tail:
+            lines.append(tail)
+            tail = ""
+        notes: dict[int, str] | None = None
+        if len(text) >= limit or len(tail) >= limit:
+            if len(tail) >= limit:  # an over-long line without its end yet
+                cut, dropped, tail = tail[:limit], len(tail) - limit, ""
+            for i, s in enumerate(lines):
+                if len(s) >= limit:
+                    if notes is None:
+                        notes = {}
+                    notes[i] = f"line truncated to {limit} characters ({len(s) - limit} dropped)"
+                    lines[i] = s[:limit]
+        if "\r" in text:
+            lines = [s[:-1] if s[-1:] == "\r" else s for s in lines]
+        if "\ufffd" in text:
+            for i, s in enumerate(lines):
+                if "\ufffd" in s:
+                    if notes is None:
+                        notes = {}
+                    n = notes.get(i)
+                    notes[i] = "invalid UTF-8 replaced" if n is None else n + "; invalid UTF-8 replaced"
+        if lines:
+            yield lines, notes
+        if eof:
+            if cut is not None:
+                yield [_finish(cut)], {0: _cut_note(cut, limit, dropped)}
+            return
+
+
+def _finish(cut: str) -> str:
+    return cut[:-1] if cut[-1:] == "\r" else cut
+
+
+def _cut_note(cut: str, limit: int, dropped: int) -> str:  # for a line cut across reads
+    note = f"line truncated to {limit} characters ({dropped} dropped)"
+    if "\ufffd" in _finish(cut):
+        note += "; invalid UTF-8 replaced"
+    return note
 
 
 # ------------------------------------------------------------------ clock
@@ -106,14 +171,25 @@ class Clock:
         self.ref = ref  # (year, "MM-DD") of the file's mtime: the log ends no later than that
         self.last_md: str | None = None
         self.cache: dict[str, float | None] = {}
+        self._last_date = self._last_hms = None
+        self._last_stamp: tuple[float | None, str] = (None, "")
 
     def hint_year(self, year: int) -> None:
         if not self.explicit and self.last_md is None:
             self.year = year
             self.explicit = True
 
+    def stamp(self, date: str, hms: str) -> tuple[float | None, str]:
+        """(epoch(date, hms), "date hms"), memoised for a repeated time stamp."""
+        if hms == self._last_hms and date == self._last_date:
+            return self._last_stamp
+        r = self._last_stamp = (self.epoch(date, hms), f"{date} {hms}")
+        self._last_date, self._last_hms = date, hms
+        return r
+
     def epoch(self, date: str, hms: str) -> float | None:
         if date != self.last_md:
+            self._last_hms = None  # the memo of stamp() is only valid within one date
             if self.year is None:
                 if self.ref is None:
                     self.year = _time.gmtime().tm_year
@@ -226,98 +302,139 @@ def _tb_continuation(msg: str) -> bool:
     )
 
 
+_ENV_CACHE: dict[str, tuple] = {}
+
+
+def _envelope(s: str) -> tuple | None:
+    """ENVELOPE.match(s) as `(wrapper_datetime or wrapper_time, level, date, hms, source,
+    process, pid, engine, end)`, or None.
+
+    Memoised on the line's text up to its first "] " (the envelope of a bracketed-source
+    record ends there): a regex match depends only on the text it reads, and an envelope
+    that ends at the first "] " reads nothing past it (no envelope group can span "] "
+    except `ip=...`, which is never memoised)."""
+    k = s.find("] ")
+    if k > 0:
+        key = s[: k + 2]
+        r = _ENV_CACHE.get(key)
+        if r is not None:
+            return r
+    m = _ENV_MATCH(s)
+    if m is None:
+        return None
+    wt, _comp, wdt, procs, level, date, hms, source = m.groups()
+    process, pid, engine = _procs(procs) if procs else (None, None, None)
+    end = m.end()
+    r = (wt or wdt, level, date, hms, source, process, pid, engine, end)
+    if k > 0 and end == k + 2 and ", ip=" not in key:
+        if len(_ENV_CACHE) >= 4096:
+            _ENV_CACHE.clear()
+        _ENV_CACHE[key] = r
+    return r
+
+
+def _lark_env(s: str) -> tuple | None:
+    env = _lark_envelope(s)
+    if env is None:
+        return None
+    (wt, _comp, wdt, procs, level, date, hms, source), end = env
+    process, pid, engine = _procs(procs) if procs else (None, None, None)
+    return (wt or wdt, level, date, hms, source, process, pid, engine, end)
+
+
+# pending record: [lineno, span, msg, prefix (TB levels only), level, raw_len, tb_body, note,
+#                  time, time_text, process, pid, engine, source]
+_P_LINE, _P_SPAN, _P_MSG, _P_PREFIX, _P_LEVEL, _P_RAWLEN, _P_BODY, _P_NOTE = range(8)
+
+
 class FileParser:
-    """Feeds the physical lines of one file; yields events. One record of look-behind is kept
-    (`pending`) so tracebacks and wrapped lines can be grouped into one event."""
+    """Feeds the physical lines of one file; appends events to `out`. One record of
+    look-behind is kept (`pending`) so tracebacks and wrapped lines can be grouped into one
+    event."""
 
     def __init__(self, label: str, clock: Clock, lark: bool = False) -> None:
         self.file = label
         self.clock = clock
         self.lark = lark
-        self.pending: list | None = None  # [lineno, span, base, msg, prefix, level, raw_len, tb_body, note]
+        self.envelope = _lark_env if lark else _envelope
+        self.pending: list | None = None
         self.raw_tb: list | None = None  # [lineno, span, head, body, note]
+        self.out: list[ev.Event] = []
 
-    # -- records with a vLLM envelope
-    def _envelope(self, s: str):
-        if self.lark:
-            return _lark_envelope(s)
-        m = _ENV_MATCH(s)
-        if m is None:
-            return None
-        return m.groups(), m.end()
-
-    def feed(self, lineno: int, s: str, note: str | None) -> Iterator[ev.Event]:
+    def feed(self, lineno: int, s: str, note: str | None) -> None:
         if "\x1b" in s:
             s = matchers.ANSI.sub("", s)
-        env = self._envelope(s)
+        env = self.envelope(s)
         pending = self.pending
         if env is not None:
-            (wt, comp, wdt, procs, level, date, hms, source), end = env
+            wtd, level, date, hms, source, process, pid, engine, end = env
             msg = s[end:]
-            prefix = s[:end]
             if pending is not None:
-                if pending[4] == prefix and pending[5] in _TB_LEVELS and _tb_continuation(msg):
-                    if pending[7] is None:
-                        pending[7] = []
-                    pending[7].append(msg)
-                    pending[1] += 1
+                if pending[_P_PREFIX] is not None and pending[_P_PREFIX] == s[:end] and _tb_continuation(msg):
+                    if pending[_P_BODY] is None:
+                        pending[_P_BODY] = []
+                    pending[_P_BODY].append(msg)
+                    pending[_P_SPAN] += 1
                     return
-                yield from self._flush()
+                self._flush()
             if self.raw_tb is not None:
-                yield self._flush_raw_tb()
+                self.out.append(self._flush_raw_tb())
             clock = self.clock
-            if wt or wdt:
-                clock.hint_year(int((wt or wdt)[:4]))
-            if procs:
-                process, pid, engine = _procs(procs)
-            else:
-                process = pid = engine = None
-            base = {
-                "file": self.file, "line": lineno, "time": clock.epoch(date, hms), "time_text": f"{date} {hms}",
-                "level": level, "process": process, "pid": pid, "engine": engine, "source": source, "note": note,
-            }
-            self.pending = [lineno, 1, base, msg, prefix, level, len(s), None, note]
+            if wtd:
+                clock.hint_year(int(wtd[:4]))
+            t, tt = clock.stamp(date, hms)
+            self.pending = [lineno, 1, msg, s[:end] if level in _TB_LEVELS else None, level, len(s), None, note,
+                            t, tt, process, pid, engine, source]
             return
         # -- no envelope
         if pending is not None:
-            if pending[7] is None and s and self._wrapped(pending, s):
-                pending[3] += s
-                pending[1] += 1
-                pending[2]["note"] = "re-joined a wrapped line"
+            if pending[_P_BODY] is None and s and self._wrapped(pending, s):
+                pending[_P_MSG] += s
+                pending[_P_SPAN] += 1
+                pending[_P_NOTE] = "re-joined a wrapped line"
                 return
-            yield from self._flush()
-        yield from self._raw(lineno, s, note)
+            self._flush()
+        self._raw(lineno, s, note)
 
     def _wrapped(self, pending: list, s: str) -> bool:
         if s[0] in " \t{" or s.startswith(("INFO:", "Traceback", "(", "[")) or _PROGRESS.search(s):
             return False
-        msg = pending[3]
-        if pending[6] in WRAP_WIDTHS:
+        msg = pending[_P_MSG]
+        if pending[_P_RAWLEN] in WRAP_WIDTHS:
             return True
         opens = msg.count("(") + msg.count("[") + msg.count("{")
         closes = msg.count(")") + msg.count("]") + msg.count("}")
         return opens > closes
 
-    def _flush(self) -> Iterator[ev.Event]:
+    def _flush(self) -> None:
         p = self.pending
         self.pending = None
         if p is None:
             return
-        lineno, span, base, msg, _prefix, level, _raw_len, body, _note = p
+        lineno, span, msg, _prefix, level, _raw_len, body, note, t, tt, process, pid, engine, source = p
+        if span == 1 and not body and not self.lark:
+            msg = msg.rstrip()
+            e = _fast(msg, self.file, lineno, t, tt, level, process, pid, engine, source, note)
+            if e is not None:
+                self.out.append(e)
+                return
+        base = {"file": self.file, "line": lineno, "time": t, "time_text": tt, "level": level, "process": process,
+                "pid": pid, "engine": engine, "source": source, "note": note}
         if span > 1:
             base["lines"] = span
         if body:
-            yield _traceback_event(msg, body, base)
+            self.out.append(_traceback_event(msg, body, base))
             return
-        yield message_event(msg.rstrip(), base, level, self.lark)
+        self.out.append(message_event(msg.rstrip(), base, level, self.lark))
 
     def _flush_raw_tb(self) -> ev.Event:
         lineno, span, head, body, note = self.raw_tb  # type: ignore[misc]
         self.raw_tb = None
         return _traceback_event(head, body, {"file": self.file, "line": lineno, "lines": span, "note": note})
 
-    def _raw(self, lineno: int, s: str, note: str | None) -> Iterator[ev.Event]:
+    def _raw(self, lineno: int, s: str, note: str | None) -> None:
         """A line without a vLLM envelope."""
+        out = self.out
         t = s
         if t.startswith("[rank"):
             t = _RANK.sub("", t, count=1)
@@ -326,11 +443,10 @@ class FileParser:
                 self.raw_tb[1] += 1
                 self.raw_tb[3].append(t)
                 return
-            yield self._flush_raw_tb()
-        base = {"file": self.file, "line": lineno, "note": note}
+            out.append(self._flush_raw_tb())
         stripped = t.strip()
         if not stripped:
-            yield ev.Noise(what="blank", **base)
+            out.append(ev.Noise(what="blank", file=self.file, line=lineno, note=note))
             return
         if stripped.startswith("Traceback (most recent call last)"):
             self.raw_tb = [lineno, 1, stripped, [], note]
@@ -339,17 +455,18 @@ class FileParser:
             m = _UVICORN.match(t)
             if m is not None:
                 proc, pid, client, method, path, httpv, status, status_text, other = m.groups()
-                if proc:
-                    base["process"], base["pid"] = proc, int(pid)
                 if method:
-                    yield ev.HttpAccess(client=client, method=method, path=path, http_version=httpv, status=int(status), status_text=status_text, **base)
+                    out.append(ev.HttpAccess(client=client, method=method, path=path, http_version=httpv, status=int(status), status_text=status_text,
+                                             file=self.file, line=lineno, note=note, process=proc, pid=int(pid) if proc else None))
                 elif ' - "' in other:
-                    yield ev.Unparsed(reason="malformed http_access line (cut or unknown variant)", text=s, **base)
+                    out.append(ev.Unparsed(reason="malformed http_access line (cut or unknown variant)", text=s, file=self.file, line=lineno, note=note,
+                                           process=proc, pid=int(pid) if proc else None))
                 else:
-                    yield ev.Noise(what="uvicorn", text=other, **base)
+                    out.append(ev.Noise(what="uvicorn", text=other, file=self.file, line=lineno, note=note, process=proc, pid=int(pid) if proc else None))
                 return
+        base = {"file": self.file, "line": lineno, "note": note}
         if t[:1] == "{":
-            yield self._json_record(t, base)
+            out.append(self._json_record(t, base))
             return
         # a record glued after other text (tqdm bar without newline, a wrapper we do not know)
         m = matchers.ENVELOPE_SEARCH.search(t)
@@ -364,16 +481,16 @@ class FileParser:
                     "level": level, "process": process, "pid": pid, "engine": engine, "source": source,
                     "note": "record glued after non-log text" + (f"; {note}" if note else ""),
                 }
-                yield message_event(inner[im.end():].rstrip(), gbase, level, self.lark)
+                out.append(message_event(inner[im.end():].rstrip(), gbase, level, self.lark))
                 return
         if _PROGRESS.search(t):
-            yield ev.Noise(what="progress", text=t, **base)
+            out.append(ev.Noise(what="progress", text=t, **base))
             return
         if stripped.strip("`") == "" or stripped in ("...", "…"):
-            yield ev.Noise(what="markdown", text=t, **base)
+            out.append(ev.Noise(what="markdown", text=t, **base))
             return
         if _PY_WARNING.match(stripped):
-            yield ev.Noise(what="python_warning", text=t, **base)
+            out.append(ev.Noise(what="python_warning", text=t, **base))
             return
         # a vLLM message without its envelope (user stripped it, or a foreign formatter)
         msg = stripped
@@ -383,13 +500,13 @@ class FileParser:
             base["source"] = f"{fm.group(1)}:{fm.group(2)}"
         if _DISPATCH(msg) is not None:
             base["note"] = "no log envelope" + (f"; {note}" if note else "")
-            yield message_event(msg, base, None, self.lark)
+            out.append(message_event(msg, base, None, self.lark))
             return
         e = build.error_event(msg, base) if ("Error" in msg or "error" in msg) else None
         if e is not None:
-            yield e
+            out.append(e)
             return
-        yield ev.Unparsed(reason="not a vLLM log line", text=s, **base)
+        out.append(ev.Unparsed(reason="not a vLLM log line", text=s, **base))
 
     def _json_record(self, t: str, base: dict[str, Any]) -> ev.Event:
         import msgspec
@@ -424,10 +541,10 @@ class FileParser:
             msg = first if not rest else msg
         return message_event(msg.rstrip(), base, level, self.lark)
 
-    def close(self) -> Iterator[ev.Event]:
-        yield from self._flush()
+    def close(self) -> None:
+        self._flush()
         if self.raw_tb is not None:
-            yield self._flush_raw_tb()
+            self.out.append(self._flush_raw_tb())
 
 
 def _lark_envelope(s: str):
@@ -458,13 +575,31 @@ def _lark_envelope(s: str):
 
 
 def parse_stream(stream: IO[str], label: str, clock: Clock, lark: bool = False) -> Iterator[ev.Event]:
+    """Events of a text stream (newline="\n")."""
+    return parse_chunks(line_chunks(stream.read), label, clock, lark)
+
+
+def parse_chunks(chunks: Iterable[tuple[list[str], dict[int, str] | None]], label: str, clock: Clock, lark: bool = False) -> Iterator[ev.Event]:
     fp = FileParser(label, clock, lark)
     feed = fp.feed
+    out = fp.out
     lineno = 0
-    for s, note in physical_lines(stream):
-        lineno += 1
-        yield from feed(lineno, s, note)
-    yield from fp.close()
+    for lines, notes in chunks:
+        if notes is None:
+            for s in lines:
+                lineno += 1
+                feed(lineno, s, None)
+        else:
+            get = notes.get
+            for i, s in enumerate(lines):
+                lineno += 1
+                feed(lineno, s, get(i))
+        if out:
+            yield from out
+            out.clear()
+    fp.close()
+    yield from out
+    out.clear()
 
 
 def _clock_for(year: int | None, mtime: float | None) -> Clock:
@@ -479,7 +614,10 @@ def _clock_for(year: int | None, mtime: float | None) -> Clock:
 def parse_path(path: str, *, year: int | None = None, lark: bool = False) -> Iterator[ev.Event]:
     stream, label, mtime = open_text(path)
     try:
-        yield from parse_stream(stream, label, _clock_for(year, mtime), lark)
+        raw = stream.buffer  # type: ignore[attr-defined]  # nothing read through the wrapper yet
+        read = getattr(raw, "read1", raw.read)
+        decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+        yield from parse_chunks(line_chunks(read, decode=decode), label, _clock_for(year, mtime), lark)
     finally:
         if path != "-":
             stream.close()

@@ -1,0 +1,238 @@
+"""Fused fast paths for the most frequent message shapes: text -> event in one step.
+
+The general route for a message is `matchers.dispatch` -> `matchers.MATCHERS[kind]` (the regex
+twin of a `messages.lark` start symbol) -> `build.BUILDERS[kind]`. For the few shapes that
+make up nearly every line of a serving log (v1/v0 stats, `Added request`, `Received
+request ... params: SamplingParams(...), lora_request: None.`, `Request ... JSON body:`,
+...) the functions here produce the *same event* directly: one anchored regex (or a few
+`str` tests) with positional groups, and the event built with explicit keyword arguments
+instead of field lists and `**base` dicts.
+
+A fast path returns None whenever it is not certain to agree with the general route (other
+variant, cut line, odd value, any exception); the caller then takes the general route. So a
+fast path may only *narrow* what it accepts, never widen it. tests/test_parse_fast.py
+checks fast == general on every grammar sample, the corpus and mutated lines.
+
+Signature of every handler: (msg, file, line, time, time_text, level, process, pid, engine,
+source, note) -> Event | None; `msg` is the message after the envelope, right-stripped.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import msgspec
+
+from kvreplay import events as ev
+from kvreplay.parsers import build
+
+_F = r"(-?\d+(?:\.\d+)?|nan|inf)"
+_DEV = r"([A-Z][A-Za-z0-9]*(?: \+ [a-z]+)?)"
+
+# --------------------------------------------------------------------------- stats
+# The common complete shapes of the periodic stats line. When one of these matches the whole
+# message, `match_stats` + `b_stats` give exactly these fields: the head regex takes the
+# optional parts greedily in the same order, every part is consumed by the part regex, and a
+# final "." is outside the parts in both.
+_STATS_V1 = re.compile(
+    rf"(?:Engine (\d+): )?Avg prompt throughput: {_F} tokens/s, Avg generation throughput: {_F} tokens/s, "
+    rf"Running: (\d+) reqs, Waiting: (\d+) reqs, {_DEV} KV cache usage: {_F}%"
+    rf"(?:, Prefix cache hit rate: {_F}%)?(?:, MM cache hit rate: {_F}%)?\.?"
+).fullmatch
+_STATS_V0 = re.compile(
+    rf"Avg prompt throughput: {_F} tokens/s, Avg generation throughput: {_F} tokens/s, "
+    rf"Running: (\d+) reqs, Swapped: (\d+) reqs, Pending: (\d+) reqs, {_DEV} KV cache usage: {_F}%, "
+    rf"{_DEV} KV cache usage: {_F}%\.?"
+).fullmatch
+
+
+def _stats(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process: Any, pid: Any, engine: Any, source: Any, note: Any) -> ev.Event | None:
+    m = _STATS_V1(msg)
+    if m is not None:
+        eng, pt, gt, run, wait, dev, usage, phr, mmhr = m.groups()
+        return ev.Stats(
+            era="v1", file=file, line=line, time=t, time_text=tt, level=level, process=process, pid=pid,
+            engine=engine if eng is None else int(eng), source=source, note=note,
+            prompt_throughput=float(pt), generation_throughput=float(gt), running=int(run), waiting=int(wait),
+            kv_device=dev, gpu_kv_usage=float(usage),
+            prefix_cache_hit_rate=None if phr is None else float(phr), mm_cache_hit_rate=None if mmhr is None else float(mmhr),
+        )
+    m = _STATS_V0(msg)
+    if m is not None:
+        pt, gt, run, swapped, pend, dev, usage, _dev2, cpu = m.groups()
+        return ev.Stats(
+            era="v0", file=file, line=line, time=t, time_text=tt, level=level, process=process, pid=pid,
+            engine=engine, source=source, note=note,
+            prompt_throughput=float(pt), generation_throughput=float(gt), running=int(run), swapped=int(swapped),
+            waiting=int(pend), kv_device=dev, gpu_kv_usage=float(usage), cpu_kv_usage=float(cpu),
+        )
+    return None
+
+
+# --------------------------------------------------------------------------- requests
+
+_ADDED = re.compile(r"Added request (\S+)\.").fullmatch
+
+
+def _added(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process: Any, pid: Any, engine: Any, source: Any, note: Any) -> ev.Event | None:
+    m = _ADDED(msg)
+    if m is None:
+        return None
+    return ev.RequestAdded(request_id=m.group(1), file=file, line=line, time=t, time_text=tt, level=level, process=process,
+                           pid=pid, engine=engine, source=source, note=note)
+
+
+_FINISHED = re.compile(r"Finished request (\S+)\.").fullmatch
+
+
+def _finished(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process: Any, pid: Any, engine: Any, source: Any, note: Any) -> ev.Event | None:
+    m = _FINISHED(msg)
+    if m is None:
+        return None
+    return ev.RequestFinished(request_id=m.group(1), file=file, line=line, time=t, time_text=tt, level=level, process=process,
+                              pid=pid, engine=engine, source=source, note=note)
+
+
+# `Received request ID: params: CALL(...), lora_request: None.` (0.8+ V1 without prompt text).
+# In the `received` matcher the params group `\w+\(.*?\)` ends at the first ")" after which the
+# rest of the line matches; the rest must start with ", prompt_token_ids: ", ", prompt_embeds
+# shape: " or ", lora_request: ". When none of these occurs except the final ", lora_request: ",
+# the params group is everything up to that final one.
+_RECV_HEAD = re.compile(r"Received request ([^\s:]+): params: \w+\(").match
+_LORA_NONE = "), lora_request: None."
+
+# The first `(k=v` / `, k=v` scalar of a SamplingParams repr for the keys a request needs:
+# `build._SCALAR` restricted to those keys (a match of the restricted pattern is a match of
+# `_SCALAR` with the same key at the same place, and `_SCALAR` matches never overlap one).
+_PARAM_KEYS = ("n", "best_of", "max_tokens", "min_tokens", "ignore_eos", "temperature", "priority", "stop_token_ids")
+_KEYS_RX = "|".join(sorted(_PARAM_KEYS, key=len, reverse=True))
+_SCALARS = re.compile(r"""(?:\(|, )(""" + _KEYS_RX + r""")=([^,()\[\]{}'"]*)(?=[,)])""").findall
+# the same, split by the separator: ", k=v" (a literal prefix: 3x faster) and "(k=v" at one "("
+_SCALARS_COMMA = re.compile(r""", (""" + _KEYS_RX + r""")=([^,()\[\]{}'"]*)(?=[,)])""").findall
+_SCALAR_PAREN = re.compile(r"""\((""" + _KEYS_RX + r""")=([^,()\[\]{}'"]*)(?=[,)])""").match
+_STOP_SEARCH = build._STOP.search
+_STOP_IDS_SEARCH = build._STOP_IDS.search
+
+
+def _int_or_none(v: str | None) -> int | None:
+    if v is None or v == "None":
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        return None
+
+
+def _float_or_none(v: str | None) -> float | None:
+    if v is None or v == "None":
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        return None
+
+
+def request_params(text: str) -> dict[str, Any]:
+    """What `b_received` reads from `build.parse_params(text)`, computed directly:
+    n, best_of, max_tokens, min_tokens, ignore_eos, temperature, priority (raw text),
+    stop, stop_token_ids and __call__."""
+    d: dict[str, Any] = {}
+    paren = text.find("(")
+    if paren >= 0 and text.find("(", paren + 1) < 0:  # no nested call: "(k=v" can only start there
+        m = _SCALAR_PAREN(text, paren)
+        if m is not None:
+            d[m.group(1)] = m.group(2)
+        scalars = _SCALARS_COMMA(text)
+    else:
+        scalars = _SCALARS(text)
+    for k, v in scalars:
+        if k not in d:
+            d[k] = v
+    # `stop=[...]` / `stop_token_ids=[...]`: the first place where the list pattern matches; it
+    # contains the first "stop=" of the text, so the search can start just before that.
+    i = text.find("stop=")
+    if i >= 0:
+        m = _STOP_SEARCH(text, max(i - 2, 0))
+        if m:
+            s = m.group(1)
+            if s == "[]":
+                d["stop"] = []
+            elif s != "None":
+                d["stop"] = build.parse_params(text).get("stop")  # quoted strings: the general code
+    i = text.find("stop_token_ids=")
+    if i >= 0:
+        m = _STOP_IDS_SEARCH(text, max(i - 2, 0))
+        if m:
+            d["stop_token_ids"] = build._ids(m.group(1))
+    return d
+
+
+def _received(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process: Any, pid: Any, engine: Any, source: Any, note: Any) -> ev.Event | None:
+    if not msg.endswith(_LORA_NONE):
+        return None
+    m = _RECV_HEAD(msg)
+    if m is None or "\n" in msg or msg.count(", lora_request: ") != 1 or ", prompt_token_ids: " in msg or ", prompt_embeds shape: " in msg:
+        return None
+    params = msg[m.end(1) + 10 : -21]
+    p = request_params(params)
+    stop = p.get("stop")
+    return ev.RequestReceived(
+        request_id=m.group(1), prompt=None, prompt_token_ids=None, prompt_len=None,
+        n=_int_or_none(p.get("n")), best_of=_int_or_none(p.get("best_of")), max_tokens=_int_or_none(p.get("max_tokens")),
+        min_tokens=_int_or_none(p.get("min_tokens")), ignore_eos=build._bool(p.get("ignore_eos")),
+        temperature=_float_or_none(p.get("temperature")), stop=stop if isinstance(stop, list) else None,
+        stop_token_ids=p.get("stop_token_ids"), priority=_int_or_none(p.get("priority")), lora=None,
+        params=params[: params.find("(")] or None,
+        file=file, line=line, time=t, time_text=tt, level=level, process=process, pid=pid, engine=engine, source=source, note=note,
+    )
+
+
+# `Request ID JSON body: {...}`: the `body` matcher is `(\S+) JSON body: (\{.*\})` on the text
+# after "Request "; `\S+` ends at the first white space, which must start " JSON body: ".
+_BODY_HEAD = re.compile(r"Request (\S+) JSON body: \{").match
+_body_decode = build._typed_body_decoder.decode
+
+
+def _request(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process: Any, pid: Any, engine: Any, source: Any, note: Any) -> ev.Event | None:
+    m = _BODY_HEAD(msg)
+    if m is None or msg[-1] != "}" or "\n" in msg:
+        return None
+    try:
+        b = _body_decode(msg[m.end() - 1:])
+    except msgspec.ValidationError:
+        return None
+    p = b.prompt
+    ids = p if isinstance(p, list) else None
+    return ev.RequestBody(
+        request_id=m.group(1), model=b.model, prompt_token_ids=ids, prompt_len=len(ids) if ids is not None else None,
+        prompt_text_len=len(p) if isinstance(p, str) else None, num_messages=len(b.messages) if b.messages is not None else None,
+        max_tokens=b.max_tokens if b.max_tokens is not None else b.max_completion_tokens, min_tokens=b.min_tokens,
+        ignore_eos=b.ignore_eos, priority=b.priority, n=b.n, stream=b.stream, temperature=b.temperature,
+        file=file, line=line, time=t, time_text=tt, level=level, process=process, pid=pid, engine=engine, source=source, note=note,
+    )
+
+
+# --------------------------------------------------------------------------- dispatch
+
+# first word of the message -> handler (the same first words as matchers._FIRST)
+FAST: dict[str, Callable[..., ev.Event | None]] = {
+    "Engine": _stats,
+    "Avg": _stats,
+    "Added": _added,
+    "Finished": _finished,
+    "Received": _received,
+    "Request": _request,
+}
+
+
+def fast_message(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process: Any, pid: Any, engine: Any, source: Any, note: Any) -> ev.Event | None:
+    """The event for `msg` when a fast path is sure of it, else None (take the general route)."""
+    sp = msg.find(" ")
+    h = FAST.get(msg[:sp] if sp >= 0 else msg)
+    if h is None:
+        return None
+    try:
+        return h(msg, file, line, t, tt, level, process, pid, engine, source, note)
+    except Exception:  # any doubt: the general route decides (and reports)
+        return None
