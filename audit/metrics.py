@@ -52,7 +52,8 @@ def recompute_from_records(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for rec in records:
         for p in rec.get("preemptions", ()):
             victim = p["req"]
-            lost = p["num_computed_tokens_before"]
+            # a V0 swap keeps the KV (copied to CPU): nothing is thrown away or recomputed
+            lost = 0 if p.get("mode") == "swap" else p["num_computed_tokens_before"]
             back = next((x for x in resumed.get(victim, ()) if x[0] > rec["step"]), None)
             recomputed = max(0, lost - back[1]) if back else 0
             items.append({

@@ -21,10 +21,9 @@ What a V0 log says, and how each fact is used:
   the same mode, in about the same second; the Prometheus-style count (`so_preempted`,
   running-phase victims only) is summed.
 
-Layering note: `LogFacts` (logfacts.py) carries neither the `# CPU blocks` count, nor the V0
-stats fields Swapped / CPU KV usage, nor the `Finished request` lines, so this module
-re-reads the log files through `kvreplay.parsers` (lazily, like kvreplay/sources.py) to
-get them: `_v0_extras`.
+Only events reach this module, through `LogFacts` (replay never imports the parsers): the
+`# CPU blocks` count, the V0 stats fields Swapped / CPU KV usage and the `Finished request`
+lines are collected there.
 """
 
 from __future__ import annotations
@@ -108,35 +107,10 @@ class V0Extras:
 
 # ---------------------------------------------------------------- facts LogFacts lacks
 def _v0_extras(facts: LogFacts) -> V0Extras:
-    """Re-read the log files for the V0-only facts (see the module note)."""
-    out = V0Extras()
-    paths = [p for p in facts.files if p != "-"]
-    if not paths:
-        return out
-    try:
-        from kvreplay import events as ev
-        from kvreplay.parsers import parse_files
-
-        events = list(parse_files(paths))
-    except Exception:  # unreadable now (stdin, moved): replay without the extras
-        return out
-    # times: the re-read has no --year; align on any line both readings have
-    known = {(s.file, s.line): s.time for s in facts.stats}
-    known.update({(r.file, r.line): r.time for r in facts.requests if r.time is not None})
-    delta = 0.0
-    for e in events:
-        t = known.get((e.file, e.line))
-        if t is not None and e.time is not None:
-            delta = t - e.time
-            break
-    for e in events:
-        if isinstance(e, ev.KvCapacity) and e.num_cpu_blocks is not None:
-            out.num_cpu_blocks = e.num_cpu_blocks
-        elif isinstance(e, ev.Stats) and e.era == "v0" and e.engine in (None, 0):
-            out.swapped[(e.file, e.line)] = (
-                e.swapped, None if e.cpu_kv_usage is None else e.cpu_kv_usage / 100.0)
-        elif isinstance(e, ev.RequestFinished):
-            out.finished.append((None if e.time is None else e.time + delta, e.request_id))
+    """The V0-only facts: swap space, Swapped / CPU usage per stats line, Finished lines."""
+    out = V0Extras(num_cpu_blocks=facts.num_cpu_blocks, finished=list(facts.finished))
+    for s in facts.stats:
+        out.swapped[(s.file, s.line)] = (s.swapped, s.cpu_kv_usage)
     return out
 
 

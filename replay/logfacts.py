@@ -52,6 +52,8 @@ class StatsPoint:
     generation_throughput: float | None
     preemptions: int | None
     prefix_cache_hit_rate: float | None
+    swapped: int | None = None  # V0
+    cpu_kv_usage: float | None = None  # V0, fraction
     arrivals_before: int = 0
     completions_before: int = 0
     seq: int = 0
@@ -70,6 +72,8 @@ class LogFacts:
     interval_s: float | None
     first_time: float | None
     last_time: float | None
+    num_cpu_blocks: int | None  # V0 swap space, from "# GPU blocks: N, # CPU blocks: M"
+    finished: list[tuple[float | None, str]]  # "Finished request X" lines (V0 in-process)
     num_events: int
     num_unparsed: int
     files: list[str]
@@ -98,7 +102,6 @@ def collect(
     """One pass over the events of a (merged) log. The caller merges the config and detects
     the release (kvreplay.parsers.merge_config / detect_version): replay never imports the
     parsers."""
-    config_events: list[Any] = []
     requests: list[LogRequest] = []
     by_id: dict[str, LogRequest] = {}
     bodies: list[ev.RequestBody] = []  # JSON-body lines waiting for their Received line
@@ -108,6 +111,8 @@ def collect(
     v0_pre: list[ev.Preemption] = []
     iterations: list[ev.Iteration] = []
     outputs: dict[str, ev.GeneratedResponse] = {}
+    num_cpu_blocks: int | None = None
+    finished: list[tuple[float | None, str]] = []
     aborts: list[ev.RequestAborted] = []
     first_time = last_time = None
     n_events = n_unparsed = 0
@@ -120,7 +125,8 @@ def collect(
         if isinstance(e, ev.Unparsed):
             n_unparsed += 1
         elif isinstance(e, (ev.EngineConfig, ev.KvCapacity)):
-            config_events.append(e)
+            if isinstance(e, ev.KvCapacity) and e.num_cpu_blocks is not None:
+                num_cpu_blocks = e.num_cpu_blocks
         elif isinstance(e, ev.RequestBody):
             bodies.append(e)
         elif isinstance(e, ev.RequestDetails):
@@ -156,6 +162,8 @@ def collect(
                 r.internal_id = e.request_id
         elif isinstance(e, ev.RequestAborted):
             aborts.append(e)
+        elif isinstance(e, ev.RequestFinished):
+            finished.append((e.time, e.request_id))
         elif isinstance(e, ev.GeneratedResponse):
             outputs[e.request_id] = e
         elif isinstance(e, ev.HttpAccess):
@@ -174,6 +182,8 @@ def collect(
                     prompt_throughput=e.prompt_throughput,
                     generation_throughput=e.generation_throughput,
                     preemptions=e.preemptions, prefix_cache_hit_rate=e.prefix_cache_hit_rate,
+                    swapped=e.swapped,
+                    cpu_kv_usage=None if e.cpu_kv_usage is None else e.cpu_kv_usage / 100.0,
                     arrivals_before=len(requests), completions_before=len(completions), seq=seq,
                 )
             )
@@ -213,6 +223,8 @@ def collect(
         interval_s=interval,
         first_time=first_time,
         last_time=last_time,
+        num_cpu_blocks=num_cpu_blocks,
+        finished=finished,
         num_events=n_events,
         num_unparsed=n_unparsed,
         files=files,
