@@ -51,6 +51,11 @@ def source_from_logs(paths: Sequence[str], *, profile: str | None = None,
     from kvreplay.replay.session import ReplaySource
 
     rep = replay_logs(paths, profile=profile, vllm_version=vllm_version, year=year)
+    if type(rep).__name__ == "V0LogReplay":
+        raise UserError(
+            "this is a V0-engine log: `kvreplay replay` reports its preemptions; stepping "
+            "through it needs the V1 engine's step view, which V0 does not have yet"
+        )
     arrival = rep.run.arrival_step
     workload = rep.workload()
     log_lines: dict[int, list[tuple[str, int]]] = {}
