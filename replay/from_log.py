@@ -831,8 +831,14 @@ def replay_facts(
         f = fit(rebuilt, facts, prof, spreads=spreads, model=step_time, rounds=2)
     else:
         rebuilt, f, estimate = _fit_unknown_prompts(facts, prof, spreads)
+    init = f.run
+    if pattern == "burst":
+        # everything arrived within a couple of seconds: start from "all at once" (the
+        # iteration then moves whoever the seconds and completions say came later)
+        zeros = [0] * len(rebuilt.workload.requests)
+        init = step_replay(rebuilt, facts, prof, zeros, f.model, trace=False)
     anchored, loss = anchored_replay(
-        rebuilt, facts, prof, f.run, f.model, burst=burst, fixed_model=step_time is not None
+        rebuilt, facts, prof, init, f.model, burst=burst, fixed_model=step_time is not None
     )
     if not burst and phase_estimate(facts) is None:
         # Without a phase estimate the iteration can settle one step off; start it again
