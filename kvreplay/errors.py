@@ -3,3 +3,18 @@
 
 class UserError(Exception):
     """Bad input or arguments. The message is shown as is, without a traceback."""
+
+
+def write_output(path: str, fn) -> None:
+    """Call fn(file) on `path` ("-" = stdout); an unwritable path is a UserError."""
+    import sys
+
+    if path == "-":
+        fn(sys.stdout)
+        sys.stdout.flush()
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            fn(f)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot write: {exc.strerror}") from None

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from kvreplay.errors import UserError
+from kvreplay.errors import UserError, write_output
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -206,13 +206,4 @@ def _preemption_table(pre: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _write(path: str, fn) -> None:
-    if path == "-":
-        fn(sys.stdout)
-        sys.stdout.flush()
-        return
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            fn(f)
-    except OSError as exc:
-        raise UserError(f"{path}: cannot write: {exc.strerror}") from None
+_write = write_output

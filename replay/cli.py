@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import IO, Any
 
-from kvreplay.errors import UserError
+from kvreplay.errors import UserError, write_output
 
 SAMPLE_WORKLOAD = "fcfs_heavy.workload.json"
 
@@ -118,16 +118,7 @@ def _json_pretty(obj: Any) -> str:
     return json.dumps(obj, indent=1, sort_keys=True) + "\n"
 
 
-def _write(path: str, fn) -> None:
-    if path == "-":
-        fn(sys.stdout)
-        sys.stdout.flush()
-        return
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            fn(f)
-    except OSError as exc:
-        raise UserError(f"{path}: cannot write: {exc.strerror}") from None
+_write = write_output
 
 
 def render_report(path: str, label: str, summary: dict[str, Any], records: list[dict]) -> str:
