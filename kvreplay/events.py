@@ -75,6 +75,7 @@ class EngineConfig(Base, tag="engine_config", kw_only=True):
     long_prefill_token_threshold: int | None = None
     max_num_partial_prefills: int | None = None
     watermark: float | None = None
+    scheduler_reserve_full_isl: bool | None = None
     speculative: str | None = None  # repr of speculative_config when not None
 
 

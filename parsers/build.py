@@ -33,10 +33,18 @@ def _bool(s: str | None) -> bool | None:
     return None
 
 
+_ids_decode = msgspec.json.Decoder(list[int]).decode
+
+
 def _ids(text: str | None) -> list[int] | None:
     """`[1, 2, 3]` -> ints; None for `None`; a list cut by --max-log-len keeps its ints."""
     if text is None or text == "None" or not text.startswith("["):
         return None
+    if text[-1] == "]":  # a well-formed JSON list of ints means the same here, decoded in C
+        try:
+            return _ids_decode(text)
+        except msgspec.DecodeError:
+            pass
     inner = text[1:-1].strip()
     if not inner:
         return []
@@ -51,6 +59,9 @@ def _ids(text: str | None) -> list[int] | None:
 def _pystr(text: str | None) -> str | None:
     if text is None or text == "None":
         return None
+    q = text[:1]
+    if (q == "'" or q == '"') and "\\" not in text and text.find(q, 1) == len(text) - 1:
+        return text[1:-1]  # what literal_eval gives (or its fallback) without escapes inside
     try:
         v = ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -381,12 +392,14 @@ _CONFIG_KEYS = {
     "long_prefill_token_threshold": "long_prefill_token_threshold",
     "max_num_partial_prefills": "max_num_partial_prefills",
     "watermark": "watermark",
+    "scheduler_reserve_full_isl": "scheduler_reserve_full_isl",
 }
 _INT_FIELDS = {"block_size", "num_gpu_blocks_override", "max_num_seqs", "max_num_batched_tokens", "data_parallel_size", "data_parallel_rank",
                "tensor_parallel_size", "pipeline_parallel_size", "num_scheduler_steps", "max_model_len", "long_prefill_token_threshold",
                "max_num_partial_prefills"}
 _FLOAT_FIELDS = {"gpu_memory_utilization", "swap_space", "watermark"}
-_BOOL_FIELDS = {"enable_chunked_prefill", "enable_prefix_caching", "async_scheduling"}
+_BOOL_FIELDS = {"enable_chunked_prefill", "enable_prefix_caching", "async_scheduling",
+                "scheduler_reserve_full_isl"}
 
 
 def config_from_mapping(values: dict[str, Any]) -> dict[str, Any]:

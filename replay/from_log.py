@@ -157,6 +157,8 @@ def scheduler_config_from(facts: LogFacts, profile: SchedulerProfile) -> tuple[S
         "long_prefill_token_threshold", c.long_prefill_token_threshold if c else None, 0
     )
     watermark = pick("watermark", c.watermark if c else None, 0.0) if profile.watermark else 0.0
+    full_isl = pick("scheduler_reserve_full_isl",
+                    getattr(c, "scheduler_reserve_full_isl", None) if c else None, True)
     async_default = _version_at_least(facts.vllm_version, (0, 14, 0))
     async_sched = pick("async_scheduling", c.async_scheduling if c else None, async_default)
     for k, v in src.items():
@@ -172,7 +174,7 @@ def scheduler_config_from(facts: LogFacts, profile: SchedulerProfile) -> tuple[S
         enable_prefix_caching=bool(caching),
         policy=str(policy).lower(),
         long_prefill_token_threshold=int(threshold),
-        scheduler_reserve_full_isl=True,
+        scheduler_reserve_full_isl=bool(full_isl),
         watermark=float(watermark),
         async_scheduling=bool(async_sched),
     )

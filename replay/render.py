@@ -58,6 +58,10 @@ def render_log(
     }
     if cfg.long_prefill_token_threshold:
         args["long_prefill_token_threshold"] = cfg.long_prefill_token_threshold
+    if not cfg.scheduler_reserve_full_isl:
+        args["scheduler_reserve_full_isl"] = False
+    if cfg.watermark:
+        args["watermark"] = cfg.watermark
     emit(boot, f"{API} INFO {_ts(boot)} [startup.py:38]  version 0.33.0")
     emit(boot, f"{API} INFO {_ts(boot)} [startup.py:96] non-default args: {args!r}")
     emit(boot + 1, f"{CORE} INFO {_ts(boot + 1)} [core.py:139] Initializing a V1 LLM engine "
