@@ -25,7 +25,7 @@ from typing import Any, Callable
 import msgspec
 
 from kvreplay import events as ev
-from kvreplay.parsers import build
+from kvreplay.parsers import build, matchers
 
 _F = r"(-?\d+(?:\.\d+)?|nan|inf)"
 _DEV = r"([A-Z][A-Za-z0-9]*(?: \+ [a-z]+)?)"
@@ -168,22 +168,59 @@ def request_params(text: str) -> dict[str, Any]:
     return d
 
 
+_PARAMS_CACHE: dict[str, tuple] = {}
+
+
+def _received_params(params: str) -> tuple:
+    """(n, best_of, max_tokens, min_tokens, ignore_eos, temperature, stop, stop_token_ids,
+    priority, call) of a SamplingParams repr, memoised: a server log repeats the same few
+    reprs (clients send the same settings). Lists are copied by the caller."""
+    r = _PARAMS_CACHE.get(params)
+    if r is None:
+        p = request_params(params)
+        stop = p.get("stop")
+        r = (_int_or_none(p.get("n")), _int_or_none(p.get("best_of")), _int_or_none(p.get("max_tokens")),
+             _int_or_none(p.get("min_tokens")), build._bool(p.get("ignore_eos")), _float_or_none(p.get("temperature")),
+             stop if isinstance(stop, list) else None, p.get("stop_token_ids"), _int_or_none(p.get("priority")),
+             params[: params.find("(")] or None)
+        if len(_PARAMS_CACHE) >= 1024:
+            _PARAMS_CACHE.clear()
+        _PARAMS_CACHE[params] = r
+    return r
+
+
 def _received(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process: Any, pid: Any, engine: Any, source: Any, note: Any) -> ev.Event | None:
-    if not msg.endswith(_LORA_NONE):
-        return None
-    m = _RECV_HEAD(msg)
+    m = _RECV_HEAD(msg) if msg.endswith(_LORA_NONE) else None
     if m is None or "\n" in msg or msg.count(", lora_request: ") != 1 or ", prompt_token_ids: " in msg or ", prompt_embeds shape: " in msg:
-        return None
-    params = msg[m.end(1) + 10 : -21]
-    p = request_params(params)
-    stop = p.get("stop")
+        return _received_any(msg, file, line, t, tt, level, process, pid, engine, source, note)
+    n, best_of, max_tokens, min_tokens, ignore_eos, temperature, stop, stop_ids, priority, call = _received_params(msg[m.end(1) + 10 : -21])
     return ev.RequestReceived(
         request_id=m.group(1), prompt=None, prompt_token_ids=None, prompt_len=None,
-        n=_int_or_none(p.get("n")), best_of=_int_or_none(p.get("best_of")), max_tokens=_int_or_none(p.get("max_tokens")),
-        min_tokens=_int_or_none(p.get("min_tokens")), ignore_eos=build._bool(p.get("ignore_eos")),
-        temperature=_float_or_none(p.get("temperature")), stop=stop if isinstance(stop, list) else None,
-        stop_token_ids=p.get("stop_token_ids"), priority=_int_or_none(p.get("priority")), lora=None,
-        params=params[: params.find("(")] or None,
+        n=n, best_of=best_of, max_tokens=max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos, temperature=temperature,
+        stop=None if stop is None else stop.copy(), stop_token_ids=stop_ids.copy() if type(stop_ids) is list else stop_ids,
+        priority=priority, lora=None, params=call,
+        file=file, line=line, time=t, time_text=tt, level=level, process=process, pid=pid, engine=engine, source=source, note=note,
+    )
+
+
+_RECEIVED_FULL = matchers.MATCHERS["received"].rx.fullmatch  # type: ignore[attr-defined]
+
+
+def _received_any(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process: Any, pid: Any, engine: Any, source: Any, note: Any) -> ev.Event | None:
+    """Every other `received` variant: the matcher's regex, then `b_received` with memoised params."""
+    if not msg.startswith("Received request "):
+        return None
+    m = _RECEIVED_FULL(msg, 17)
+    if m is None:
+        return None
+    rid, prompt, params, ids_text, lora = m.groups()
+    n, best_of, max_tokens, min_tokens, ignore_eos, temperature, stop, stop_ids, priority, call = _received_params(params)
+    ids = build._ids(ids_text)
+    return ev.RequestReceived(
+        request_id=rid, prompt=build._pystr(prompt), prompt_token_ids=ids, prompt_len=len(ids) if ids is not None else None,
+        n=n, best_of=best_of, max_tokens=max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos, temperature=temperature,
+        stop=None if stop is None else stop.copy(), stop_token_ids=stop_ids.copy() if type(stop_ids) is list else stop_ids,
+        priority=priority, lora=None if lora is None or lora == "None" else lora, params=call,
         file=file, line=line, time=t, time_text=tt, level=level, process=process, pid=pid, engine=engine, source=source, note=note,
     )
 

@@ -61,7 +61,8 @@ def envelope_fields(line: str) -> Fields | None:
 # ------------------------------------------------------------------------- messages
 
 _F = r"(-?\d+(?:\.\d+)?|nan|inf)"
-_STR = r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*\""""
+# quoted Python strings, unrolled (same matches as '(?:[^'\\]|\\.)*' but no alternation per character)
+_STR = r"""'[^'\\]*+(?:\\.[^'\\]*+)*+'|"[^"\\]*+(?:\\.[^"\\]*+)*+\""""
 
 _STATS_HEAD = re.compile(
     r"(?:Engine (?P<engine>\d+): |(?P<aggregated>\d+) Engines Aggregated: )?"
@@ -137,6 +138,7 @@ def _simple(pattern: str) -> Callable[[str], Fields | None]:
         return None if m is None else _groups(m)
 
     match.__name__ = f"match_{pattern[:20]}"
+    match.rx = rx  # type: ignore[attr-defined]  # for the fused fast paths (parsers/fast.py)
     return match
 
 
@@ -156,7 +158,7 @@ MATCHERS: dict[str, Callable[[str], Fields | None]] = {
     ),
     "received": _simple(
         rf"(?P<id>[^\s:]+): (?:prompt: (?P<prompt>{_STR}|None), )?(?:prefix_pos: [^,]*, ?)?"
-        r"(?:params|sampling_params): (?P<params>\w+\(.*?\))"
+        r"(?:params|sampling_params): (?P<params>\w+\((?:[^)\n]*+\))+?)"  # = \w+\(.*?\) by ")"-chunks
         r"(?:, prompt_token_ids: (?P<prompt_token_ids>\[[^\]]*\]|None))?"
         r"(?:, prompt_embeds shape: (?:None|torch\.Size\(\[[\d, ]*\]\)|\([\d, ]*\)))?"
         r", lora_request: (?P<lora>.*?)(?:, prompt_adapter_request: .*?)?\."

@@ -411,13 +411,16 @@ class FileParser:
         self.pending = None
         if p is None:
             return
-        lineno, span, msg, _prefix, level, _raw_len, body, note, t, tt, process, pid, engine, source = p
-        if span == 1 and not body and not self.lark:
-            msg = msg.rstrip()
-            e = _fast(msg, self.file, lineno, t, tt, level, process, pid, engine, source, note)
+        if p[_P_SPAN] == 1 and not p[_P_BODY] and not self.lark:
+            e = _fast(p[2].rstrip(), self.file, p[0], p[8], p[9], p[4], p[10], p[11], p[12], p[13], p[7])
             if e is not None:
                 self.out.append(e)
                 return
+        self._emit(p)
+
+    def _emit(self, p: list) -> None:
+        """The general route for a pending record."""
+        lineno, span, msg, _prefix, level, _raw_len, body, note, t, tt, process, pid, engine, source = p
         base = {"file": self.file, "line": lineno, "time": t, "time_text": tt, "level": level, "process": process,
                 "pid": pid, "engine": engine, "source": source, "note": note}
         if span > 1:
@@ -580,20 +583,53 @@ def parse_stream(stream: IO[str], label: str, clock: Clock, lark: bool = False) 
 
 
 def parse_chunks(chunks: Iterable[tuple[list[str], dict[int, str] | None]], label: str, clock: Clock, lark: bool = False) -> Iterator[ev.Event]:
+    """Events of a file given as batches of physical lines (see `line_chunks`)."""
     fp = FileParser(label, clock, lark)
     feed = fp.feed
     out = fp.out
     lineno = 0
+    # The hot loop, inlined for the common case (a record whose envelope is memoised, the
+    # previous record complete, no traceback open); every other line goes through
+    # `FileParser.feed`, which does the same and the rest. Both share the state in `fp`.
+    file = label
+    stamp = clock.stamp
+    hint = clock.hint_year
+    cache_get = _ENV_CACHE.get
+    fast = _fast
+    tb_levels = _TB_LEVELS
     for lines, notes in chunks:
-        if notes is None:
-            for s in lines:
-                lineno += 1
-                feed(lineno, s, None)
-        else:
-            get = notes.get
+        if notes is not None or lark:
+            get = notes.get if notes is not None else {}.get
             for i, s in enumerate(lines):
                 lineno += 1
                 feed(lineno, s, get(i))
+        else:
+            for s in lines:
+                lineno += 1
+                k = s.find("] ")
+                if k > 0:
+                    r = cache_get(s[: k + 2])
+                    if r is not None and fp.raw_tb is None and "\x1b" not in s:
+                        p = fp.pending
+                        if p is None or p[3] is None:  # no traceback continuation possible
+                            if p is not None:  # the previous record is complete
+                                fp.pending = None
+                                if p[1] == 1 and p[6] is None:
+                                    e = fast(p[2].rstrip(), file, p[0], p[8], p[9], p[4], p[10], p[11], p[12], p[13], p[7])
+                                    if e is not None:
+                                        out.append(e)
+                                    else:
+                                        fp._emit(p)
+                                else:
+                                    fp._emit(p)
+                            wtd, level, date, hms, source, process, pid, engine, end = r
+                            if wtd:
+                                hint(int(wtd[:4]))
+                            t, tt = stamp(date, hms)
+                            fp.pending = [lineno, 1, s[end:], s[:end] if level in tb_levels else None, level, len(s), None, None,
+                                          t, tt, process, pid, engine, source]
+                            continue
+                feed(lineno, s, None)
         if out:
             yield from out
             out.clear()
