@@ -319,6 +319,8 @@ def _envelope(s: str) -> tuple | None:
         r = _ENV_CACHE.get(key)
         if r is not None:
             return r
+    if ".py:" not in s:  # the source "[file.py:N]" is required
+        return None
     m = _ENV_MATCH(s)
     if m is None:
         return None
@@ -588,21 +590,29 @@ def parse_chunks(chunks: Iterable[tuple[list[str], dict[int, str] | None]], labe
     feed = fp.feed
     out = fp.out
     lineno = 0
-    # The hot loop, inlined for the common case (a record whose envelope is memoised, the
-    # previous record complete, no traceback open); every other line goes through
-    # `FileParser.feed`, which does the same and the rest. Both share the state in `fp`.
+    # The hot loop, inlined for the common case: a record whose envelope is memoised, after a
+    # complete record, with no traceback open. Every other line goes through
+    # `FileParser.feed`, which does the same and the rest; both share the state in `fp`.
+    # A one-line INFO/DEBUG record waits here as `lp` = (line, envelope, lineno, time,
+    # time_text) instead of `fp.pending` (never both); `_pending(lp)` hands it over.
     file = label
     stamp = clock.stamp
     hint = clock.hint_year
     cache_get = _ENV_CACHE.get
     fast = _fast
+    emit = fp._emit
     tb_levels = _TB_LEVELS
+    lp = None
+    lr = lt = ltt = None  # the last envelope stamped here and its time (reset by any other clock use)
     for lines, notes in chunks:
         if notes is not None or lark:
+            if lp is not None:
+                fp.pending, lp = _pending(lp), None
             get = notes.get if notes is not None else {}.get
             for i, s in enumerate(lines):
                 lineno += 1
                 feed(lineno, s, get(i))
+            lr = None
         else:
             for s in lines:
                 lineno += 1
@@ -610,32 +620,53 @@ def parse_chunks(chunks: Iterable[tuple[list[str], dict[int, str] | None]], labe
                 if k > 0:
                     r = cache_get(s[: k + 2])
                     if r is not None and fp.raw_tb is None and "\x1b" not in s:
-                        p = fp.pending
-                        if p is None or p[3] is None:  # no traceback continuation possible
-                            if p is not None:  # the previous record is complete
-                                fp.pending = None
-                                if p[1] == 1 and p[6] is None:
-                                    e = fast(p[2].rstrip(), file, p[0], p[8], p[9], p[4], p[10], p[11], p[12], p[13], p[7])
-                                    if e is not None:
-                                        out.append(e)
-                                    else:
-                                        fp._emit(p)
-                                else:
-                                    fp._emit(p)
-                            wtd, level, date, hms, source, process, pid, engine, end = r
-                            if wtd:
-                                hint(int(wtd[:4]))
-                            t, tt = stamp(date, hms)
-                            fp.pending = [lineno, 1, s[end:], s[:end] if level in tb_levels else None, level, len(s), None, None,
-                                          t, tt, process, pid, engine, source]
-                            continue
+                        if lp is not None:  # the previous record is complete
+                            ps, pr, pl, pt, ptt = lp
+                            e = fast(ps[pr[8]:].rstrip(), file, pl, pt, ptt, pr[1], pr[5], pr[6], pr[7], pr[4], None)
+                            if e is not None:
+                                out.append(e)
+                            else:
+                                emit(_pending(lp))
+                        else:
+                            p = fp.pending
+                            if p is not None:
+                                if p[3] is not None:  # it may continue as a traceback
+                                    feed(lineno, s, None)
+                                    lr = None
+                                    continue
+                                fp._flush()
+                        if r is lr:
+                            t, tt = lt, ltt
+                        else:
+                            if r[0]:
+                                hint(int(r[0][:4]))
+                            t, tt = stamp(r[2], r[3])
+                            lr, lt, ltt = r, t, tt
+                        if r[1] in tb_levels:
+                            lp = None
+                            fp.pending = _pending((s, r, lineno, t, tt))
+                        else:
+                            lp = (s, r, lineno, t, tt)
+                        continue
+                if lp is not None:
+                    fp.pending, lp = _pending(lp), None
                 feed(lineno, s, None)
+                lr = None
         if out:
             yield from out
             out.clear()
+    if lp is not None:
+        fp.pending = _pending(lp)
     fp.close()
     yield from out
     out.clear()
+
+
+def _pending(lp: tuple) -> list:
+    """The `FileParser.pending` record of a line waiting in the hot loop."""
+    s, r, lineno, t, tt = lp
+    end = r[8]
+    return [lineno, 1, s[end:], s[:end] if r[1] in _TB_LEVELS else None, r[1], len(s), None, None, t, tt, r[5], r[6], r[7], r[4]]
 
 
 def _clock_for(year: int | None, mtime: float | None) -> Clock:
