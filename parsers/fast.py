@@ -252,21 +252,22 @@ def _request(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, proces
 
 # --------------------------------------------------------------------------- dispatch
 
-# first word of the message -> handler (the same first words as matchers._FIRST)
+# first three characters of the message -> handler. Each handler checks its own leading
+# words ("Engine N: ", "Avg ", "Added request ", ...), the same ones `matchers._FIRST` selects.
 FAST: dict[str, Callable[..., ev.Event | None]] = {
-    "Engine": _stats,
+    "Eng": _stats,
     "Avg": _stats,
-    "Added": _added,
-    "Finished": _finished,
-    "Received": _received,
-    "Request": _request,
+    "Add": _added,
+    "Fin": _finished,
+    "Rec": _received,
+    "Req": _request,
 }
+_FAST_GET = FAST.get
 
 
 def fast_message(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process: Any, pid: Any, engine: Any, source: Any, note: Any) -> ev.Event | None:
     """The event for `msg` when a fast path is sure of it, else None (take the general route)."""
-    sp = msg.find(" ")
-    h = FAST.get(msg[:sp] if sp >= 0 else msg)
+    h = _FAST_GET(msg[:3])
     if h is None:
         return None
     try:

@@ -602,6 +602,8 @@ def parse_chunks(chunks: Iterable[tuple[list[str], dict[int, str] | None]], labe
     fast = _fast
     emit = fp._emit
     tb_levels = _TB_LEVELS
+    uvicorn = _UVICORN.match
+    HttpAccess = ev.HttpAccess
     lp = None
     lr = lt = ltt = None  # the last envelope stamped here and its time (reset by any other clock use)
     for lines, notes in chunks:
@@ -648,6 +650,28 @@ def parse_chunks(chunks: Iterable[tuple[list[str], dict[int, str] | None]], labe
                         else:
                             lp = (s, r, lineno, t, tt)
                         continue
+                elif s.startswith("INFO:     ") and fp.raw_tb is None and "\x1b" not in s:
+                    # uvicorn access line: never an envelope nor a wrap, so the record before it
+                    # is complete (what `feed` then `_raw` do, without their other checks)
+                    if lp is not None:
+                        ps, pr, pl, pt, ptt = lp
+                        lp = None
+                        e = fast(ps[pr[8]:].rstrip(), file, pl, pt, ptt, pr[1], pr[5], pr[6], pr[7], pr[4], None)
+                        if e is not None:
+                            out.append(e)
+                        else:
+                            emit(_pending((ps, pr, pl, pt, ptt)))
+                    elif fp.pending is not None:
+                        fp._flush()
+                    m = uvicorn(s)
+                    if m is not None and m.group(4) is not None:
+                        _proc, _pid, client, method, path, httpv, status, status_text, _other = m.groups()
+                        out.append(HttpAccess(client=client, method=method, path=path, http_version=httpv, status=int(status),
+                                              status_text=status_text, file=file, line=lineno))
+                    else:
+                        fp._raw(lineno, s, None)
+                        lr = None
+                    continue
                 if lp is not None:
                     fp.pending, lp = _pending(lp), None
                 feed(lineno, s, None)
