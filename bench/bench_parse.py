@@ -12,7 +12,13 @@ time stamps and request ids, then prints lines/s for:
 and the ratios. Peak memory (max RSS) of a child process streaming the whole file to JSONL
 is printed for the full file and for a quarter of it: flat memory means equal figures.
 
-    python bench/bench_parse.py [--lines 1000000] [--lark-lines 20000]
+Two mixes of 1,000,000 lines each: "bench" (the lines above: 1/6 are 1.4 kB JSON-body lines
+with 200 token ids, 1/5 are 600-byte Received lines; 438 bytes a line) and "typical" (the
+serving phase of a real 0.33 log, tests/data/logcases/p1_poisson_fcfs_200/server.log:
+Received / Added / access / stats lines; 256 bytes a line). Per-kind figures use 200,000
+lines of one kind each. Each kvreplay figure is the best of --repeat runs, with the range.
+
+    python bench/bench_parse.py [--lines 1000000] [--lark-lines 20000] [--repeat 3] [--no-kinds]
 """
 
 from __future__ import annotations
@@ -68,14 +74,53 @@ def build_log(path: Path, n_lines: int) -> None:
             rep += 1
 
 
-def bench_kvreplay(path: Path) -> tuple[float, int]:
+TYPICAL = ROOT / "tests" / "data" / "logcases" / "p1_poisson_fcfs_200" / "server.log"
+_TYP_RID = re.compile(r"cmpl-([0-9a-f]+)-(\d+)")
+KINDS = {  # per-kind logs: template lines of one kind
+    "stats": lambda ln: "Avg prompt throughput" in ln,
+    "added": lambda ln: "Added request" in ln,
+    "received": lambda ln: "Received request" in ln,
+    "json_body": lambda ln: "JSON body" in ln,
+    "http_access": lambda ln: ln.startswith("INFO:  "),
+}
+NOISE = ["", "INFO:     Started server process [2801]", "Processed prompts:  45%|####5     | 45/100 [00:03<00:04, 12.5it/s]",
+         "(APIServer pid=2801) INFO 05-07 10:00:05 [launcher.py:46] Route: /v1/models, Methods: GET"]
+
+
+def _write_repeated(path: Path, tpl: list[str], n_lines: int, step: int = 1, rid: re.Pattern | None = None) -> None:
+    """`tpl` repeated to n_lines, each repetition `step` seconds later (ids made unique by `rid`)."""
+    t0 = 1778148000
+    written = rep = 0
+    with open(path, "w", encoding="utf-8") as f:
+        while written < n_lines:
+            ts = time.strftime("%m-%d %H:%M:%S", time.gmtime(t0 + rep * step))
+            chunk = [_TS.sub(ts, ln) for ln in tpl]
+            if rid is not None:
+                chunk = [rid.sub(lambda m: f"cmpl-{m.group(1)}-{rep}x{m.group(2)}", ln) for ln in chunk]
+            take = min(len(chunk), n_lines - written)
+            f.write("\n".join(chunk[:take]) + "\n")
+            written += take
+            rep += 1
+
+
+def build_typical(path: Path, n_lines: int) -> None:
+    src = TYPICAL.read_text(encoding="utf-8").splitlines()
+    first = next(i for i, ln in enumerate(src) if "Received request" in ln)
+    _write_repeated(path, src[first:], n_lines, step=60, rid=_TYP_RID)
+
+
+def bench_kvreplay(path: Path, repeat: int = 1) -> tuple[float, int, list[float]]:
+    """(best seconds, lines, all timings)"""
     from kvreplay.parsers import parse_files
 
-    t = time.perf_counter()
-    n = 0
-    for e in parse_files([str(path)], year=2026):
-        n += e.lines
-    return time.perf_counter() - t, n
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        n = 0
+        for e in parse_files([str(path)], year=2026):
+            n += e.lines
+        times.append(time.perf_counter() - t)
+    return min(times), n, times
 
 
 def bench_lark(path: Path, limit: int) -> tuple[float, int]:
@@ -92,10 +137,12 @@ def bench_lark(path: Path, limit: int) -> tuple[float, int]:
     return time.perf_counter() - t, n
 
 
-def bench_grep(path: Path) -> tuple[float, int]:
-    t = time.perf_counter()
-    r = subprocess.run(["grep", "-c", "Engine 000:", str(path)], capture_output=True, text=True)
-    el = time.perf_counter() - t
+def bench_grep(path: Path, repeat: int = 3) -> tuple[float, int]:
+    el = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        subprocess.run(["grep", "-c", "Engine 000:", str(path)], capture_output=True, text=True)
+        el = min(el, time.perf_counter() - t)
     lines = int(subprocess.run(["wc", "-l", str(path)], capture_output=True, text=True).stdout.split()[0])
     return el, lines
 
@@ -118,35 +165,71 @@ def bench_jsonl(path: Path, out: Path) -> tuple[float, int]:
     return float(el), int(rss)
 
 
+def _rng(times: list[float], n: int) -> str:
+    return f"{n / max(times):,.0f}-{n / min(times):,.0f}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=1_000_000)
     ap.add_argument("--lark-lines", type=int, default=20_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-kinds", action="store_true", help="skip the per-kind figures")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as td:
         log = Path(td) / "big.log"
         build_log(log, args.lines)
         quarter = Path(td) / "quarter.log"
         build_log(quarter, args.lines // 4)
+        typical = Path(td) / "typical.log"
+        build_typical(typical, args.lines)
         size = log.stat().st_size
         print(f"log: {args.lines:,} lines, {size / 1e6:.1f} MB (repeated real lines, rising times and ids)")
+        t_size = typical.stat().st_size
+        print(f"typical log: {args.lines:,} lines, {t_size / 1e6:.1f} MB (serving phase of a real 0.33 log, repeated)")
 
         g_el, g_n = bench_grep(log)
-        k_el, k_n = bench_kvreplay(log)
+        k_el, k_n, k_times = bench_kvreplay(log, args.repeat)
         assert k_n == g_n == args.lines, (k_n, g_n)
         l_el, l_n = bench_lark(log, args.lark_lines)
         j_el, j_rss = bench_jsonl(log, Path(td) / "out.jsonl")
         jq_el, jq_rss = bench_jsonl(quarter, Path(td) / "q.jsonl")
         jsonl_mb = (Path(td) / "out.jsonl").stat().st_size / 1e6
+        tg_el, tg_n = bench_grep(typical)
+        tk_el, tk_n, tk_times = bench_kvreplay(typical, args.repeat)
+        assert tk_n == tg_n == args.lines, (tk_n, tg_n)
+        tj_el, tj_rss = bench_jsonl(typical, Path(td) / "t.jsonl")
+        kinds = []
+        if not args.no_kinds:
+            tpl = template_lines()
+            for name, pred in [*KINDS.items(), ("noise", None)]:
+                kp = Path(td) / f"{name}.log"
+                _write_repeated(kp, NOISE if pred is None else [ln for ln in tpl if pred(ln)], 200_000)
+                kg_el, kg_n = bench_grep(kp)
+                kk_el, kk_n, kk_times = bench_kvreplay(kp, args.repeat)
+                kinds.append((name, kk_n, kk_el, kk_times, kg_el, kp.stat().st_size / kk_n))
+                kp.unlink()
 
     k_rate, l_rate, g_rate = k_n / k_el, l_n / l_el, g_n / g_el
-    print(f"grep -c            : {g_rate:12,.0f} lines/s  ({g_el:.3f} s)")
-    print(f"kvreplay (events)  : {k_rate:12,.0f} lines/s  ({k_el:.2f} s)")
-    print(f"kvreplay -> JSONL  : {args.lines / j_el:12,.0f} lines/s  ({j_el:.2f} s, {jsonl_mb:.0f} MB written)")
-    print(f"plain Lark per line: {l_rate:12,.0f} lines/s  (first {l_n:,} lines, {l_el:.2f} s)")
-    print(f"kvreplay / Lark    : {k_rate / l_rate:8.1f}x   (target >= 10x)")
-    print(f"grep -c / kvreplay : {g_rate / k_rate:8.1f}x   (target <= 30x)")
-    print(f"max RSS streaming to JSONL: {j_rss / 1024:.0f} MiB for {args.lines:,} lines, {jq_rss / 1024:.0f} MiB for {args.lines // 4:,} lines")
+    print(f"bench mix ({size / args.lines:.0f} bytes a line):")
+    print(f"  grep -c            : {g_rate:12,.0f} lines/s  ({g_el:.3f} s)")
+    print(f"  kvreplay (events)  : {k_rate:12,.0f} lines/s  ({k_el:.2f} s best of {args.repeat}; range {_rng(k_times, k_n)} lines/s)")
+    print(f"  kvreplay -> JSONL  : {args.lines / j_el:12,.0f} lines/s  ({j_el:.2f} s, {jsonl_mb:.0f} MB written)")
+    print(f"  plain Lark per line: {l_rate:12,.0f} lines/s  (first {l_n:,} lines, {l_el:.2f} s)")
+    print(f"  kvreplay / Lark    : {k_rate / l_rate:8.1f}x   (target >= 10x)")
+    print(f"  grep -c / kvreplay : {g_rate / k_rate:8.1f}x   (target <= 30x)")
+    print(f"  max RSS streaming to JSONL: {j_rss / 1024:.0f} MiB for {args.lines:,} lines, {jq_rss / 1024:.0f} MiB for {args.lines // 4:,} lines")
+    tk_rate, tg_rate = tk_n / tk_el, tg_n / tg_el
+    print(f"typical serving-log mix ({t_size / args.lines:.0f} bytes a line):")
+    print(f"  grep -c            : {tg_rate:12,.0f} lines/s  ({tg_el:.3f} s)")
+    print(f"  kvreplay (events)  : {tk_rate:12,.0f} lines/s  ({tk_el:.2f} s best of {args.repeat}; range {_rng(tk_times, tk_n)} lines/s)")
+    print(f"  kvreplay -> JSONL  : {args.lines / tj_el:12,.0f} lines/s  ({tj_el:.2f} s; max RSS {tj_rss / 1024:.0f} MiB)")
+    print(f"  kvreplay / Lark    : {tk_rate / l_rate:8.1f}x")
+    print(f"  grep -c / kvreplay : {tg_rate / tk_rate:8.1f}x   (target <= 30x)")
+    if kinds:
+        print("per kind (200,000 lines each):")
+        for name, n, el, times, gel, bpl in kinds:
+            print(f"  {name:12s}: {n / el:10,.0f} lines/s (range {_rng(times, n)}), {bpl:5.0f} bytes a line, grep -c {n / gel:12,.0f} lines/s, ratio {gel and el / gel:6.1f}x")
     return 0
 
 

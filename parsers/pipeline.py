@@ -24,6 +24,9 @@ from kvreplay.errors import UserError
 from kvreplay.parsers import build, matchers
 from kvreplay.parsers.fast import fast_message as _fast
 
+# False: every line takes the general route (FileParser.feed, matchers, builders); the tests
+# compare both routes. True: the hot loop of `parse_chunks` and the fused paths of fast.py.
+FAST_PATHS = True
 MAX_LINE = 4 * 1024 * 1024  # characters kept per physical line; the rest is dropped with a note
 WRAP_WIDTHS = frozenset({80, 100, 120, 132, 160, 200, 240, 250, 256, 300, 500, 512, 1000, 1024, 2000, 2048, 4000, 4096})
 
@@ -413,7 +416,7 @@ class FileParser:
         self.pending = None
         if p is None:
             return
-        if p[_P_SPAN] == 1 and not p[_P_BODY] and not self.lark:
+        if p[_P_SPAN] == 1 and not p[_P_BODY] and not self.lark and FAST_PATHS:
             e = _fast(p[2].rstrip(), self.file, p[0], p[8], p[9], p[4], p[10], p[11], p[12], p[13], p[7])
             if e is not None:
                 self.out.append(e)
@@ -607,7 +610,7 @@ def parse_chunks(chunks: Iterable[tuple[list[str], dict[int, str] | None]], labe
     lp = None
     lr = lt = ltt = None  # the last envelope stamped here and its time (reset by any other clock use)
     for lines, notes in chunks:
-        if notes is not None or lark:
+        if notes is not None or lark or not FAST_PATHS:
             if lp is not None:
                 fp.pending, lp = _pending(lp), None
             get = notes.get if notes is not None else {}.get
