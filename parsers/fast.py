@@ -169,6 +169,7 @@ def request_params(text: str) -> dict[str, Any]:
 
 
 _PARAMS_CACHE: dict[str, tuple] = {}
+_SHAPED: dict[str, tuple] = {}  # params texts checked for the one-shape fast path of `_received`
 
 
 def _received_params(params: str) -> tuple:
@@ -191,9 +192,20 @@ def _received_params(params: str) -> tuple:
 
 def _received(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process: Any, pid: Any, engine: Any, source: Any, note: Any) -> ev.Event | None:
     m = _RECV_HEAD(msg) if msg.endswith(_LORA_NONE) else None
-    if m is None or "\n" in msg or msg.count(", lora_request: ") != 1 or ", prompt_token_ids: " in msg or ", prompt_embeds shape: " in msg:
+    if m is None:
         return _received_any(msg, file, line, t, tt, level, process, pid, engine, source, note)
-    n, best_of, max_tokens, min_tokens, ignore_eos, temperature, stop, stop_ids, priority, call = _received_params(msg[m.end(1) + 10 : -21])
+    params = msg[m.end(1) + 10 : -21]
+    r = _SHAPED.get(params)
+    if r is None:
+        # The head ("Received request ID: params: CALL(") and the tail cannot hold these
+        # strings, so they are looked for in the params text only (and once per text).
+        if "\n" in params or ", lora_request: " in params or ", prompt_token_ids: " in params or ", prompt_embeds shape: " in params:
+            return _received_any(msg, file, line, t, tt, level, process, pid, engine, source, note)
+        r = _received_params(params)
+        if len(_SHAPED) >= 1024:
+            _SHAPED.clear()
+        _SHAPED[params] = r
+    n, best_of, max_tokens, min_tokens, ignore_eos, temperature, stop, stop_ids, priority, call = r
     return ev.RequestReceived(
         request_id=m.group(1), prompt=None, prompt_token_ids=None, prompt_len=None,
         n=n, best_of=best_of, max_tokens=max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos, temperature=temperature,

@@ -22,6 +22,7 @@ from typing import IO, Any, Iterable, Iterator
 from kvreplay import events as ev
 from kvreplay.errors import UserError
 from kvreplay.parsers import build, matchers
+from kvreplay.parsers.fast import _FAST_GET
 from kvreplay.parsers.fast import fast_message as _fast
 
 # False: every line takes the general route (FileParser.feed, matchers, builders); the tests
@@ -603,6 +604,7 @@ def parse_chunks(chunks: Iterable[tuple[list[str], dict[int, str] | None]], labe
     hint = clock.hint_year
     cache_get = _ENV_CACHE.get
     fast = _fast
+    fast_get = _FAST_GET
     emit = fp._emit
     tb_levels = _TB_LEVELS
     uvicorn = _UVICORN.match
@@ -624,10 +626,19 @@ def parse_chunks(chunks: Iterable[tuple[list[str], dict[int, str] | None]], labe
                 k = s.find("] ")
                 if k > 0:
                     r = cache_get(s[: k + 2])
+                    if r is None and "\x1b" not in s:
+                        r = _envelope(s)  # not memoised yet (a new second, a new source ...)
                     if r is not None and fp.raw_tb is None and "\x1b" not in s:
                         if lp is not None:  # the previous record is complete
                             ps, pr, pl, pt, ptt = lp
-                            e = fast(ps[pr[8]:].rstrip(), file, pl, pt, ptt, pr[1], pr[5], pr[6], pr[7], pr[4], None)
+                            msg = ps[pr[8]:].rstrip()
+                            h = fast_get(msg[:3])
+                            e = None
+                            if h is not None:
+                                try:
+                                    e = h(msg, file, pl, pt, ptt, pr[1], pr[5], pr[6], pr[7], pr[4], None)
+                                except Exception:  # any doubt: the general route decides
+                                    e = None
                             if e is not None:
                                 out.append(e)
                             else:

@@ -39,6 +39,7 @@ def _both(text: str) -> tuple[bytes, bytes]:
     def run() -> bytes:
         pipeline._ENV_CACHE.clear()
         fast._PARAMS_CACHE.clear()
+        fast._SHAPED.clear()
         stream = io.StringIO(text, newline="\n")
         return encode_jsonl(pipeline.parse_stream(stream, "t.log", pipeline.Clock(year=2026)))
 
