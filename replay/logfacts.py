@@ -113,6 +113,7 @@ def collect(
     outputs: dict[str, ev.GeneratedResponse] = {}
     num_cpu_blocks: int | None = None
     finished: list[tuple[float | None, str]] = []
+    dup_ids: list[str] = []
     aborts: list[ev.RequestAborted] = []
     first_time = last_time = None
     n_events = n_unparsed = 0
@@ -154,6 +155,13 @@ def collect(
                 if body.priority is not None:
                     r.priority = body.priority
                 r.stream = body.stream
+            if r.log_id in by_id:
+                # a client may reuse a request id (X-Request-Id); keep both, told apart
+                k = 2
+                while f"{e.request_id}#{k}" in by_id:
+                    k += 1
+                r.log_id = f"{e.request_id}#{k}"
+                dup_ids.append(e.request_id)
             requests.append(r)
             by_id[r.log_id] = r
         elif isinstance(e, ev.RequestAdded):
@@ -230,6 +238,11 @@ def collect(
         files=files,
     )
     _list_missing(facts)
+    if dup_ids:
+        facts.notes.append(
+            f"{len(dup_ids)} request id(s) appear on more than one Received line (e.g. "
+            f"{dup_ids[0]}); repeats are named <id>#2, <id>#3 ..."
+        )
     return facts
 
 

@@ -1,0 +1,52 @@
+"""A damaged log never crashes the replay: it replays, or says in one line what is missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvreplay.errors import UserError
+from kvreplay.sources import replay_logs
+
+LOG = Path(__file__).parent / "data" / "logcases" / "f_prefix_caching" / "server.reqbody.log"
+LINES = LOG.read_text().splitlines()
+
+
+@st.composite
+def damaged(draw) -> list[str]:
+    lines = list(LINES)
+    for _ in range(draw(st.integers(min_value=1, max_value=12))):
+        op = draw(st.sampled_from(["drop", "cut", "dup", "swap", "garble"]))
+        i = draw(st.integers(min_value=0, max_value=len(lines) - 1))
+        if op == "drop":
+            del lines[i]
+        elif op == "cut":
+            lines[i] = lines[i][: draw(st.integers(min_value=0, max_value=max(0, len(lines[i]) - 1)))]
+        elif op == "dup":
+            lines.insert(i, lines[i])
+        elif op == "swap":
+            j = draw(st.integers(min_value=0, max_value=len(lines) - 1))
+            lines[i], lines[j] = lines[j], lines[i]
+        else:
+            lines[i] = draw(st.text(max_size=80))
+        if not lines:
+            lines = [""]
+    return lines
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(damaged())
+def test_damaged_log_replays_or_explains(tmp_path_factory, lines: list[str]) -> None:
+    path = tmp_path_factory.mktemp("fuzz") / "server.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass")
+    try:
+        rep = replay_logs([str(path)], year=2026)
+    except UserError as exc:
+        assert str(exc) and "\n" not in str(exc)
+        return
+    assert rep.summary()["steps"] >= 0
+    for p in rep.preemptions:
+        assert p["victim"] in {s.id for s in rep.rebuilt.workload.requests}
