@@ -12,7 +12,8 @@ cursor positions:
 each as p50 / p95 ms, against a baseline measured in the same run: re-simulating from
 step 0 to the target (what a debugger without snapshots does). It also reports the
 timeline's memory (process RSS growth and the snapshot bytes) and the time to first frame
-of `kvreplay tui` on the embedded sample, in a fresh process (headless).
+of `kvreplay tui` on the embedded sample (a vLLM 0.33 log: parse + log replay + the first
+frame that shows a step), in a fresh process (headless).
 """
 from __future__ import annotations
 
@@ -75,7 +76,12 @@ marks = {}
 class A(ReplayApp):
     def on_mount(self):
         super().on_mount()
-        self.call_after_refresh(lambda: marks.setdefault("frame", time.time()))
+        self.call_after_refresh(lambda: marks.setdefault("shell", time.time()))
+    def refresh_panels(self):
+        super().refresh_panels()
+        # the first frame that shows a replayed step: parse + log replay + first view
+        if self.view is not None and "frame" not in marks:
+            self.call_after_refresh(lambda: marks.setdefault("frame", time.time()))
     def on_loaded(self, m):
         super().on_loaded(m)
         self.call_after_refresh(lambda: marks.setdefault("loaded", time.time()))
@@ -86,19 +92,20 @@ async def main():
         await pilot.pause()
         await pilot.pause()
 asyncio.run(main())
-print(marks["frame"], marks["loaded"], t_import)
+print(marks["shell"], marks["frame"], marks["loaded"], t_import)
 """
 
 
-def first_frame(repeat: int) -> list[tuple[float, float]]:
+def first_frame(repeat: int) -> list[tuple[float, float, float]]:
+    """(empty screen, first frame with a replayed step, fully loaded) ms from process start."""
     out = []
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(FIRST_FRAME)  # Textual resolves CSS relative to the app's source file
     for _ in range(repeat):
         t0 = time.time()
         res = subprocess.run([sys.executable, f.name], capture_output=True, text=True, check=True)
-        frame, loaded, _ = map(float, res.stdout.split())
-        out.append(((frame - t0) * 1e3, (loaded - t0) * 1e3))
+        shell, frame, loaded, _ = map(float, res.stdout.split())
+        out.append(((shell - t0) * 1e3, (frame - t0) * 1e3, (loaded - t0) * 1e3))
     return out
 
 
@@ -179,19 +186,35 @@ def main() -> int:
     print(f"snapshot restore {r_ms:.3f} ms vs copy.deepcopy {d_ms:.3f} ms ({d_ms / r_ms:.1f}x); "
           f"{len(snap.blob):,} bytes each")
 
+    # the embedded sample is a vLLM log: parse + log replay (open_source), then the
+    # timeline's own run of the rebuilt workload
+    from kvreplay.tui.cli import DEFAULT_SAMPLE, default_paths
+
+    t0 = time.perf_counter()
+    sample = open_source(default_paths())
+    open_ms = (time.perf_counter() - t0) * 1e3
+    stl = Timeline(sample)
+    t0 = time.perf_counter()
+    stl.build()
+    build_ms = (time.perf_counter() - t0) * 1e3
+    print(f"\nembedded sample {DEFAULT_SAMPLE}: {stl.num_steps} steps; open_source "
+          f"(parse + log replay) {open_ms:.0f} ms, timeline build {build_ms:.0f} ms (in-process)")
     ff = first_frame(args.frames)
-    frames = sorted(x[0] for x in ff)
-    loads = sorted(x[1] for x in ff)
-    print(f"\ntime to first frame (embedded sample, fresh process, headless): "
-          f"median {statistics.median(frames):.0f} ms (all: {', '.join(f'{x:.0f}' for x in frames)}); "
-          f"fully loaded {statistics.median(loads):.0f} ms; target < 1500 ms")
+    shells = sorted(x[0] for x in ff)
+    frames = sorted(x[1] for x in ff)
+    loads = sorted(x[2] for x in ff)
+    print(f"time to first frame (embedded sample, fresh process, headless; parse + replay + "
+          f"first step shown): median {statistics.median(frames):.0f} ms "
+          f"(all: {', '.join(f'{x:.0f}' for x in frames)}); empty screen "
+          f"{statistics.median(shells):.0f} ms; fully loaded {statistics.median(loads):.0f} ms; "
+          f"target < 1500 ms: {'met' if statistics.median(frames) < 1500 else 'MISSED'}")
     # baseline for the first frame: the bare interpreter + textual import
     t0 = time.time()
     subprocess.run([sys.executable, "-c", "import textual.app"], check=True)
     bare = (time.time() - t0) * 1e3
     print(f"baseline: python -c 'import textual.app' {bare:.0f} ms "
           f"(first frame = {statistics.median(frames) / bare:.1f}x that)")
-    return 0 if ok else 1
+    return 0 if ok and statistics.median(frames) < 1500 else 1
 
 
 if __name__ == "__main__":

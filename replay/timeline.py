@@ -31,7 +31,7 @@ from array import array
 from collections import OrderedDict
 from itertools import islice
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from kvreplay.replay.block_pool import FreeKVCacheBlockQueue, KVCacheBlock
 from kvreplay.replay.engine import Engine
@@ -417,6 +417,7 @@ class Timeline:
         self._cursor: Engine | None = None  # a scratch engine, step_index = next step
         self._cursor_lock = threading.Lock()
         self.build_seconds = 0.0
+        self._log_steps: array | None = None  # sorted steps of source.log_lines
 
     # -- building --------------------------------------------------------------------
     def build(
@@ -652,6 +653,48 @@ class Timeline:
             out.append((a, b - 1, max(self.kv_usage[a:b]), max(self.num_running[a:b]),
                         max(self.num_waiting[a:b]), n_pre))
         return out
+
+    # -- wall-clock times and log lines (log sources) ----------------------------------
+    @property
+    def step_times(self) -> Sequence[float]:
+        """Wall-clock start of every replayed step (epoch seconds; a log's server-local
+        time read as UTC), or empty: a workload has no times."""
+        extra = getattr(self.source, "extra", None) or {}
+        return extra.get("step_times") or ()
+
+    @property
+    def has_times(self) -> bool:
+        return len(self.step_times) > 0
+
+    def step_time(self, step: int) -> float | None:
+        times = self.step_times
+        return times[step] if 0 <= step < len(times) else None
+
+    def step_at_time(self, t: float) -> int:
+        """The loaded step running at time `t`: the last one that started at or before
+        it (step 0 for a time before the first step)."""
+        times = self.step_times
+        n = min(len(times), self.num_steps)
+        return max(0, bisect.bisect_right(times, t, 0, n) - 1)
+
+    def preemption_confidence(self, p: Preemption) -> str:
+        """How much to trust this preemption: the log replay's own word for its step,
+        else the source's overall confidence ("exact" for a workload)."""
+        src = self.source
+        per = (getattr(src, "extra", None) or {}).get("preemption_confidence") or {}
+        return per.get(p.step) or getattr(src, "confidence", None) or "exact"
+
+    def nearest_log_steps(self, step: int) -> tuple[int | None, int | None]:
+        """The closest steps before and after `step` that have log lines behind them."""
+        lines = getattr(self.source, "log_lines", None) or {}
+        if self._log_steps is None or len(self._log_steps) != len(lines):
+            self._log_steps = array("q", sorted(lines))
+        steps = self._log_steps
+        i = bisect.bisect_left(steps, step)
+        before = steps[i - 1] if i > 0 else None
+        j = bisect.bisect_right(steps, step)
+        after = steps[j] if j < len(steps) else None
+        return before, after
 
     # -- full state of a step ----------------------------------------------------------
     def view(self, step: int) -> StepView:

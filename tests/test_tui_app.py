@@ -15,7 +15,8 @@ pytest.importorskip("textual")
 from kvreplay.replay.session import open_source  # noqa: E402
 from kvreplay.replay.timeline import CACHED, FREE, HELD, NULL, SHARED  # noqa: E402
 from kvreplay.samples import sample_path  # noqa: E402
-from kvreplay.tui.app import KEYS, ReplayApp, parse_step  # noqa: E402
+from kvreplay.tui import render  # noqa: E402
+from kvreplay.tui.app import KEYS, ReplayApp, parse_goto, parse_step  # noqa: E402
 from kvreplay.tui.cli import default_paths  # noqa: E402
 
 CASES = Path(__file__).parent / "data" / "conformance" / "cases"
@@ -274,16 +275,39 @@ def test_escape_stops_a_long_load() -> None:
     run(body())
 
 
+async def until_exit(app, pilot, timeout: float = 20.0) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if app.return_code is not None:
+            return
+        await pilot.pause(0.05)
+
+
 def test_bad_input_is_reported_not_raised(tmp_path) -> None:
+    app = ReplayApp([str(tmp_path / "missing.json")])
+
     async def body():
-        app = ReplayApp([str(tmp_path / "missing.json")])
         async with app.run_test(size=SIZE) as pilot:
-            await app.workers.wait_for_complete()
-            await pilot.pause()
-            assert app.load_error and "no such file" in app.load_error
-            await pilot.press("n", "right", "slash")
+            await until_exit(app, pilot)
 
     run(body())
+    assert app.load_error and "no such file" in app.load_error
+    assert app.return_code == 2  # nothing to show: the app leaves, the CLI prints the error
+
+
+def test_cli_v0_log_one_line_and_exit_2(monkeypatch, capsys) -> None:
+    """`kvreplay tui v0.log`: the terminal comes back, one line on stderr, exit 2."""
+    from textual.app import App
+
+    from kvreplay.cli import main
+
+    monkeypatch.setattr(ReplayApp, "run", lambda self, **kw: App.run(self, headless=True))
+    log = Path(__file__).parent / "data" / "v0_logs" / "v066_recompute_basic_1s.log"
+    assert main(["tui", str(log)]) == 2
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("kvreplay tui: error: this is a V0-engine log")
+    assert "Traceback" not in out + err
 
 
 def test_parse_step() -> None:
@@ -293,6 +317,191 @@ def test_parse_step() -> None:
     assert parse_step("50%", 0, 101) == 50
     assert parse_step("end", 0, 100) == 99
     assert parse_step("x", 0, 100) is None
+
+
+def clock_epoch(times, hhmmss: str) -> float:
+    """Epoch seconds of a log time of day on the run's first day."""
+    from datetime import datetime, timezone
+
+    day = datetime.fromtimestamp(times[0], timezone.utc).strftime("%Y-%m-%d")
+    return datetime.strptime(f"{day} {hhmmss}", "%Y-%m-%d %H:%M:%S.%f").replace(
+        tzinfo=timezone.utc).timestamp()
+
+
+def running_at(times, t: float) -> int:
+    return max(0, max(i for i, x in enumerate(times) if x <= t) if t >= times[0] else 0)
+
+
+def test_goto_a_time_on_a_log() -> None:
+    async def body():
+        app = ReplayApp(default_paths())
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(app, pilot)
+            tl = app.tl
+            times = tl.step_times
+            assert tl.has_times
+            # the prompt says what it takes, with the log's time range
+            await pilot.press("colon")
+            await pilot.pause()
+            label = str(app.screen.query_one("#goto-times").render())
+            assert "10:01:02.350" in label and render.clock(tl, 0) in label
+            for ch in "10:01:02":
+                await pilot.press(ch)
+            await pilot.press("enter")
+            await pilot.pause()
+            want = running_at(times, clock_epoch(times, "10:01:02.000"))
+            assert 0 < want < tl.num_steps - 1
+            assert app.cursor == want
+            assert times[want] <= clock_epoch(times, "10:01:02.000") < times[want + 1]
+            # the current step's time: status line and step view
+            at = render.clock(tl, want)
+            assert at.startswith("10:01:0")
+            assert f"step {want}/{tl.num_steps - 1} at {at}" in str(
+                app.query_one("#status-label").render())
+            assert f"Step {want} / {tl.num_steps - 1}  at {at}" in text(app, "#step")
+            # milliseconds, and relative to the current step's start
+            await pilot.press("colon", *"10:01:02.350", "enter")
+            await pilot.pause()
+            assert app.cursor == running_at(times, clock_epoch(times, "10:01:02.350"))
+            here = app.cursor
+            await pilot.press("colon", *"+1.5s", "enter")
+            await pilot.pause()
+            assert app.cursor == running_at(times, times[here] + 1.5) > here
+            here = app.cursor
+            await pilot.press("colon", *"-200ms", "enter")
+            await pilot.pause()
+            assert app.cursor == running_at(times, times[here] - 0.2) < here
+            # steps still work; a time before the run goes to step 0
+            await pilot.press("colon", *"+5", "enter")
+            await pilot.pause()
+            here = app.cursor
+            await pilot.press("colon", *"09:00", "enter")
+            await pilot.pause()
+            assert here > 0 and app.cursor == 0
+
+    run(body())
+
+
+def test_parse_goto() -> None:
+    src = open_source(default_paths())
+    from kvreplay.replay.timeline import Timeline
+
+    tl = Timeline(src)
+    tl.build()
+    times = tl.step_times
+    last = tl.num_steps - 1
+    assert parse_goto("120", 0, tl) == (120, None)
+    assert parse_goto("+5", 10, tl) == (15, None)
+    assert parse_goto("end", 0, tl) == (last, None)
+    t = clock_epoch(times, "10:01:01.000")
+    step, note = parse_goto("10:01:01", 0, tl)
+    assert step == running_at(times, t) and f"step {step}" in note
+    assert parse_goto("10:01:01.000", 0, tl)[0] == step
+    assert parse_goto("05-07 10:01:01", 0, tl)[0] == step
+    assert parse_goto(" 10:01 ", 0, tl)[0] == running_at(times, clock_epoch(times, "10:01:00.0"))
+    assert parse_goto("+1s", 100, tl)[0] == running_at(times, times[100] + 1)
+    assert parse_goto("+1000ms", 100, tl)[0] == running_at(times, times[100] + 1)
+    assert parse_goto("-0.5s", 300, tl)[0] == running_at(times, times[300] - 0.5)
+    step, note = parse_goto("-1h", 300, tl)
+    assert step == 0 and "before the first step" in note
+    step, note = parse_goto("10:30:00", 0, tl)
+    assert step == last and "after the last step" in note
+    # no date: the day nearest the run (23:59:59 the evening before a 10:00 run)
+    step, note = parse_goto("23:59:59", 300, tl)
+    assert step == 0 and "before the first step" in note
+    assert parse_goto("25:00:00", 0, tl)[0] is None
+    assert parse_goto("soon", 0, tl)[0] is None
+    # a workload has no times: the prompt says so
+    wl = Timeline(open_source([CASES / "a_light_load" / "workload.json"]))
+    wl.build()
+    step, note = parse_goto("10:01:02", 0, wl)
+    assert step is None and "no wall-clock times" in note
+    assert parse_goto("+1.5s", 0, wl)[0] is None
+    assert parse_goto("7", 0, wl) == (7, None)
+
+
+def test_goto_prompt_on_a_workload_says_it_has_no_times() -> None:
+    async def body():
+        app = ReplayApp([str(CASES / "a_light_load" / "workload.json")])
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(app, pilot)
+            await pilot.press("colon")
+            await pilot.pause()
+            assert "no wall-clock times" in str(app.screen.query_one("#goto-times").render())
+            await pilot.press(*"10:01:02", "enter")
+            await pilot.pause()
+            assert app.cursor == 0
+            assert any("no wall-clock times" in n.message for n in app._notifications)
+            assert " at " not in str(app.query_one("#status-label").render()).split("·")[0]
+
+    run(body())
+
+
+def test_why_panel_shows_each_preemptions_own_confidence(monkeypatch) -> None:
+    import kvreplay.tui.app as app_mod
+
+    def patched(paths, **kw):
+        src = open_source(paths, **kw)
+        per = src.extra["preemption_confidence"]
+        steps = sorted(per)
+        per[steps[0]] = "inferred"
+        per[steps[1]] = "exact"
+        del per[steps[2]]  # falls back to the source's confidence
+        return src
+
+    monkeypatch.setattr(app_mod, "open_source", patched)
+
+    async def body():
+        app = ReplayApp(default_paths())
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(app, pilot)
+            shown = []
+            for _ in range(3):
+                await pilot.press("n")
+                await pilot.pause()
+                why = text(app, "#why-panel")
+                shown.append(why.split("confidence: ")[1].split()[0])
+            assert shown == ["inferred", "exact", app.tl.source.confidence]
+            assert app.tl.source.confidence == "consistent"
+            await pilot.press("N", "N")
+            await pilot.pause()
+            assert "(reconstructed: the stats lines around it disagree" in text(app, "#why-panel")
+
+    run(body())
+
+
+def test_log_tab_shows_the_nearest_lines_around_a_quiet_step() -> None:
+    async def body():
+        app = ReplayApp(default_paths())
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(app, pilot)
+            tl = app.tl
+            lines = tl.source.log_lines
+            logged = sorted(lines)
+            quiet = logged[0] + 7
+            assert quiet not in lines and logged[1] > quiet
+            await pilot.press("colon", *str(quiet), "enter", "5")
+            await pilot.pause()
+            log = text(app, "#log-panel")
+            assert f"No log line was written at step {quiet} ({render.clock(tl, quiet)})" in log
+            before, after = logged[0], logged[1]
+            assert f"step {before} ({render.clock(tl, before)}), 7 steps earlier" in log
+            assert f"step {after} ({render.clock(tl, after)}), {after - quiet} steps later" in log
+            for path, lineno in lines[before][-12:] + lines[after][:12]:
+                assert f"{Path(path).name}:{lineno}: " in log
+            # the order reads like the log: before, this step, after
+            assert log.index(f"step {before} (") < log.index(f"▶ step {quiet}") < log.index(
+                f"step {after} (")
+            # a step with lines shows its own
+            await pilot.press("colon", *str(after), "enter")
+            await pilot.pause()
+            log = text(app, "#log-panel")
+            assert f"Log lines behind step {after}" in log
+            path, lineno = lines[after][0]
+            assert f"{Path(path).name}:{lineno}: " in log
+            assert "No log line" not in log
+
+    run(body())
 
 
 def test_cli_import_path_does_not_import_textual() -> None:

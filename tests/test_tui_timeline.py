@@ -204,3 +204,50 @@ def test_timeline_module_imports_no_ui() -> None:
             "print(','.join(m for m in sys.modules if m.split('.')[0] in ('textual', 'polars')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_log_source_times_confidence_and_log_neighbours() -> None:
+    """A log source: every step has a wall-clock start; a time maps to the step running
+    then; each preemption has its own confidence; any step finds its nearest log lines."""
+    from kvreplay.samples import sample_path as sp
+
+    src = open_source([sp("vllm033_fcfs_heavy.reqbody.log")])
+    tl = Timeline(src)
+    tl.build()
+    times = tl.step_times
+    assert tl.has_times and len(times) == tl.num_steps
+    assert list(times) == sorted(times)
+    for s in (0, 1, 41, tl.num_steps // 2, tl.num_steps - 1):
+        assert tl.step_time(s) == times[s]
+        assert tl.step_at_time(times[s]) == s
+        if s + 1 < tl.num_steps:
+            assert tl.step_at_time((times[s] + times[s + 1]) / 2) == s
+    assert tl.step_at_time(times[0] - 60) == 0
+    assert tl.step_at_time(times[-1] + 60) == tl.num_steps - 1
+    assert tl.step_time(tl.num_steps) is None
+    # per-preemption confidence: the replay's own word, else the source's
+    per = src.extra["preemption_confidence"]
+    assert [p.step for p in tl.preemptions] == sorted(per)  # same steps as the log replay
+    for p in tl.preemptions:
+        assert tl.preemption_confidence(p) == per[p.step]
+    per[tl.preemptions[0].step] = "inferred"
+    del per[tl.preemptions[1].step]
+    assert tl.preemption_confidence(tl.preemptions[0]) == "inferred"
+    assert tl.preemption_confidence(tl.preemptions[1]) == src.confidence
+    # nearest log lines around a step without any
+    logged = sorted(src.log_lines)
+    gap = next(s for s in range(tl.num_steps) if s not in src.log_lines)
+    before, after = tl.nearest_log_steps(gap)
+    assert before == max(s for s in logged if s < gap)
+    assert after == min(s for s in logged if s > gap)
+    assert tl.nearest_log_steps(logged[0]) == (None, logged[1])
+    assert tl.nearest_log_steps(logged[-1] + 5) == (logged[-1], None)
+
+
+def test_workload_source_has_no_times_and_exact_confidence() -> None:
+    src = open_source([sample_path("fcfs_heavy.workload.json")])
+    tl = Timeline(src)
+    tl.build(max_steps=200)
+    assert not tl.has_times and tl.step_time(3) is None
+    assert tl.preemptions and {tl.preemption_confidence(p) for p in tl.preemptions} == {"exact"}
+    assert tl.nearest_log_steps(5) == (None, None)

@@ -7,7 +7,9 @@ and engine snapshots); every panel shows a `StepView` the timeline rebuilds on d
 from __future__ import annotations
 
 import gc
+import re
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -59,7 +61,7 @@ KEYS: list[tuple[str, str, str, bool]] = [
     ("left_square_bracket", "select(-1)", "Select the previous request of this step", False),
     ("g,home", "first", "First step", False),
     ("G,end", "last", "Last step", False),
-    ("colon", "goto", "Go to step", True),
+    ("colon", "goto", "Go to a step or a time", True),
     ("slash", "search", "Search a request id", True),
     ("m", "bookmark", "Toggle a bookmark on this step", False),
     ("u", "next_bookmark(1)", "Next bookmark", False),
@@ -77,6 +79,10 @@ KEYS: list[tuple[str, str, str, bool]] = [
     ("escape", "stop", "Stop loading", False),
     ("q", "quit", "Quit", True),
 ]
+
+# Shorter footer labels, so every footer key fits at 130 columns (help keeps the long ones).
+FOOTER_LABELS = {"event('preemption',-1)": "Prev preemption", "goto": "Go to step/time",
+                 "search": "Search id", "help": "Help"}
 
 KEY_NAMES = {"right": "→", "left": "←", "comma": ",", "colon": ":", "slash": "/",
              "question_mark": "?", "right_square_bracket": "]", "left_square_bracket": "[",
@@ -127,14 +133,21 @@ class Panel(Static):
 class GotoScreen(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, last: int) -> None:
+    def __init__(self, last: int, times: str | None = None) -> None:
         super().__init__()
         self.last = last
+        self.times = times  # "10:00:59.802 – 10:01:04.485" for a log, None for a workload
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
-            yield Label(f"Go to step (0..{self.last}; +N / -N relative; 50% ; end)")
-            yield Input(placeholder="step", id="goto-input")
+            yield Label(f"Go to a step: 0..{self.last}, +N / -N relative, 50%, end", id="goto-help")
+            if self.times:
+                yield Label(f"or a time: 10:01:02, 10:01:02.350, +1.5s / -200ms relative"
+                            f"\n(log times {self.times})", id="goto-times")
+            else:
+                yield Label("This replay has no wall-clock times (not from a log): "
+                            "steps only.", id="goto-times")
+            yield Input(placeholder="step or time" if self.times else "step", id="goto-input")
 
     @on(Input.Submitted)
     def submitted(self, event: Input.Submitted) -> None:
@@ -199,6 +212,9 @@ class HelpScreen(ModalScreen[None]):
                  "blocks are highlighted.\n")
         t.append("Step kinds: prefill (first computation), decode, recompute (tokens "
                  "computed before a preemption, computed again).\n")
+        t.append("Go to (:) takes a step (120, +5, -5, 50%, end) or, for a replayed log, a "
+                 "time: 10:01:02, 10:01:02.350 (the log's clock), +1.5s / -200ms from this "
+                 "step's start.\n")
         with VerticalScroll(id="help"):
             help_panel = Panel(id="help-text")
             help_panel.show(t)
@@ -229,7 +245,8 @@ class SourceReady(Message):
 class ReplayApp(App[None]):
     CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses elsewhere
     TITLE = "kvreplay"
-    BINDINGS = [Binding(k, a, d, show=s, key_display=key_display(k).split()[0])
+    BINDINGS = [Binding(k, a, FOOTER_LABELS.get(a, d), show=s,
+                        key_display=key_display(k).split()[0])
                 for k, a, d, s in KEYS]
 
     cursor: reactive[int] = reactive(0, init=False)
@@ -254,6 +271,7 @@ class ReplayApp(App[None]):
         self.zoom = 0
         self.view: StepView | None = None
         self.load_error: str | None = None
+        self.load_exception: BaseException | None = None
         self.loaded = False
 
     # -- layout --------------------------------------------------------------------------
@@ -322,9 +340,11 @@ class ReplayApp(App[None]):
         gc.freeze()  # the loaded records live as long as the app: keep them out of GC passes
         self.query_one("#progress", ProgressBar).display = False
         if message.error:
+            # nothing to show: leave the screen, `kvreplay tui` prints the one-line error
             self.load_error = message.error
             self.query_one("#status-label", Label).update(f"kvreplay: {message.error}")
             self.query_one("#step", Panel).show(Text(message.error, style="bold red"))
+            self.exit(return_code=2)
             return
         tl = self.tl
         if tl is not None and tl.cancelled:
@@ -333,6 +353,13 @@ class ReplayApp(App[None]):
         if tl is not None and tl.num_steps:
             self.show_step()
         self._refresh_status()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        # A bug while loading: leave the screen so `kvreplay tui` re-raises it (traceback
+        # on a restored terminal) instead of a stuck "opening…".
+        if event.worker.group == "load" and event.state == WorkerState.ERROR:
+            self.load_exception = event.worker.error
+            self.exit(return_code=1)
 
     def action_stop(self) -> None:
         if not self.loaded:
@@ -429,10 +456,12 @@ class ReplayApp(App[None]):
         state = ("loaded" if tl.done else ("stopped" if tl.cancelled else "loading (Esc stops)"))
         sel = f" · selected {self.selected}" if self.selected else ""
         marks = f" · bookmarks {len(self.bookmarks)}" if self.bookmarks else ""
+        at = render.clock(tl, self.cursor) if tl.num_steps else None
+        at = f" at {at}" if at else ""
         label.update(
-            f"step {self.cursor}/{max(tl.num_steps - 1, 0)} · {len(tl.preemptions)} preemptions · "
-            f"{state}{sel}{marks} · {src.label} · profile {tl.profile.name} · "
-            f"confidence {src.confidence}"
+            f"step {self.cursor}/{max(tl.num_steps - 1, 0)}{at} · {len(tl.preemptions)} preemptions · "
+            f"{state}{sel}{marks} · confidence {src.confidence} · profile {tl.profile.name} · "
+            f"{src.label}"
         )
 
     # -- actions -------------------------------------------------------------------------
@@ -508,19 +537,28 @@ class ReplayApp(App[None]):
         self.refresh_panels()
 
     def action_goto(self) -> None:
-        if self.tl is None:
+        tl = self.tl
+        if tl is None:
             return
 
         def done(value: str | None) -> None:
             if value is None or self.tl is None:
                 return
-            step = parse_step(value, self.cursor, self.tl.num_steps)
+            step, note = parse_goto(value, self.cursor, self.tl)
             if step is None:
-                self.notify(f"Not a step: {value!r}", severity="error", timeout=3)
+                self.notify(note or f"Not a step or a time: {value!r}", severity="error",
+                            timeout=4)
                 return
+            if note:
+                self.notify(note, timeout=4)
             self.move_to(step)
 
-        self.push_screen(GotoScreen(self.tl.num_steps - 1), done)
+        times = None
+        if tl.has_times:
+            last = min(len(tl.step_times), max(tl.num_steps, 1)) - 1
+            times = (f"{render.clock_of(tl, tl.step_times[0])} – "
+                     f"{render.clock_of(tl, tl.step_times[last])}")
+        self.push_screen(GotoScreen(tl.num_steps - 1, times), done)
 
     def action_search(self) -> None:
         tl = self.tl
@@ -622,3 +660,74 @@ def parse_step(value: str, cursor: int, num_steps: int) -> int | None:
         return int(v.replace("_", "").replace(",", ""))
     except ValueError:
         return None
+
+
+_REL_TIME = re.compile(r"([+-])\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|sec|secs|m|min|h)")
+_ABS_TIME = re.compile(
+    r"(?:(?:(\d{4})-)?(\d{1,2})-(\d{1,2})[ T]+)?(\d{1,2}):(\d{2})(?::(\d{2})(?:[.,](\d{1,6}))?)?")
+_UNIT_S = {"ms": 1e-3, "s": 1.0, "sec": 1.0, "secs": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_goto(value: str, cursor: int, tl: Timeline) -> tuple[int | None, str | None]:
+    """What the go-to prompt means: (step, note) or (None, why not).
+
+    A step (`120`, `+5`, `-5`, `50%`, `end`) or, when the replay came from a log, a time:
+    `10:01:02`, `10:01:02.350`, `05-07 10:01:02`, or `+1.5s` / `-200ms` from the current
+    step's start. A time goes to the step running then (the last one started by then)."""
+    v = value.strip().lower()
+    rel = _REL_TIME.fullmatch(v)
+    absolute = None if rel else _ABS_TIME.fullmatch(v)
+    if rel is None and absolute is None:
+        step = parse_step(value, cursor, tl.num_steps)
+        return step, None
+    if not tl.has_times:
+        return None, (f"{value.strip()!r} is a time, but this replay has no wall-clock times "
+                      f"({tl.source.label}): go to a step instead.")
+    times = tl.step_times
+    last = min(len(times), tl.num_steps) - 1
+    if last < 0:
+        return None, "No step loaded yet."
+    if rel is not None:
+        here = times[min(max(cursor, 0), last)]
+        t = here + (1 if rel[1] == "+" else -1) * float(rel[2]) * _UNIT_S[rel[3]]
+    else:
+        t = _resolve_clock(absolute, times[0], times[last], times[min(max(cursor, 0), last)])
+        if t is None:
+            return None, f"Not a time: {value.strip()!r}"
+    step = tl.step_at_time(t)
+    started = render.clock_of(tl, times[step])
+    if t < times[0]:
+        return step, f"{render.clock_of(tl, t)} is before the first step: step 0 (at {started})"
+    if step == last and not tl.done and len(times) > tl.num_steps and t >= times[last + 1]:
+        return step, (f"{render.clock_of(tl, t)}: not loaded yet; the last loaded step is "
+                      f"{step} (at {started})")
+    if step == last and t > times[last] and len(times) - 1 == last:
+        return step, (f"{render.clock_of(tl, t)} is after the last step started: step {step} "
+                      f"(at {started})")
+    return step, f"{render.clock_of(tl, t)} → step {step} (started at {started})"
+
+
+def _resolve_clock(m: re.Match, first: float, last: float, here: float) -> float | None:
+    """Epoch seconds of a typed log time. Without a date: the day that puts it inside the
+    run (nearest the current step if several do), else the one closest to the run."""
+    year, month, day, hh, mm, ss, frac = m.groups()
+    try:
+        clock = timedelta(hours=int(hh), minutes=int(mm), seconds=int(ss or 0),
+                          microseconds=int((frac or "0").ljust(6, "0")))
+        if int(hh) > 23 or int(mm) > 59 or int(ss or 0) > 59:
+            return None
+        utc = timezone.utc
+        d0 = datetime.fromtimestamp(first, utc)
+        if month is not None:
+            days = [datetime(int(year) if year else d0.year, int(month), int(day), tzinfo=utc)]
+        else:
+            start = datetime(d0.year, d0.month, d0.day, tzinfo=utc)
+            n_days = int((last - start.timestamp()) // 86400) + 1
+            days = [start + timedelta(days=k) for k in range(-1, n_days + 1)]
+    except ValueError:
+        return None
+    cands = [(d + clock).timestamp() for d in days]
+    inside = [c for c in cands if first <= c <= last]
+    if inside:
+        return min(inside, key=lambda c: abs(c - here))
+    return min(cands, key=lambda c: first - c if c < first else c - last)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from kvreplay.errors import UserError
+
 # What `kvreplay tui` opens with no argument (one place to change it).
 DEFAULT_SAMPLE = "vllm033_fcfs_heavy.reqbody.log"
 
@@ -31,7 +33,10 @@ def run(args: argparse.Namespace) -> int:
 
     app = ReplayApp(args.paths or default_paths(), profile=args.profile)
     app.run()
+    # The app has left the screen and restored the terminal by now.
+    if app.load_exception is not None:
+        raise app.load_exception
     if app.load_error:
-        print(f"kvreplay tui: error: {app.load_error}")
-        return 2
+        # `kvreplay` prints it on one line (stderr) and exits 2, e.g. for a V0-engine log
+        raise UserError(app.load_error)
     return 0

@@ -6,6 +6,7 @@ Every number shown comes from the replay (replay/timeline.py); nothing is recomp
 from __future__ import annotations
 
 import linecache
+from datetime import datetime, timezone
 from typing import Any
 
 from rich.text import Text
@@ -41,13 +42,39 @@ def ids_text(tl: Timeline, ids: list[str], selected: str | None, limit: int = 60
     return t
 
 
+def _clock(t: float, with_date: bool = False) -> str:
+    """A log time stamp (server-local time, kept as UTC epoch seconds): 10:01:02.350."""
+    d = datetime.fromtimestamp(t, timezone.utc)
+    return d.strftime("%m-%d %H:%M:%S.%f" if with_date else "%H:%M:%S.%f")[:-3]
+
+
+def spans_days(tl: Timeline) -> bool:
+    times = tl.step_times
+    return bool(times) and int(times[0] // 86400) != int(times[-1] // 86400)
+
+
+def clock(tl: Timeline, step: int) -> str | None:
+    """The wall-clock start of `step` (log sources), or None."""
+    t = tl.step_time(step)
+    return None if t is None else _clock(t, spans_days(tl))
+
+
+def clock_of(tl: Timeline, t: float) -> str:
+    return _clock(t, spans_days(tl))
+
+
 def step_text(tl: Timeline, v: StepView, selected: str | None) -> Text:
     rec = v.record
     cfg = tl.config
     t = Text()
     t.append(f"Step {v.step}", style="bold")
     total = "" if tl.done else " loaded"
-    t.append(f" / {tl.num_steps - 1}{total}\n", style="dim")
+    t.append(f" / {tl.num_steps - 1}{total}", style="dim")
+    at = tl.step_time(v.step)
+    if at is not None:
+        t.append(f"  at {clock(tl, v.step)}", style="bold")
+        t.append(f" (+{at - tl.step_times[0]:.3f} s)", style="dim")
+    t.append("\n")
     if rec.get("idle"):
         t.append("idle: nothing to schedule\n", style="dim")
     used = rec.get("num_scheduled_tokens", 0)
@@ -110,7 +137,6 @@ def _ordinal(n: int) -> str:
 
 def why_text(tl: Timeline, v: StepView) -> Text:
     t = Text()
-    confidence = getattr(tl.source, "confidence", "exact")
     if not v.preemptions:
         t.append(f"No preemption at step {v.step}.\n", style="bold")
         nxt = tl.next_event("preemption", v.step)
@@ -130,10 +156,17 @@ def why_text(tl: Timeline, v: StepView) -> Text:
         return t
     for p in v.preemptions:
         r = v.before.requests.get(p.victim)
-        why_one(t, tl, p, confidence,
+        why_one(t, tl, p, tl.preemption_confidence(p),
                 r.blocks if r is not None and len(r.blocks) == p.blocks_held_before else ())
         t.append("\n")
     return t
+
+
+CONFIDENCE_MEANING = {
+    "consistent": "(not in the log; the stats lines either side agree with the replay)",
+    "inferred": "(reconstructed: the stats lines around it disagree with the replay, or "
+                "prompt lengths were estimated)",
+}
 
 
 def _n(n: int | None, word: str) -> str:
@@ -147,6 +180,8 @@ def why_one(t: Text, tl: Timeline, p: Preemption, confidence: str,
              style="bold")
     conf_style = {"exact": "green", "consistent": "yellow"}.get(confidence, "red")
     t.append("   confidence: ").append(confidence, style=conf_style).append("\n")
+    if confidence in CONFIDENCE_MEANING:
+        t.append(CONFIDENCE_MEANING[confidence] + "\n", style="dim")
     t.append("Victim   ").append(p.victim, style=f"bold {request_colour(tl, p.victim)}")
     t.append(f"  ({_ordinal(p.nth_of_victim)} preemption of it)\n")
     t.append("Trigger  ").append(p.trigger, style=f"bold {request_colour(tl, p.trigger)}")
@@ -331,6 +366,23 @@ def diff_text(d: StateDiff, title: str) -> Text:
     return t
 
 
+LOG_CONTEXT = 12  # lines shown from each neighbouring step when the step has none
+LOG_LINE_CHARS = 400  # longer lines (prompts, token ids) are cut
+
+
+def _log_lines(t: Text, refs: list[tuple[str, int]]) -> None:
+    for path, lineno in refs:
+        text = linecache.getline(path, lineno).rstrip("\n")
+        if len(text) > LOG_LINE_CHARS:
+            text = f"{text[:LOG_LINE_CHARS]} … (+{len(text) - LOG_LINE_CHARS} chars)"
+        t.append(f"{path.rsplit('/', 1)[-1]}:{lineno}: ", style="dim").append(text + "\n")
+
+
+def _at(tl: Timeline, step: int) -> str:
+    c = clock(tl, step)
+    return f" ({c})" if c else ""
+
+
 def log_text(tl: Timeline, step: int) -> Text:
     t = Text()
     lines = getattr(tl.source, "log_lines", {}) or {}
@@ -339,12 +391,34 @@ def log_text(tl: Timeline, step: int) -> Text:
         t.append(f"This replay came from {tl.source.label}: no log lines behind its steps.\n",
                  style="dim")
         return t
-    if not refs:
-        t.append(f"No log line was written at step {step}.\n", style="dim")
+    if refs:
+        t.append(f"Log lines behind step {step}{_at(tl, step)}\n", style="bold")
+        _log_lines(t, refs[:200])
+        if len(refs) > 200:
+            t.append(f"… {len(refs) - 200} more lines\n", style="dim")
         return t
-    for path, lineno in refs[:200]:
-        text = linecache.getline(path, lineno).rstrip("\n")
-        t.append(f"{path.rsplit('/', 1)[-1]}:{lineno}: ", style="dim").append(text + "\n")
+    before, after = tl.nearest_log_steps(step)
+    t.append(f"No log line was written at step {step}{_at(tl, step)}; the nearest ones:\n",
+             style="dim")
+    if before is None:
+        t.append("\n(nothing logged before this step)\n", style="dim")
+    else:
+        prev = lines[before]
+        t.append(f"\nstep {before}{_at(tl, before)}, {_n(step - before, 'step')} earlier\n",
+                 style="bold")
+        if len(prev) > LOG_CONTEXT:
+            t.append(f"… {len(prev) - LOG_CONTEXT} earlier lines of step {before}\n", style="dim")
+        _log_lines(t, prev[-LOG_CONTEXT:])
+    t.append(f"\n▶ step {step}: no log line\n", style="bold reverse")
+    if after is None:
+        t.append("\n(nothing logged after this step)\n", style="dim")
+    else:
+        nxt = lines[after]
+        t.append(f"\nstep {after}{_at(tl, after)}, {_n(after - step, 'step')} later\n",
+                 style="bold")
+        _log_lines(t, nxt[:LOG_CONTEXT])
+        if len(nxt) > LOG_CONTEXT:
+            t.append(f"… {len(nxt) - LOG_CONTEXT} more lines of step {after}\n", style="dim")
     return t
 
 
