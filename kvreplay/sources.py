@@ -50,7 +50,18 @@ def source_from_logs(paths: Sequence[str], *, profile: str | None = None,
     it is the log replay."""
     from kvreplay.replay.session import ReplaySource
 
-    rep = replay_logs(paths, profile=profile, vllm_version=vllm_version, year=year)
+    from kvreplay.replay.from_log import ReplayError, replay_facts
+
+    facts = read_facts(paths, vllm_version=vllm_version, year=year)
+    if facts.engine_version == "V0":  # known from the startup lines: fail before replaying
+        raise UserError(
+            "this is a V0-engine log: `kvreplay replay` reports its preemptions; stepping "
+            "through it needs the V1 engine's step view, which V0 does not have yet"
+        )
+    try:
+        rep = replay_facts(facts, profile=None if profile in (None, "auto") else profile)
+    except ReplayError as exc:
+        raise UserError(str(exc)) from None
     if type(rep).__name__ == "V0LogReplay":
         raise UserError(
             "this is a V0-engine log: `kvreplay replay` reports its preemptions; stepping "
