@@ -29,8 +29,10 @@ class Summary:
     """Streaming summary: counts per kind, unparsed examples, version, merged config, span."""
 
     def __init__(self, vllm_version: str | None) -> None:
+        from kvreplay.events import EngineConfig, KvCapacity, Unparsed
         from kvreplay.parsers.version import Detector
 
+        self._unparsed_t, self._config_t = Unparsed, (EngineConfig, KvCapacity)
         self.kinds: Counter[str] = Counter()
         self.lines: Counter[str] = Counter()
         self.unparsed: list[Any] = []
@@ -41,16 +43,14 @@ class Summary:
         self.t1: float | None = None
 
     def feed(self, e: Any) -> None:
-        from kvreplay.events import EngineConfig, KvCapacity, Unparsed
-
         kind = e.__struct_config__.tag
         self.kinds[kind] += 1
         self.lines[e.file] += e.lines
-        if isinstance(e, Unparsed):
+        if isinstance(e, self._unparsed_t):
             self.n_unparsed += 1
             if len(self.unparsed) < 5:
                 self.unparsed.append(e)
-        elif isinstance(e, (EngineConfig, KvCapacity)):
+        elif isinstance(e, self._config_t):
             self.config_events.append(e)
         self.detector.feed(e)
         t = e.time
