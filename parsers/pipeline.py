@@ -333,13 +333,41 @@ def _envelope(s: str) -> tuple | None:
     Memoised on the line's text up to its first "] " (the envelope of a bracketed-source
     record ends there): a regex match depends only on the text it reads, and an envelope
     that ends at the first "] " reads nothing past it (no envelope group can span "] "
-    except `ip=...`, which is never memoised)."""
+    except `ip=...`, which is never memoised). A miss tries `_ENV_COMMON` first: when it
+    matches, ENVELOPE matches the same text with the same groups (it is ENVELOPE with one
+    space per separator, at most one `(name pid=N)` and no wrapper, each taken the way
+    ENVELOPE's greedy/lazy order takes it)."""
     k = s.find("] ")
     if k > 0:
         key = s[: k + 2]
         r = _ENV_CACHE.get(key)
         if r is not None:
             return r
+    m = _ENV_COMMON(s)
+    if m is not None:
+        procs, level, date, hms, source = m.groups()
+        process, pid, engine = _procs(procs) if procs else (None, None, None)
+        end = m.end()
+        r = (None, level, date, hms, source, process, pid, engine, end)
+    else:
+        r = _envelope_plain(s)
+        if r is None:
+            return None
+        end = r[8]
+    if k > 0 and end == k + 2 and ", ip=" not in key:
+        if len(_ENV_CACHE) >= 4096:
+            _ENV_CACHE.clear()
+        _ENV_CACHE[key] = r
+    return r
+
+
+_ENV_COMMON = re.compile(
+    r"(\([A-Za-z][\w-]* pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d) (\d\d:\d\d:\d\d) \[([^\s\[\]:]+\.py:\d+)\] "
+).match
+
+
+def _envelope_plain(s: str) -> tuple | None:
+    """`_envelope` by ENVELOPE alone (the general route)."""
     if ".py:" not in s:  # the source "[file.py:N]" is required
         return None
     m = _ENV_MATCH(s)
@@ -347,13 +375,7 @@ def _envelope(s: str) -> tuple | None:
         return None
     wt, _comp, wdt, procs, level, date, hms, source = m.groups()
     process, pid, engine = _procs(procs) if procs else (None, None, None)
-    end = m.end()
-    r = (wt or wdt, level, date, hms, source, process, pid, engine, end)
-    if k > 0 and end == k + 2 and ", ip=" not in key:
-        if len(_ENV_CACHE) >= 4096:
-            _ENV_CACHE.clear()
-        _ENV_CACHE[key] = r
-    return r
+    return (wt or wdt, level, date, hms, source, process, pid, engine, m.end())
 
 
 def _lark_env(s: str) -> tuple | None:
@@ -379,7 +401,7 @@ class FileParser:
         self.file = label
         self.clock = clock
         self.lark = lark
-        self.envelope = _lark_env if lark else _envelope
+        self.envelope = _lark_env if lark else _envelope if FAST_PATHS else _envelope_plain
         self.pending: list | None = None
         self.raw_tb: list | None = None  # [lineno, span, head, body, note]
         self.out: list[ev.Event] = []

@@ -273,3 +273,23 @@ def test_unrolled_string_regex_equals_alternation(text):
         assert (a and a.span(1)) == (b and b.span(1))
         a, b = re.fullmatch(old, text), re.fullmatch(new, text)
         assert (a and a.span(1)) == (b and b.span(1))
+
+
+@FUZZ
+@given(mangled())
+def test_common_envelope_regex_agrees_with_envelope(text):
+    """`_ENV_COMMON` (tried first on a memo miss) never disagrees with ENVELOPE."""
+    for s in text.split("\n"):
+        m = pipeline._ENV_COMMON(s)
+        if m is not None:
+            procs, level, date, hms, source = m.groups()
+            ref = pipeline._envelope_plain(s)
+            assert ref is not None and ref[1:5] == (level, date, hms, source) and ref[8] == m.end() and ref[0] is None
+            assert ref[5:8] == (pipeline._procs(procs) if procs else (None, None, None))
+
+
+def test_envelope_memo_agrees_with_envelope():
+    pipeline._ENV_CACHE.clear()
+    for s in REAL_LINES:
+        assert pipeline._envelope(s) == pipeline._envelope_plain(s)
+        assert pipeline._envelope(s) == pipeline._envelope_plain(s)  # now from the memo
