@@ -7,7 +7,8 @@ specification and the reference parser (`engine="lark"`); these regexes exist be
 parse per line is ~50x slower than one compiled regex.
 
 Dispatch is a dict lookup on the message's first word, so a line costs one envelope match,
-one dict lookup and one message match.
+one dict lookup and one message match. The most frequent shapes skip even that: parsers/fast.py
+builds their events directly and falls back to these matchers whenever it is not sure.
 """
 
 from __future__ import annotations
