@@ -155,7 +155,11 @@ t = time.perf_counter()
 with open(sys.argv[2], "wb") as out:
     for chunk in iter_encode_jsonl(parse_files([sys.argv[1]], year=2026)):
         out.write(chunk)
-print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+try:  # peak RSS of this process image (ru_maxrss would include the parent's pages at fork)
+    hwm = next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmHWM:"))
+except (OSError, StopIteration):
+    hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(time.perf_counter() - t, hwm)
 """
 
 
