@@ -262,6 +262,20 @@ def _request(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, proces
     )
 
 
+# `Sequence group X is preempted by PreemptionMode.M mode because ...=N` (V0 WARNING): the
+# `preemption` matcher's own regex, its groups by position.
+_PREEMPTION = matchers.MATCHERS["preemption"].rx.fullmatch  # type: ignore[attr-defined]
+
+
+def _preemption(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process: Any, pid: Any, engine: Any, source: Any, note: Any) -> ev.Event | None:
+    m = _PREEMPTION(msg)  # starts with "Sequence group ", as the dispatcher requires
+    if m is None:
+        return None
+    rid, mode, cumulative = m.groups()
+    return ev.Preemption(request_id=rid, mode=mode, cumulative=int(cumulative),
+                         file=file, line=line, time=t, time_text=tt, level=level, process=process, pid=pid, engine=engine, source=source, note=note)
+
+
 # --------------------------------------------------------------------------- dispatch
 
 # first three characters of the message -> handler. Each handler checks its own leading
@@ -273,6 +287,7 @@ FAST: dict[str, Callable[..., ev.Event | None]] = {
     "Fin": _finished,
     "Rec": _received,
     "Req": _request,
+    "Seq": _preemption,
 }
 _FAST_GET = FAST.get
 
