@@ -206,11 +206,11 @@ class _TraceEngine(Engine):
 
     mid_aborts: dict[int, list[str]]
 
-    def _update(self, step, batch_queue, rec):  # noqa: D401 - same contract as Engine._update
+    def _update(self, step, batch_queue, rec, light=False):  # same contract as Engine._update
         ids = self.mid_aborts.pop(step, None)
         if ids:
             self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
-        return super()._update(step, batch_queue, rec)
+        return super()._update(step, batch_queue, rec, light)
 
 
 def _close(a: float | None, b: float | None) -> bool:
