@@ -655,7 +655,8 @@ def parse_chunks(chunks: Iterable[tuple[list[str], dict[int, str] | None]], labe
     uvicorn = _UVICORN.match
     HttpAccess = ev.HttpAccess
     lp = None
-    lr = lt = ltt = None  # the last envelope stamped here and its time (reset by any other clock use)
+    no_stamp = (None,) * 9
+    lr, lt, ltt = no_stamp, None, None  # the last envelope stamped here and its time (reset by any other clock use)
     for lines, notes in chunks:
         if notes is not None or lark or not FAST_PATHS:
             if lp is not None:
@@ -664,7 +665,7 @@ def parse_chunks(chunks: Iterable[tuple[list[str], dict[int, str] | None]], labe
             for i, s in enumerate(lines):
                 lineno += 1
                 feed(lineno, s, get(i))
-            lr = None
+            lr = no_stamp
         else:
             for s in lines:
                 lineno += 1
@@ -693,10 +694,10 @@ def parse_chunks(chunks: Iterable[tuple[list[str], dict[int, str] | None]], labe
                             if p is not None:
                                 if p[3] is not None:  # it may continue as a traceback
                                     feed(lineno, s, None)
-                                    lr = None
+                                    lr = no_stamp
                                     continue
                                 fp._flush()
-                        if r is lr:
+                        if r is lr or (r[3] == lr[3] and r[2] == lr[2]):  # same time stamp as the last one
                             t, tt = lt, ltt
                         else:
                             if r[0]:
@@ -725,7 +726,7 @@ def parse_chunks(chunks: Iterable[tuple[list[str], dict[int, str] | None]], labe
                     m = uvicorn(s)
                     if m is None:
                         fp._raw(lineno, s, None)
-                        lr = None
+                        lr = no_stamp
                         continue
                     _proc, _pid, client, method, path, httpv, status, status_text, other = m.groups()
                     if method:
@@ -739,7 +740,7 @@ def parse_chunks(chunks: Iterable[tuple[list[str], dict[int, str] | None]], labe
                 if lp is not None:
                     fp.pending, lp = _pending(lp), None
                 feed(lineno, s, None)
-                lr = None
+                lr = no_stamp
         if out:
             yield from out
             out.clear()
