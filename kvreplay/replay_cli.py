@@ -32,6 +32,14 @@ def run(args: argparse.Namespace) -> int:
     from kvreplay.sources import read_facts
 
     paths = list(args.logs)
+    # vLLM KV-cache event files (kvreplay record-kv-events) go beside a step-trace log
+    from kvreplay.kvevents import is_kv_events_file, read_kv_events
+
+    kv_paths = [p for p in paths if p != "-" and is_kv_events_file(p)]
+    paths = [p for p in paths if p not in kv_paths]
+    kv_events = [r for p in kv_paths for r in read_kv_events(p)] if kv_paths else None
+    if kv_paths and not paths:
+        raise UserError("a KV-event file is checked against a server log: give the log too")
     if not paths:
         from kvreplay.samples import DEFAULT_LOG, DEFAULT_LOG_YEAR, sample_path
 
@@ -40,9 +48,15 @@ def run(args: argparse.Namespace) -> int:
             args.year = DEFAULT_LOG_YEAR
     t0 = time.perf_counter()
     facts = read_facts(paths, vllm_version=args.vllm_version, year=args.year)
-    exact = _exact(paths, args)
+    exact = _exact(paths, args, kv_events)
     if exact is not None:
         return exact
+    if kv_paths:
+        raise UserError(
+            "KV-event files are checked against a log written with kvreplay's step-trace "
+            "scheduler (--scheduler-cls kvreplay.vllm_plugin.StepTraceScheduler); this log "
+            "has no kvtrace lines"
+        )
     step_time = None
     if args.step_time_ms is not None:
         if args.step_time_ms <= 0:
@@ -69,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _exact(paths: list[str], args: argparse.Namespace) -> int | None:
+def _exact(paths: list[str], args: argparse.Namespace, kv_events=None) -> int | None:
     """Logs written with kvreplay's step-trace scheduler replay exactly (if available)."""
     try:
         from kvreplay.replay import from_trace  # noqa: F401
@@ -83,7 +97,7 @@ def _exact(paths: list[str], args: argparse.Namespace) -> int | None:
     if not from_trace.has_step_trace(events):
         return None
     result = from_trace.exact_replay(
-        events, profile=None if args.profile == "auto" else args.profile
+        events, profile=None if args.profile == "auto" else args.profile, kv_events=kv_events
     )
     if args.trace and result.get("records") is not None:
         import msgspec
@@ -96,6 +110,9 @@ def _exact(paths: list[str], args: argparse.Namespace) -> int | None:
     else:
         lines = [f"kvreplay replay: {', '.join(paths)}  (exact: the log has kvreplay's step trace)",
                  f"  steps checked: {out.get('steps_checked')}"]
+        if out.get("kv_events_checked") is not None:
+            lines.append(f"  KV-cache block state checked against vLLM's events after "
+                         f"{out['kv_events_checked']} steps")
         div = out.get("first_divergence")
         lines.append("  every step agrees with the log" if not div else
                      f"  FIRST DIVERGENCE at step {div.get('step')} ({div.get('file')}:{div.get('line')}): "

@@ -151,3 +151,20 @@ def test_altered_kv_event_is_a_block_level_divergence(vllm_kv_runs):
     want = next(st for st in steps if st.kv_events is not None and st.kv_events > recs[i]["seq"])
     assert (div["step"], div["line"]) == (want.step, want.line)
     assert div["logged"]["only_in_vllm"]
+
+
+def test_cli_replays_a_step_trace_log_with_its_kv_events(vllm_kv_runs, tmp_path):
+    """`kvreplay replay vllm.log kv_events.jsonl`: every step and the block state checked."""
+    import subprocess
+    import sys
+
+    d = vllm_kv_runs["sync"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvreplay", "replay", str(d / "vllm.log"), str(d / "kv_events.jsonl"),
+         "--year", "2026"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "every step agrees with the log" in proc.stdout
+    assert "KV-cache block state checked against vLLM's events after" in proc.stdout
+    lone = subprocess.run([sys.executable, "-m", "kvreplay", "replay", str(d / "kv_events.jsonl")],
+                          capture_output=True, text=True, timeout=120)
+    assert lone.returncode == 2 and "give the log too" in lone.stderr
