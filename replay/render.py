@@ -110,6 +110,13 @@ def render_log(
     tick = start - (start % 1) + stats_phase_s
     while tick < start:
         tick += stats_interval_s
+    # prefix-cache hit at each request's first admission: its prompt tokens are counted
+    # when its first token comes out (0.16+: without the cached part), which under async
+    # scheduling is a later step's record
+    first_hit: dict[str, int] = {}
+    for r in records:
+        for rid in r.get("new", ()):
+            first_hit.setdefault(rid, r.get("prefix_hit_tokens", {}).get(rid, 0))
     prev_k = -1
     while tick <= last_end + 2 * stats_interval_s:
         k = min(n - 1, int((tick - start) / step_time_s) - 1)
@@ -121,7 +128,7 @@ def render_log(
             for rid in r.get("sampled", ()):
                 if rid not in first_token_seen:
                     first_token_seen.add(rid)
-                    prompt += len(specs[rid].prompt_token_ids) - r.get("prefix_hit_tokens", {}).get(rid, 0)
+                    prompt += len(specs[rid].prompt_token_ids) - first_hit.get(rid, 0)
         state = records[k] if k >= 0 else None
         running = len(state["running"]) if state else 0
         waiting = len(state["waiting"]) if state else 0
