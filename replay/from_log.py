@@ -683,7 +683,6 @@ def verify(run: TimedRun, facts: LogFacts, phase: float = 0.5) -> dict[str, Any]
     """Replayed vs logged, per stats line; the first line that disagrees."""
     interval = facts.interval_s or 10.0
     rows = []
-    first_bad = None
     prev_step = -1
     for s in facts.stats:
         rec = _state_at(run, s.time + phase)
@@ -719,15 +718,24 @@ def verify(run: TimedRun, facts: LogFacts, phase: float = 0.5) -> dict[str, Any]
             diffs.append(f"KV usage {100 * rec['kv_usage']:.1f}% vs logged {100 * s.kv_usage:.1f}%")
         if s.preemptions is not None and pre != s.preemptions:
             diffs.append(f"preemptions {pre} vs logged {s.preemptions}")
-        row["agrees"] = not diffs
         row["differences"] = diffs
-        if diffs and first_bad is None:
-            first_bad = row
         rows.append(row)
-    agree = sum(1 for r in rows if r.get("agrees"))
+    return verification_report(rows)
+
+
+def verification_report(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rows of replayed-vs-logged counters (each with its `differences`) -> the report:
+    how many stats lines agree, and the first one that does not."""
+    first_bad = None
+    for row in rows:
+        if "differences" not in row:
+            continue
+        row["agrees"] = not row["differences"]
+        if row["differences"] and first_bad is None:
+            first_bad = row
     return {
         "stats_lines": len(rows),
-        "agreeing_lines": agree,
+        "agreeing_lines": sum(1 for r in rows if r.get("agrees")),
         "first_divergence": None if first_bad is None else {
             "file": first_bad["file"], "line": first_bad["line"], "step": first_bad["step"],
             "differences": first_bad["differences"],

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvreplay.replay.from_log import (Fit, LogReplay, Rebuilt, ReplayError, StepTimeModel,
-                                      TimedRun, _nnls, arrival_pattern, initial_model, storms)
+                                      TimedRun, _nnls, arrival_pattern, initial_model, storms,
+                                      verification_report)
 from kvreplay.replay.logfacts import LogFacts
 from kvreplay.replay.v0 import V0_PROFILES, V0Engine, summarize
 from kvreplay.replay.v0.engine import DEFAULTS as V0_ENGINE_DEFAULTS
@@ -604,7 +605,6 @@ def verify_v0(run: TimedRun, facts: LogFacts, extras: V0Extras) -> dict[str, Any
     elapsed = _elapsed(facts)
     ends = _ends(run)
     rows = []
-    first_bad = None
     prev = -1
     for s, k, el in zip(facts.stats, steps, elapsed):
         sw_logged, cpu_logged = extras.swapped.get((s.file, s.line), (None, None))
@@ -612,8 +612,6 @@ def verify_v0(run: TimedRun, facts: LogFacts, extras: V0Extras) -> dict[str, Any
             rows.append({"file": s.file, "line": s.line, "time": s.time, "step": None,
                          "replayed": None, "agrees": False,
                          "differences": ["the replay has no step at this time"]})
-            if first_bad is None:
-                first_bad = rows[-1]
             continue
         rec = run.records[k]
         span = ends[k] - ends[prev] if prev >= 0 else el
@@ -641,21 +639,9 @@ def verify_v0(run: TimedRun, facts: LogFacts, extras: V0Extras) -> dict[str, Any
             a, b = row[key]
             if b is not None and abs(a - b) > 0.02:
                 diffs.append(f"{label} {100 * a:.1f}% vs logged {100 * b:.1f}%")
-        row["agrees"] = not diffs
         row["differences"] = diffs
-        if diffs and first_bad is None:
-            first_bad = row
         rows.append(row)
-    agree = sum(1 for r in rows if r.get("agrees"))
-    return {
-        "stats_lines": len(rows),
-        "agreeing_lines": agree,
-        "first_divergence": None if first_bad is None else {
-            "file": first_bad["file"], "line": first_bad["line"], "step": first_bad["step"],
-            "differences": first_bad["differences"],
-        },
-        "lines": rows,
-    }
+    return verification_report(rows)
 
 
 def loss_v0(run: TimedRun, facts: LogFacts, extras: V0Extras) -> float:
