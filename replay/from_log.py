@@ -23,7 +23,7 @@ from typing import Any
 
 from kvreplay.replay.engine import Engine
 from kvreplay.replay.logfacts import LogFacts, LogRequest
-from kvreplay.replay.profile import SchedulerProfile, get_profile
+from kvreplay.replay.profile import SchedulerProfile, get_profile, parse_version
 from kvreplay.replay.request import RequestStatus
 from kvreplay.replay.scheduler import SchedulerConfig
 from kvreplay.replay.workload import RequestSpec, Workload
@@ -182,15 +182,9 @@ def scheduler_config_from(facts: LogFacts, profile: SchedulerProfile) -> tuple[S
 
 
 def _version_at_least(version: str | None, want: tuple[int, int, int]) -> bool:
-    if not version:
-        return True
-    nums = []
-    for part in version.lstrip("v").split(".")[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit())
-        nums.append(int(digits) if digits else 0)
-    while len(nums) < 3:
-        nums.append(0)
-    return tuple(nums) >= want
+    """True for an unknown version (assume a current release)."""
+    parsed = parse_version(version) if version else None
+    return parsed is None or parsed >= want
 
 
 def rebuild_workload(
@@ -327,9 +321,7 @@ def timed_replay(
     finished = 0
     stop_at = _cut_time(facts)
     cut = None
-    aborts = sorted(
-        (r.aborted_time, r.log_id) for r in reqs if r.aborted_time is not None
-    )
+    aborts = _aborts(facts)
     abort_i = 0
     max_tokens = {s.id: s.max_tokens for s in specs}
     step_limit = _step_limit(wl)
@@ -340,12 +332,7 @@ def timed_replay(
         if stop_at is not None and clock > stop_at:
             cut = stop_at
             break
-        while abort_i < len(aborts) and aborts[abort_i][0] is not None and aborts[abort_i][0] <= clock:
-            rid = aborts[abort_i][1]
-            if rid in sched.requests:
-                sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
-                engine.summary.finished_step[rid] = engine.step_index
-            abort_i += 1
+        abort_i = _apply_aborts(engine, aborts, abort_i, clock)
         step = engine.step_index
         batch = []
         imminent = None
@@ -991,7 +978,7 @@ def step_replay(
     ]
     engine = Engine(Workload(wl.name, wl.description, wl.config, specs, max_steps=10**9), profile)
     reqs = facts.requests
-    aborts = sorted((r.aborted_time, r.log_id) for r in reqs if r.aborted_time is not None)
+    aborts = _aborts(facts)
     abort_i = 0
     records: list[dict[str, Any]] = []
     starts: list[float] = []
@@ -1006,12 +993,7 @@ def step_replay(
         if stop_at is not None and now > stop_at:
             cut = stop_at
             break
-        while abort_i < len(aborts) and aborts[abort_i][0] <= now:
-            rid = aborts[abort_i][1]
-            if rid in sched.requests:
-                sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
-                engine.summary.finished_step[rid] = engine.step_index
-            abort_i += 1
+        abort_i = _apply_aborts(engine, aborts, abort_i, now)
         rec = engine.step(trace=True if trace else "light")
         starts.append(now)
         t = now + model.dt_record(rec)
@@ -1246,17 +1228,38 @@ def _best_phase(run: TimedRun, facts: LogFacts, anchors):
 
 
 def phase_estimate(facts: LogFacts) -> float | None:
+    by_second: dict[float, list[int]] = {}
+    for r in facts.requests:
+        if r.time is not None:
+            by_second.setdefault(r.time, []).append(r.stats_before)
     before = after = 0
     for st in facts.stats:
-        for r in facts.requests:
-            if r.time == st.time:
-                if r.stats_before <= st.index:
-                    before += 1
-                else:
-                    after += 1
+        for stats_before in by_second.get(st.time, ()):
+            if stats_before <= st.index:
+                before += 1
+            else:
+                after += 1
     if before == 0 or after == 0 or before + after < 8:
         return None
     return (before + 0.5) / (before + after + 1)
+
+
+def _aborts(facts: LogFacts) -> list[tuple[float, str]]:
+    """(time, request id) of every logged abort, in time order."""
+    return sorted((r.aborted_time, r.log_id) for r in facts.requests if r.aborted_time is not None)
+
+
+def _apply_aborts(engine: Engine, aborts: list[tuple[float, str]], i: int, now: float) -> int:
+    """Abort (between steps, A8) every request whose abort time has come; returns the
+    index of the first abort still to come."""
+    sched = engine.scheduler
+    while i < len(aborts) and aborts[i][0] <= now:
+        rid = aborts[i][1]
+        if rid in sched.requests:
+            sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+            engine.summary.finished_step[rid] = engine.step_index
+        i += 1
+    return i
 
 
 def arrival_pattern(facts: LogFacts) -> str:

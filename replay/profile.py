@@ -160,7 +160,7 @@ _RANGES: list[tuple[tuple[int, int, int], SchedulerProfile]] = [
 DEFAULT_PROFILE = P_0_33
 
 
-def _parse_version(text: str) -> tuple[int, int, int] | None:
+def parse_version(text: str) -> tuple[int, int, int] | None:
     core = text.strip().lstrip("vV").split("+")[0].split(".dev")[0]
     parts = core.split(".")
     nums: list[int] = []
@@ -186,7 +186,7 @@ def get_profile(name: str | None) -> SchedulerProfile:
         return DEFAULT_PROFILE
     if name in PROFILES:
         return PROFILES[name]
-    version = _parse_version(name)
+    version = parse_version(name)
     if version is None:
         raise UserError(
             f"unknown profile {name!r}; give a vLLM release such as 0.33.0 or one of "
