@@ -666,23 +666,56 @@ def storms(preemptions: list[dict[str, Any]], gap_steps: int = 50) -> list[dict[
     return out
 
 
-def verify(run: TimedRun, facts: LogFacts, phase: float = 0.5) -> dict[str, Any]:
-    """Replayed vs logged, per stats line; the first line that disagrees."""
+def first_token_prompts(run: TimedRun, prompt_len: dict[str, int], exclude_cached: bool) -> list[int]:
+    """Prompt tokens the stats logger counts at each step: vLLM V1 adds a request's whole
+    prompt length when its first token comes out (IterationStats.update_from_output,
+    `is_prefilling`), never for chunks or for the recompute after a preemption; 0.16+
+    without the part its first admission found in the prefix cache (spec: log formats,
+    stats line). Under async scheduling the first token is a later step's record."""
+    first_hit: dict[str, int] = {}
+    seen: set[str] = set()
+    out = []
+    for rec in run.records:
+        for rid in rec.get("new", ()):
+            first_hit.setdefault(rid, rec.get("prefix_hit_tokens", {}).get(rid, 0))
+        n = 0
+        for rid in rec.get("sampled", ()):
+            if rid not in seen:
+                seen.add(rid)
+                n += prompt_len.get(rid, 0) - (first_hit.get(rid, 0) if exclude_cached else 0)
+        out.append(n)
+    return out
+
+
+def verify(run: TimedRun, facts: LogFacts, phase: float = 0.5,
+           prompt_len: dict[str, int] | None = None) -> dict[str, Any]:
+    """Replayed vs logged, per stats line; the first line that disagrees. With the
+    requests' prompt lengths, the replayed prompt throughput is counted the way vLLM's
+    stats logger counts it (first_token_prompts); it is reported, not judged: one arrival
+    a step earlier or later moves a whole prompt across a line."""
     interval = facts.interval_s or 10.0
     rows = []
     prev_step = -1
+    per_step = None
+    if prompt_len is not None:
+        per_step = first_token_prompts(
+            run, prompt_len, _version_at_least(facts.vllm_version, (0, 16, 0)))
     for s in facts.stats:
         rec = _state_at(run, s.time + phase)
         if rec is None:
             rows.append({"line": s.line, "time": s.time, "replayed": None})
             continue
         step = rec["step"]
-        window = run.records[prev_step + 1 : step + 1]
+        prev_window_start = prev_step + 1
+        window = run.records[prev_window_start : step + 1]
         prev_step = step
         gen = sum(len(r.get("sampled", ())) for r in window)
-        prompt = sum(n for r in window for rid, n in r.get("scheduled", ())
-                     if rid in r.get("new", ()) or rid in r.get("resumed", ()) or
-                     rid not in r.get("sampled", ()))
+        if per_step is not None:
+            prompt = sum(per_step[prev_window_start : step + 1])
+        else:  # no prompt lengths: prefill tokens scheduled in the window
+            prompt = sum(n for r in window for rid, n in r.get("scheduled", ())
+                         if rid in r.get("new", ()) or rid in r.get("resumed", ()) or
+                         rid not in r.get("sampled", ()))
         pre = sum(len(r.get("preempted", ())) for r in window)
         row = {
             "file": s.file,
@@ -860,7 +893,10 @@ def replay_facts(
     run.step_start = clock[: len(run.records)]
     run.spread = f.spread
     f = Fit(model, f.spread, loss, run, f.tried)
-    check = verify(run, facts, phase=anchored.phase)
+    prompt_len = None
+    if not any(rebuilt.prompt_estimated):
+        prompt_len = {s.id: len(s.prompt_token_ids) for s in rebuilt.workload.requests}
+    check = verify(run, facts, phase=anchored.phase, prompt_len=prompt_len)
     conf = confidence_function(check, run)
     if any(rebuilt.prompt_estimated):
         conf = lambda step: "inferred"  # noqa: E731 - lengths guessed: nothing is confirmed
@@ -1081,11 +1117,15 @@ def _windows(run: TimedRun, facts: LogFacts, anchors, clock, phase, use_seconds=
     out = []
     for r in facts.requests:
         lo, hi = 0, n
+        # A request entering at step a was received while step a-1 ran; the access line
+        # of a request finished at step f is written once step f has ended, i.e. while
+        # step f+1 runs. So a line after finish f means a >= f+2, a line before it a <= f+1
+        # (on the log cases' own traces this holds for every arrival; f+1 / f do not).
         c = r.completions_before
         if c > 0 and c - 1 < len(fin_steps):
-            lo = max(lo, fin_steps[c - 1] + 1)
+            lo = max(lo, fin_steps[c - 1] + 2)
         if c < len(fin_steps):
-            hi = min(hi, fin_steps[c])
+            hi = min(hi, fin_steps[c] + 1)
         i = r.stats_before
         if i > 0 and i - 1 < len(anchors) and anchors[i - 1] is not None:
             lo = max(lo, anchors[i - 1] + 1)

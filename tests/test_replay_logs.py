@@ -62,13 +62,13 @@ def test_reqbody_log_finds_every_preemption(case: str) -> None:
 
 def test_poisson_log_count_within_5_percent() -> None:
     """Poisson arrivals known to the second only: the count is right, individual
-    preemptions are found with the right victim within +-5 steps about 70% of the time
-    (measured: 38 of 54; each arrival's step is uncertain by a few steps)."""
+    preemptions are found with the right victim within +-5 steps about 78% of the time
+    (measured: 42 of 54; each arrival's step is uncertain by a few steps)."""
     rep = _replay("p1_poisson_fcfs_200", "server.reqbody.log")
     truth = _truth("p1_poisson_fcfs_200")
     n = truth["total_preemptions"]
     assert abs(len(rep.preemptions) - n) <= 0.05 * n
-    assert _matched(rep, truth) >= 0.6 * n
+    assert _matched(rep, truth) >= 0.7 * n
     assert rep.arrival_pattern == "poisson"
 
 
@@ -148,3 +148,39 @@ def test_replay_is_deterministic() -> None:
     a = replay_logs([str(CASES / "f_prefix_caching" / "server.reqbody.log")], year=2026)
     b = replay_logs([str(CASES / "f_prefix_caching" / "server.reqbody.log")], year=2026)
     assert a.preemptions == b.preemptions and a.run.records == b.run.records
+
+
+@pytest.mark.parametrize("case", ["b_fcfs_heavy", "f_prefix_caching"])
+def test_prompt_throughput_is_counted_as_vllm_counts_it(case: str) -> None:
+    """vLLM's stats logger adds a request's prompt when its first token comes out (never
+    chunks, never the recompute after a preemption; 0.16+ without its prefix-cache hit).
+    b has 5 preemptions and f 10 with prefix hits: counting scheduled prefill tokens
+    instead would put recomputed and cached tokens into some line."""
+    rep = _replay(case, "server.reqbody.log")
+    rows = [r for r in rep.verification["lines"] if "prompt_throughput" in r]
+    assert rows and any(r["prompt_throughput"][1] for r in rows)
+    for r in rows:
+        assert r["prompt_throughput"][0] == r["prompt_throughput"][1], r
+
+
+@pytest.mark.parametrize("case", ["b_fcfs_heavy", "f_prefix_caching", "p1_poisson_fcfs_200"])
+def test_arrival_windows_hold_on_the_true_trace(case: str) -> None:
+    """The ordering rule the arrival windows use (from_log._windows): a request whose
+    "Received request" line follows c access lines entered at a step in
+    [f_c + 2, f_{c+1} + 1], f_k being the step the k-th finishing request finished at.
+    Checked on vLLM's own finish and arrival steps; the tighter [f_c + 1, f_{c+1}] misses
+    some on p1."""
+    truth = _truth(case)
+    facts = read_facts([str(CASES / case / "server.reqbody.log")], year=2026)
+    by_log_id = {r["log_request_id"]: r for r in truth["requests"].values()}
+    fins = sorted(r["finish_step"] for r in truth["requests"].values())
+    loose = 0
+    for r in facts.requests:
+        a = by_log_id[r.log_id]["arrival_step"]
+        c = r.completions_before
+        lo = fins[c - 1] + 2 if c > 0 else 0
+        hi = fins[c] + 1 if c < len(fins) else 10**9
+        assert lo <= a <= hi, (r.log_id, a, lo, hi)
+        loose += not ((fins[c - 1] + 1 if c > 0 else 0) <= a <= (fins[c] if c < len(fins) else 10**9))
+    if case == "p1_poisson_fcfs_200":
+        assert loose > 0
