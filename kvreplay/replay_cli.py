@@ -23,6 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-time-ms", type=float, metavar="MS",
                    help="take every engine step to last MS milliseconds instead of fitting a "
                         "step-time model to the stats lines")
+    p.add_argument("--support", type=int, metavar="N",
+                   help="replay N alternative arrival placements the log cannot rule out and "
+                        "give each preemption the share that finds it too (default: 10 for "
+                        "Poisson arrivals with known prompts, up to 2,000 requests; 0: off)")
     p.add_argument("--vllm-version", help="the release that wrote the log, if not detected")
     p.add_argument("--year", type=int, help="year of the log's time stamps (they have none)")
 
@@ -64,8 +68,10 @@ def run(args: argparse.Namespace) -> int:
         step_time = StepTimeModel(overhead_s=args.step_time_ms / 1000.0, per_token_s=0.0,
                                   per_request_s=0.0)
     try:
+        if args.support is not None and args.support < 0:
+            raise UserError("--support must be 0 or more")
         rep = replay_facts(facts, profile=None if args.profile == "auto" else args.profile,
-                           step_time=step_time)
+                           step_time=step_time, support=args.support)
     except ReplayError as exc:
         raise UserError(_thin_log_message(facts, str(exc))) from None
     elapsed = time.perf_counter() - t0
@@ -188,7 +194,15 @@ def render_table(rep, report: dict[str, Any], elapsed: float) -> str:
     if s.get("cut_short"):
         lines.append(f"  the log ends while requests were still running (server killed?): "
                      f"{len(s['unfinished_requests'])} unfinished at the cut")
-    lines += _preemption_table(report["preemptions"])
+    k = s.get("support_replays") or 0
+    if k:
+        from kvreplay.replay.from_log import SUPPORT_JITTER
+
+        lines.append(
+            f"  support: {s['robust_preemptions']} of {s['preemptions']} preemptions are found "
+            f"by all {k} replays with each arrival moved up to {SUPPORT_JITTER} steps within "
+            "what the log allows; lower support = the log cannot pin that one down")
+    lines += _preemption_table(report["preemptions"], k)
     if report["storms"] and len(report["preemptions"]) > 1:
         lines.append("")
         lines.append("  storms (preemptions <= 50 steps apart):")
@@ -205,11 +219,12 @@ def render_table(rep, report: dict[str, Any], elapsed: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _preemption_table(pre: list[dict[str, Any]]) -> list[str]:
+def _preemption_table(pre: list[dict[str, Any]], support_replays: int = 0) -> list[str]:
     if not pre:
         return ["  no preemption in the replay"]
     out = ["", "   step      time  victim                          trigger                         "
-               "rule      lost  recompute   hit  back at  confidence"]
+               "rule      lost  recompute   hit  back at  confidence"
+               + ("  support" if support_replays else "")]
     for p in pre:
         t = p.get("time")
         ts = time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}" if t else "-"
@@ -218,7 +233,9 @@ def _preemption_table(pre: list[dict[str, Any]]) -> list[str]:
             f"  {p['step']:>5}  {ts:>12}  {str(p['victim'])[:30]:<30}  {str(p['trigger'])[:30]:<30}  "
             f"{rule:<8} {p.get('computed_tokens_lost', 0):>5}  {str(p.get('tokens_recomputed') or '-'):>9}  "
             f"{str(p.get('prefix_hit_at_readmission') if p.get('prefix_hit_at_readmission') is not None else '-'):>4}  "
-            f"{str(p.get('readmission_step') or '-'):>7}  {p.get('confidence', '')}"
+            f"{str(p.get('readmission_step') or '-'):>7}  {p.get('confidence', ''):<10}"
+            + (f"  {round(p['support'] * support_replays)}/{support_replays}"
+               if support_replays and p.get("support") is not None else "")
         )
     return out
 

@@ -646,6 +646,55 @@ def preemption_records(run: TimedRun, rebuilt: Rebuilt, confidence_of=None) -> l
     return out
 
 
+# Support: how many of a few replays the log cannot tell apart from this one find the same
+# preemption. Measured on the Poisson log case (tests/test_replay_logs.py): every
+# preemption with full support was a true one; at half support, about half were.
+SUPPORT_REPLAYS = 10
+SUPPORT_JITTER = 2  # steps each arrival moves, inside the window the log allows
+SUPPORT_MAX_REQUESTS = 2000  # beyond this the extra replays cost more than the replay
+
+
+def alternative_placements(base: list[int], windows: list[tuple[int, int]], k: int,
+                           jitter: int = SUPPORT_JITTER) -> list[list[int]]:
+    """k arrival placements as consistent with the log's line order and seconds as `base`:
+    each arrival moved by up to `jitter` steps inside its window, file order kept, the
+    first arrival still at step 0. Seeded, so the same log gives the same placements."""
+    import random
+
+    out = []
+    for seed in range(k):
+        rng = random.Random(seed)
+        arr = []
+        for (lo, hi), b in zip(windows, base):
+            hi = max(lo, hi)
+            arr.append(min(max(b + rng.randint(-jitter, jitter), lo), hi))
+        for i in range(1, len(arr)):
+            arr[i] = max(arr[i], arr[i - 1])
+        if arr:
+            arr[0] = 0
+        out.append(arr)
+    return out
+
+
+def add_support(pre: list[dict[str, Any]], rebuilt: Rebuilt, facts: LogFacts,
+                profile: SchedulerProfile, run: TimedRun, windows: list[tuple[int, int]],
+                k: int, tol: int = 5) -> None:
+    """Give each preemption record `support`: the share of `k` alternative placements
+    (alternative_placements) whose replay preempts the same victim within `tol` steps."""
+    base = [run.arrival_step.get(s.id, 0) for s in rebuilt.workload.requests]
+    found: list[dict[str, list[int]]] = []
+    for arr in alternative_placements(base, windows, k):
+        alt = step_replay(rebuilt, facts, profile, arr, run.model, trace=False)
+        by_victim: dict[str, list[int]] = {}
+        for rec in alt.records:
+            for p in rec.get("preemptions", ()):
+                by_victim.setdefault(p["req"], []).append(rec["step"])
+        found.append(by_victim)
+    for p in pre:
+        n = sum(1 for f in found if any(abs(s - p["step"]) <= tol for s in f.get(p["victim"], ())))
+        p["support"] = round(n / k, 2)
+
+
 def storms(preemptions: list[dict[str, Any]], gap_steps: int = 50) -> list[dict[str, Any]]:
     """Bursts: preemptions no more than `gap_steps` apart."""
     out: list[dict[str, Any]] = []
@@ -792,6 +841,7 @@ class LogReplay:
     verification: dict[str, Any]
     estimate: dict[str, Any] | None  # count interval when prompts are unknown
     arrival_pattern: str = "poisson"
+    support_replays: int = 0  # alternative replays behind each preemption's `support`
 
     def workload(self) -> Workload:
         """The rebuilt workload with each request entering at the step the replay placed
@@ -831,6 +881,10 @@ class LogReplay:
             "output_lengths": "exact" if not any(self.rebuilt.output_estimated) else "estimated",
             "cut_short": self.run.cut_at is not None,
             "unfinished_requests": self.run.unfinished,
+            "support_replays": self.support_replays,
+            # preemptions every alternative replay finds too (None: support not measured)
+            "robust_preemptions": sum(1 for p in self.preemptions if p.get("support") == 1.0)
+            if self.support_replays else None,
         }
 
 
@@ -839,9 +893,11 @@ def replay_facts(
     *,
     profile: str | None = None,
     step_time: StepTimeModel | None = None,
+    support: int | None = None,
 ) -> LogReplay:
     """Rebuild, fit and replay. With `step_time` the step-time model is taken as given
-    (not fitted)."""
+    (not fitted). `support`: how many alternative replays measure each preemption's
+    support (add_support); None = automatic, 0 = none."""
     if facts.engine_version == "V0" or (
         not profile and facts.vllm_version and not _version_at_least(facts.vllm_version, (0, 8, 0))
     ):
@@ -901,8 +957,19 @@ def replay_facts(
     if any(rebuilt.prompt_estimated):
         conf = lambda step: "inferred"  # noqa: E731 - lengths guessed: nothing is confirmed
     pre = preemption_records(run, rebuilt, conf)
+    if support is None:
+        # placement uncertainty is what support measures: Poisson arrivals with known
+        # prompts (bursts and closed loops pin arrivals by other means; estimated prompts
+        # are a larger uncertainty than a step or two)
+        support = SUPPORT_REPLAYS if (
+            pattern == "poisson" and not any(rebuilt.prompt_estimated)
+            and len(facts.requests) <= SUPPORT_MAX_REQUESTS) else 0
+    if support > 0 and pre:
+        add_support(pre, rebuilt, facts, prof, run,
+                    _windows(run, facts, anchors, clock, anchored.phase), support)
     rep = LogReplay(facts, rebuilt, prof, f, run, pre, storms(pre), check, estimate)
     rep.arrival_pattern = pattern
+    rep.support_replays = support if pre else 0
     return rep
 
 

@@ -9,6 +9,7 @@ samples. The lines follow vLLM 0.33's formats (spec: vllm-log-formats.md): the b
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import time as _time
@@ -34,9 +35,11 @@ def render_log(
     stats_phase_s: float = 0.5,
     with_prompts: bool = True,
     model: str = "meta-llama/Llama-3.1-8B-Instruct",
+    step_starts: list[float] | None = None,
 ) -> list[str]:
     """Lines of a 0.33 log for `records` (a `simulate` trace), step k starting at
-    start + k * step_time_s. Arrivals are logged just before the step that adds them."""
+    start + k * step_time_s, or at step_starts[k] (one more entry than records: the end of
+    the last step) when given. Arrivals are logged just before the step that adds them."""
     cfg = workload.config
     out: list[tuple[float, int, str]] = []  # (time, tie-break order, line)
     seq = 0
@@ -78,7 +81,13 @@ def render_log(
 
     specs = {s.id: s for s in workload.requests}
     port = {s.id: 51000 + i for i, s in enumerate(workload.requests)}
-    step_start = lambda k: start + k * step_time_s  # noqa: E731
+    if step_starts is not None:
+        if len(step_starts) != len(records) + 1:
+            raise ValueError("step_starts needs one entry per record plus the last step's end")
+        start = step_starts[0]
+        step_start = step_starts.__getitem__
+    else:
+        step_start = lambda k: start + k * step_time_s  # noqa: E731
     first_token_seen: set[str] = set()
     lead = min(0.0005, step_time_s / 4)
     for rec in records:
@@ -119,7 +128,10 @@ def render_log(
             first_hit.setdefault(rid, r.get("prefix_hit_tokens", {}).get(rid, 0))
     prev_k = -1
     while tick <= last_end + 2 * stats_interval_s:
-        k = min(n - 1, int((tick - start) / step_time_s) - 1)
+        if step_starts is not None:  # the last step that ended before the tick
+            k = min(n - 1, bisect.bisect_right(step_starts, tick) - 2)
+        else:
+            k = min(n - 1, int((tick - start) / step_time_s) - 1)
         window = records[prev_k + 1 : k + 1] if k >= 0 else []
         prev_k = max(prev_k, k)
         gen = sum(len(r.get("sampled", ())) for r in window)

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Poisson-arrival logs rendered from a workload (dev tool): score the log replay and the
+calibration of each preemption's `support`.
+
+    python tools/eval_poisson.py WORKLOAD.json [--seeds 0 1 2] [--step-ms 12] [--stats-s 2]
+
+For each seed, the workload's arrivals are redrawn as a Poisson process over steps with the
+workload's own mean gap, the run is simulated (our scheduler == vLLM's, tests/test_oracle_bank),
+rendered as a 0.33 log (replay/render.py: whole-second time stamps, stats lines every
+--stats-s), replayed from the log alone, and compared with the simulation: preemptions found
+(right victim, +-5 steps), and how often a preemption with a given support is a true one.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import random
+import tempfile
+
+from kvreplay.replay import parse_workload, simulate
+from kvreplay.replay.from_log import replay_facts
+from kvreplay.replay.render import render_log
+from kvreplay.sources import read_facts
+
+
+def formula_clock(m: dict, recs: list[dict], t0: float = 1778148060.05) -> list[float]:
+    """Start of every step (and the end of the last) under a log case's step-time formula."""
+    out, t = [], t0
+    for r in recs:
+        out.append(t)
+        n = r["num_scheduled_tokens"]
+        if n == 0:
+            t += m["idle_iteration_s"]
+            continue
+        ctx = sum(r["num_computed_tokens"].get(rid, 0) for rid, _ in r["scheduled"])
+        t += (m["overhead_s"] + max(m["weight_read_s"], m["per_scheduled_token_s"] * n)
+              + m["per_context_token_s"] * ctx + m["per_scheduled_request_s"] * len(r["scheduled"]))
+    out.append(t)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workload")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--step-ms", type=float, default=12.0)
+    ap.add_argument("--stats-s", type=float, default=2.0)
+    ap.add_argument("--clock-from", metavar="TRUTH.json",
+                    help="step times from a log case's step-time formula (fixed cost, weight "
+                         "read vs per-token cost, per context token, per request) instead of "
+                         "a fixed --step-ms")
+    ap.add_argument("--original", action="store_true",
+                    help="keep the workload's own arrival steps (one run, no redraw)")
+    ap.add_argument("--phase", type=float, default=0.37, help="stats lines' phase in the second")
+    args = ap.parse_args()
+    wl0 = parse_workload(json.load(open(args.workload)))
+    steps = [s.arrival_step for s in wl0.requests]
+    gap = max(1e-9, (max(steps) - min(steps)) / max(1, len(steps) - 1))
+    calib: dict[float, list[int]] = collections.defaultdict(lambda: [0, 0])
+    tot_true = tot_hit = tot_found = 0
+    for seed in ([None] if args.original else args.seeds):
+        wl = wl0
+        if seed is not None:
+            rng = random.Random(seed)
+            t = 0.0
+            specs = []
+            for s in wl0.requests:
+                specs.append(dataclasses.replace(s, arrival_step=int(t)))
+                t += rng.expovariate(1.0 / gap)
+            wl = dataclasses.replace(wl0, requests=specs)
+        recs, summ = simulate(wl)
+        true = [(r["step"], p) for r in recs for p in r["preempted"]]
+        starts = None
+        if args.clock_from:
+            starts = formula_clock(json.load(open(args.clock_from))["step_time_model"], recs)
+        lines = render_log(wl, recs, step_time_s=args.step_ms / 1000.0,
+                           stats_interval_s=args.stats_s, stats_phase_s=args.phase,
+                           step_starts=starts)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "server.log")
+            with open(path, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            facts = read_facts([path], year=2026)
+            facts.interval_s = args.stats_s
+            rep = replay_facts(facts)
+        used: set[int] = set()
+        hit = 0
+        for step, v in true:
+            for j, q in enumerate(rep.preemptions):
+                if j not in used and q["victim"] == v and abs(q["step"] - step) <= 5:
+                    used.add(j)
+                    hit += 1
+                    break
+        for j, q in enumerate(rep.preemptions):
+            if q.get("support") is not None:
+                calib[q["support"]][0] += j in used
+                calib[q["support"]][1] += 1
+        tot_true += len(true)
+        tot_hit += hit
+        tot_found += len(rep.preemptions)
+        print(f"seed {seed}: pattern {rep.arrival_pattern}, true {len(true)}, found "
+              f"{len(rep.preemptions)}, matched {hit}", flush=True)
+    print(f"TOTAL true {tot_true} found {tot_found} matched {tot_hit} "
+          f"({tot_hit / max(1, tot_true):.0%})")
+    for sup in sorted(calib):
+        ok, n = calib[sup]
+        print(f"  support {sup:.1f}: {ok}/{n} true")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
