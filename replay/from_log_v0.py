@@ -927,5 +927,5 @@ def replay_v0_facts(facts: LogFacts, *, profile: str | None = None,
                  f"logged second" + (f" (from +{placement[0]:.2f} s)" if placement[0] else ""))
     f = Fit(model, placement[1], loss, run, tried)
     rep = V0LogReplay(facts, rebuilt, V0ProfileRef(), f, run, pre, storms(pre), check,  # type: ignore[arg-type]
-                      None, pattern, warn, counters)
+                      None, arrival_pattern=pattern, warnings=warn, counters=counters)
     return rep
