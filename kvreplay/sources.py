@@ -95,5 +95,9 @@ def source_from_logs(paths: Sequence[str], *, profile: str | None = None,
         notes=[summary["step_time_model"], f"arrivals: {summary['arrival_pattern']}"]
         + rep.rebuilt.notes + rep.facts.missing,
         extra={"step_times": rep.run.step_start, "replay": rep,
-               "preemption_confidence": {p["step"]: p.get("confidence") for p in rep.preemptions}},
+               "preemption_confidence": {p["step"]: p.get("confidence") for p in rep.preemptions},
+               # (step, victim) -> share of the alternative replays that find it too
+               "preemption_support": {(p["step"], p["victim"]): p["support"]
+                                      for p in rep.preemptions if p.get("support") is not None},
+               "support_replays": getattr(rep, "support_replays", 0)},
     )

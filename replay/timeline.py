@@ -684,6 +684,14 @@ class Timeline:
         per = (getattr(src, "extra", None) or {}).get("preemption_confidence") or {}
         return per.get(p.step) or getattr(src, "confidence", None) or "exact"
 
+    def preemption_support(self, p: Preemption) -> tuple[float, int] | None:
+        """(share, replays): how many of the log replay's alternative placements find this
+        preemption too (from_log.add_support); None when not measured."""
+        extra = getattr(self.source, "extra", None) or {}
+        k = extra.get("support_replays") or 0
+        share = (extra.get("preemption_support") or {}).get((p.step, p.victim))
+        return None if not k or share is None else (share, k)
+
     def nearest_log_steps(self, step: int) -> tuple[int | None, int | None]:
         """The closest steps before and after `step` that have log lines behind them."""
         lines = getattr(self.source, "log_lines", None) or {}

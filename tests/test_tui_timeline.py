@@ -251,3 +251,24 @@ def test_workload_source_has_no_times_and_exact_confidence() -> None:
     assert not tl.has_times and tl.step_time(3) is None
     assert tl.preemptions and {tl.preemption_confidence(p) for p in tl.preemptions} == {"exact"}
     assert tl.nearest_log_steps(5) == (None, None)
+
+
+def test_preemption_support_comes_from_the_log_replay() -> None:
+    """The Why panel's support: the log replay's per-preemption share of alternative
+    replays, keyed by (step, victim); absent (None) when the replay measured none."""
+    src = open_source([sample_path("vllm033_fcfs_heavy.reqbody.log")])
+    tl = Timeline(src)
+    tl.build()
+    p = tl.preemptions[0]
+    assert tl.preemption_support(p) is None  # a burst log: no support measured
+    src.extra["support_replays"] = 10
+    src.extra["preemption_support"] = {(p.step, p.victim): 0.7}
+    assert tl.preemption_support(p) == (0.7, 10)
+    assert tl.preemption_support(tl.preemptions[1]) is None
+    from rich.text import Text
+
+    from kvreplay.tui.render import why_one
+
+    t = Text()
+    why_one(t, tl, p, "inferred")
+    assert "support: 7/10" in t.plain

@@ -182,6 +182,13 @@ def why_one(t: Text, tl: Timeline, p: Preemption, confidence: str,
     t.append("   confidence: ").append(confidence, style=conf_style).append("\n")
     if confidence in CONFIDENCE_MEANING:
         t.append(CONFIDENCE_MEANING[confidence] + "\n", style="dim")
+    sup = tl.preemption_support(p)
+    if sup is not None:
+        share, k = sup
+        t.append("   support: ").append(f"{round(share * k)}/{k}",
+                                        style="green" if share == 1.0 else "yellow" if share >= 0.5 else "red")
+        t.append(" replays with the arrivals moved a little, inside what the log allows, "
+                 "find it too\n", style="dim")
     t.append("Victim   ").append(p.victim, style=f"bold {request_colour(tl, p.victim)}")
     t.append(f"  ({_ordinal(p.nth_of_victim)} preemption of it)\n")
     t.append("Trigger  ").append(p.trigger, style=f"bold {request_colour(tl, p.trigger)}")
