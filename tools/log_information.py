@@ -23,6 +23,8 @@ import math
 import sys
 from pathlib import Path
 
+from eval_poisson import formula_clock  # tools/ is the script's folder
+
 from kvreplay.replay.engine import Engine
 from kvreplay.replay.profile import get_profile
 from kvreplay.replay.workload import RequestSpec, Workload, parse_workload
@@ -52,19 +54,7 @@ def main() -> int:
         return out
 
     def clock(recs: list[dict]) -> list[float]:
-        t, out = t0, []
-        for r in recs:
-            out.append(t)
-            n = r["num_scheduled_tokens"]
-            if n == 0:
-                t += m["idle_iteration_s"]
-                continue
-            ctx = sum(r["num_computed_tokens"].get(rid, 0) for rid, _ in r["scheduled"])
-            t += (m["overhead_s"] + max(m["weight_read_s"], m["per_scheduled_token_s"] * n)
-                  + m["per_context_token_s"] * ctx
-                  + m["per_scheduled_request_s"] * len(r["scheduled"]))
-        out.append(t)
-        return out
+        return formula_clock(m, recs, t0)
 
     def observables(recs: list[dict], st: list[float]) -> list[tuple]:
         ev = []
