@@ -967,6 +967,12 @@ def replay_facts(
     if support > 0 and pre:
         add_support(pre, rebuilt, facts, prof, run,
                     _windows(run, facts, anchors, clock, anchored.phase), support)
+    if pattern == "poisson" and pre:
+        rebuilt.notes.append(
+            "arrivals spread over time: the log pins each one only to a window of steps, and "
+            "a step off can change later victims; take the count as an estimate and each "
+            "preemption as a lead (its support says how firm), or replay a log written with "
+            "kvreplay's step-trace scheduler for the exact sequence")
     rep = LogReplay(facts, rebuilt, prof, f, run, pre, storms(pre), check, estimate)
     rep.arrival_pattern = pattern
     rep.support_replays = support if pre else 0
