@@ -81,7 +81,7 @@ class Context:
 def load(paths: Sequence[str], *, profile: str | None = None, year: int | None = None) -> Context:
     from kvreplay.sources import replay_logs
 
-    rp = replay_logs(list(paths), profile=profile, year=year)
+    rp = replay_logs(list(paths), profile=profile, year=year, support=0)  # needs the workload only
     ver = rp.verification or {}
     fit_text = f"loss {rp.fit.loss:.3g}"
     if ver.get("stats_lines"):

@@ -32,13 +32,15 @@ def read_facts(paths: Sequence[str], *, vllm_version: str | None = None, year: i
 
 
 def replay_logs(paths: Sequence[str], *, profile: str | None = None,
-                vllm_version: str | None = None, year: int | None = None):
-    """Parse, rebuild, fit and replay: a `LogReplay`."""
+                vllm_version: str | None = None, year: int | None = None,
+                support: int | None = None):
+    """Parse, rebuild, fit and replay: a `LogReplay` (`support`: see from_log.replay_facts)."""
     from kvreplay.replay.from_log import ReplayError, replay_facts
 
     facts = read_facts(paths, vllm_version=vllm_version, year=year)
     try:
-        return replay_facts(facts, profile=None if profile in (None, "auto") else profile)
+        return replay_facts(facts, profile=None if profile in (None, "auto") else profile,
+                            support=support)
     except ReplayError as exc:
         raise UserError(str(exc)) from None
 
