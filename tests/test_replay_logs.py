@@ -252,3 +252,43 @@ def test_render_with_step_starts() -> None:
     assert gen[6] == sum(gen_by_step[3:11])  # +12.5 s: step 3 ended at +10.75, 4-10 since
     with pytest.raises(ValueError):
         render_log(wl, records, step_time_s=0.25, step_starts=starts[:-1])
+
+
+def _formula_starts(m: dict, records: list[dict], t0: float = 1778148060.05) -> list[float]:
+    """Step starts under a log case's step-time formula (as tools/eval_poisson.py)."""
+    out, t = [], t0
+    for r in records:
+        out.append(t)
+        n = r.get("num_scheduled_tokens", 0)
+        if n == 0:
+            t += m["idle_iteration_s"]
+            continue
+        ctx = sum(r["num_computed_tokens"].get(rid, 0) for rid, _ in r["scheduled"])
+        t += (m["overhead_s"] + max(m["weight_read_s"], m["per_scheduled_token_s"] * n)
+              + m["per_context_token_s"] * ctx + m["per_scheduled_request_s"] * len(r["scheduled"]))
+    out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("phase", [0.3, 0.7])
+def test_short_priority_log_with_real_step_times(tmp_path: Path, phase: float) -> None:
+    """A 10-request priority run (conformance d_priority) rendered as a 0.33 log with the
+    log cases' step-time formula and 2 s stats lines: only two stats lines say anything, so
+    the fitted model is poor; extrapolated back from the first line it put step 0 most of a
+    second before the first request's second, and every other arrival 75 steps late (0 of 6
+    found at phase 0.7). The first request's second now bounds step 0."""
+    wl = parse_workload(json.loads((DATA / "conformance" / "cases" / "d_priority" / "workload.json").read_text()))
+    records, _ = simulate(wl)
+    m = _truth("p1_poisson_fcfs_200")["step_time_model"]
+    lines = render_log(wl, records, step_time_s=0.01, stats_interval_s=2.0, stats_phase_s=phase,
+                       step_starts=_formula_starts(m, records))
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(lines) + "\n")
+    facts = read_facts([str(log)], year=2026)
+    facts.interval_s = 2.0
+    rep = replay_facts(facts)
+    want = [(r["step"], p["req"]) for r in records for p in r.get("preemptions", ())]
+    got = [(p["step"], p["victim"]) for p in rep.preemptions]
+    hits = sum(1 for s, v in want if any(v == v2 and abs(s - s2) <= 5 for s2, v2 in got))
+    assert len(want) == 6 and hits >= 5
+    assert rep.run.arrival_step["r1"] <= 5  # arrived with r0 at step 0, not 75 steps late

@@ -31,7 +31,7 @@ def formula_clock(m: dict, recs: list[dict], t0: float = 1778148060.05) -> list[
     out, t = [], t0
     for r in recs:
         out.append(t)
-        n = r["num_scheduled_tokens"]
+        n = r.get("num_scheduled_tokens", 0)
         if n == 0:
             t += m["idle_iteration_s"]
             continue
@@ -72,7 +72,7 @@ def main() -> int:
                 t += rng.expovariate(1.0 / gap)
             wl = dataclasses.replace(wl0, requests=specs)
         recs, summ = simulate(wl)
-        true = [(r["step"], p) for r in recs for p in r["preempted"]]
+        true = [(r["step"], p) for r in recs for p in r.get("preempted", ())]
         starts = None
         if args.clock_from:
             starts = formula_clock(json.load(open(args.clock_from))["step_time_model"], recs)
