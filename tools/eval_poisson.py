@@ -54,6 +54,8 @@ def main() -> int:
                          "a fixed --step-ms")
     ap.add_argument("--original", action="store_true",
                     help="keep the workload's own arrival steps (one run, no redraw)")
+    ap.add_argument("--no-prompts", action="store_true",
+                    help="render without the JSON-body lines (server.log): score the count interval")
     ap.add_argument("--phase", type=float, default=0.37, help="stats lines' phase in the second")
     args = ap.parse_args()
     wl0 = parse_workload(json.load(open(args.workload)))
@@ -78,7 +80,7 @@ def main() -> int:
             starts = formula_clock(json.load(open(args.clock_from))["step_time_model"], recs)
         lines = render_log(wl, recs, step_time_s=args.step_ms / 1000.0,
                            stats_interval_s=args.stats_s, stats_phase_s=args.phase,
-                           step_starts=starts)
+                           step_starts=starts, with_prompts=not args.no_prompts)
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "server.log")
             with open(path, "w") as f:
@@ -101,8 +103,11 @@ def main() -> int:
         tot_true += len(true)
         tot_hit += hit
         tot_found += len(rep.preemptions)
+        est = rep.estimate
         print(f"seed {seed}: pattern {rep.arrival_pattern}, true {len(true)}, found "
-              f"{len(rep.preemptions)}, matched {hit}", flush=True)
+              f"{len(rep.preemptions)}, matched {hit}"
+              + (f", interval {est['preemptions_low']}-{est['preemptions_high']}" if est else ""),
+              flush=True)
     print(f"TOTAL true {tot_true} found {tot_found} matched {tot_hit} "
           f"({tot_hit / max(1, tot_true):.0%})")
     for sup in sorted(calib):
