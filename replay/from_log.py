@@ -1204,6 +1204,7 @@ def _windows(run: TimedRun, facts: LogFacts, anchors, clock, phase, use_seconds=
             fin_steps.append(rec["step"])
     n = len(run.records)
     out = []
+    first_time = facts.requests[0].time if facts.requests and facts.requests[0].time is not None else float("-inf")
     for r in facts.requests:
         lo, hi = 0, n
         # A request entering at step a was received while step a-1 ran; the access line
@@ -1221,7 +1222,8 @@ def _windows(run: TimedRun, facts: LogFacts, anchors, clock, phase, use_seconds=
         if i < len(anchors) and anchors[i] is not None:
             hi = min(hi, anchors[i] + 1)
         if use_seconds and r.time is not None:
-            slo = _step_at(clock, r.time)
+            # step 0 lies in the first request's second, whatever the clock says
+            slo = 0 if r.time <= first_time else _step_at(clock, r.time)
             shi = _step_at(clock, r.time + 1.0)
             if max(lo, slo) <= min(hi, shi):
                 lo, hi = max(lo, slo), min(hi, shi)
