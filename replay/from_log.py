@@ -1161,14 +1161,15 @@ def _clock(run: TimedRun, facts: LogFacts, anchors: list[int | None], phase: flo
     # line with the model's durations it can miss that second by far (a model fitted on
     # few stats lines: 0.7-0.9 s on a 10-request priority log rendered with a real step-time
     # formula, where every arrival but the first landed 75 steps late); then the second
-    # bounds it and the steps up to the first line are stretched to fit. Misses within the
-    # slack are left alone: they are within the model's error, and moving every arrival of
-    # the first interval by them only reshuffles a chaotic replay.
+    # bounds it and the steps up to the first line are stretched to fit.
     first = facts.requests[0].time if facts.requests else None
     if first is not None and pts[0][0] > 0:
         start0 = pts[0][1] - cum[pts[0][0]]
-        if start0 < first - FIRST_STEP_SLACK_S or start0 >= first + 1.0 + FIRST_STEP_SLACK_S:
-            pts.insert(0, (0, min(max(start0, first), first + 1.0 - 1e-3)))
+        # an idle engine picks a request up within milliseconds, so step 0 may start just
+        # past the end of that second, not later
+        latest = first + 1.0 + IDLE_PICKUP_S
+        if start0 < first or start0 >= latest:
+            pts.insert(0, (0, min(max(start0, first), latest - 1e-3)))
     out = [0.0] * (n + 1)
     # before the first pin: model durations backwards
     p0, t0 = pts[0]
@@ -1185,7 +1186,7 @@ def _clock(run: TimedRun, facts: LogFacts, anchors: list[int | None], phase: flo
     return out
 
 
-FIRST_STEP_SLACK_S = 0.1
+IDLE_PICKUP_S = 0.05
 
 
 def _step_at(clock: list[float], t: float) -> int:
