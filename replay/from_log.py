@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvreplay.replay.engine import Engine
@@ -1009,6 +1009,19 @@ def _fit_unknown_prompts(facts: LogFacts, prof: SchedulerProfile, spreads: tuple
             rb = rebuild_workload(facts, prof, prompt_lens=var)
             r = timed_replay(rb, facts, prof, f.model, f.spread, trace=False)
             counts[name] = r.summary.total_preemptions
+    cfg = rebuilt.workload.config
+    priority_unknown = cfg.policy == "priority" and not any(r.priority for r in facts.requests)
+    if priority_unknown:
+        # 0.33 logs a request's priority only in its JSON body, which this log lacks: the
+        # priority policy then orders by priorities nobody knows; replay a few mixes of
+        # them (0-4) so the interval covers what they could do
+        for seed in (1, 2, 3, 4, 5, 6):
+            rng = random.Random(100 + seed)
+            rb = rebuild_workload(facts, prof, prompt_lens=lens)
+            specs = [replace(sp, priority=rng.randint(0, 4)) for sp in rb.workload.requests]
+            rb.workload = replace(rb.workload, requests=specs)
+            r = timed_replay(rb, facts, prof, f.model, f.spread, trace=False)
+            counts[f"priorities mix {seed}"] = r.summary.total_preemptions
     values = sorted(counts.values())
     estimate = {
         "preemptions_low": values[0],
@@ -1019,7 +1032,10 @@ def _fit_unknown_prompts(facts: LogFacts, prof: SchedulerProfile, spreads: tuple
                "lines' prompt throughput, and the count is replayed over plausible variants "
                "of them (total and mix)"
                + ("; prefix-cache sharing between prompts is unknown too"
-                  if rebuilt.workload.config.enable_prefix_caching else ""),
+                  if rebuilt.workload.config.enable_prefix_caching else "")
+               + ("; the scheduling policy is priority but no priority is logged, so the "
+                  "count is also replayed over random priorities 0-4"
+                  if priority_unknown else ""),
         "make_it_exact": "set VLLM_REQUEST_BODY_LOG_LEVEL=INFO (vLLM 0.31+) or --log-level "
                          "DEBUG so every prompt is logged, or enable kvreplay's step-trace "
                          "scheduler plugin",

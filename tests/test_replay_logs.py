@@ -294,3 +294,22 @@ def test_short_priority_log_with_real_step_times(tmp_path: Path, phase: float) -
     hits = sum(1 for s, v in want if any(v == v2 and abs(s - s2) <= 5 for s2, v2 in got))
     assert len(want) == 6 and hits >= 5
     assert rep.run.arrival_step["r1"] <= 5  # arrived with r0 at step 0, not 75 steps late
+
+
+def test_priority_log_without_bodies_widens_the_estimate(tmp_path: Path) -> None:
+    """0.33 logs priorities only in the JSON body: without it, a priority-policy log's
+    count is also replayed over random priorities, the estimate says why, and its interval
+    holds the true count (conformance d_priority rendered with real step times)."""
+    wl = parse_workload(json.loads((DATA / "conformance" / "cases" / "d_priority" / "workload.json").read_text()))
+    records, summary = simulate(wl)
+    m = _truth("p1_poisson_fcfs_200")["step_time_model"]
+    lines = render_log(wl, records, step_time_s=0.01, stats_interval_s=2.0, stats_phase_s=0.7,
+                       step_starts=_formula_starts(m, records), with_prompts=False)
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(lines) + "\n")
+    facts = read_facts([str(log)], year=2026)
+    rep = replay_facts(facts)
+    est = rep.estimate
+    assert est is not None and "priority" in est["why"]
+    assert sum(1 for k in est["variants"] if k.startswith("priorities mix")) == 6
+    assert est["preemptions_low"] <= summary.total_preemptions <= est["preemptions_high"]
