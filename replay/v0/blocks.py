@@ -38,6 +38,19 @@ class InvariantError(AssertionError):
     """A model invariant broke (a bug in kvreplay, not in the input)."""
 
 
+class TerminalError(Exception):
+    """vLLM itself stops here (for example RuntimeError "lack of CPU swap space", spec B/F.3).
+
+    Reported as the run's terminal event, not raised to the caller of `run_workload`.
+    """
+
+    def __init__(self, type_name: str, message: str, victim: Optional[str]) -> None:
+        super().__init__(message)
+        self.type_name = type_name
+        self.message = message
+        self.victim = victim
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -46,10 +59,12 @@ def hash_block_tokens(prev_hash: Optional[int], token_ids: Iterable[int]) -> int
     """Content hash of one full block, chained on the previous block's hash.
 
     Any collision-free function of (is-first, parent hash, tokens) reproduces hits and
-    misses (spec A4). We use Python's builtin tuple hash, which is deterministic for ints
-    and None, so the hashes are stable from run to run.
+    misses (spec A4). We use Python's builtin tuple hash over ints and bools only: before
+    Python 3.12, hash(None) is the object's address, different in every process, and some
+    runs (prefix caching + swap, tests/test_v0_properties.py) then ended differently from
+    run to run.
     """
-    return hash((prev_hash is None, prev_hash, *token_ids, None))
+    return hash((prev_hash is None, 0 if prev_hash is None else prev_hash, *token_ids, 0))
 
 
 class Block:
@@ -304,7 +319,13 @@ class PrefixCachingAllocator(NaiveAllocator):
             raise NoFreeBlocksError()
         b, h = self.evictor.evict()             # then evict: the block loses its hash
         if self.cached.get(h) != b or self.refcount[b] != 0:
-            raise InvariantError("evicted block is not the registered free one")
+            # 0.6.6 asserts this too (_maybe_allocate_evicted_block_id) and stops. Reached
+            # with prefix caching + swap when a swapped-in block's content is cached on
+            # another block that is in use (found by tests/test_v0_properties.py; vLLM
+            # 0.6.6.post1's own scheduler fails the same assertion on that workload).
+            raise TerminalError(
+                "AssertionError", "assert self._refcounter.get(_block_id) == 0 "
+                "(prefix_caching_block.py, _maybe_allocate_evicted_block_id)", None)
         del self.cached[h]
         self.refcount[b] += 1
         self._track(b, computed=False)

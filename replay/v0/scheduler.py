@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, Dict, List, Optional, Set, Tuple
 
-from .blocks import AllocStatus, BlockSpaceManager, InvariantError
+from .blocks import AllocStatus, BlockSpaceManager, InvariantError, TerminalError
 
 WAITING = "WAITING"
 RUNNING = "RUNNING"
@@ -24,19 +24,6 @@ FINISHED_IGNORED = "FINISHED_IGNORED"
 class PreemptionMode(enum.Enum):
     SWAP = "swap"
     RECOMPUTE = "recompute"
-
-
-class TerminalError(Exception):
-    """vLLM itself stops here (for example RuntimeError "lack of CPU swap space", spec B/F.3).
-
-    Reported as the run's terminal event, not raised to the caller of `run_workload`.
-    """
-
-    def __init__(self, type_name: str, message: str, victim: Optional[str]) -> None:
-        super().__init__(message)
-        self.type_name = type_name
-        self.message = message
-        self.victim = victim
 
 
 SWAP_SPACE_MESSAGE = ("Aborted due to the lack of CPU swap space. Please increase the swap "
