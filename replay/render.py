@@ -152,3 +152,24 @@ def render_log(
         tick += stats_interval_s
     out.sort(key=lambda x: (x[0], x[1]))
     return [line for _, _, line in out]
+
+
+def formula_step_starts(m: dict[str, float], records: list[dict[str, Any]],
+                        t0: float = 1778148060.05) -> list[float]:
+    """Start of every step (and the end of the last) when a step lasts
+    overhead + max(weight read, per token x scheduled tokens) + per context token x context
+    + per request x scheduled requests, an idle iteration `idle_iteration_s`: the form (and
+    the key names) of the log cases' truth.json `step_time_model`, for rendering runs with
+    realistic step times (render_log(step_starts=...))."""
+    out, t = [], t0
+    for r in records:
+        out.append(t)
+        n = r.get("num_scheduled_tokens", 0)
+        if n == 0:
+            t += m["idle_iteration_s"]
+            continue
+        ctx = sum(r["num_computed_tokens"].get(rid, 0) for rid, _ in r["scheduled"])
+        t += (m["overhead_s"] + max(m["weight_read_s"], m["per_scheduled_token_s"] * n)
+              + m["per_context_token_s"] * ctx + m["per_scheduled_request_s"] * len(r["scheduled"]))
+    out.append(t)
+    return out

@@ -14,7 +14,7 @@ import pytest
 
 from kvreplay.replay import parse_workload, simulate
 from kvreplay.replay.from_log import StepTimeModel, replay_facts
-from kvreplay.replay.render import render_log
+from kvreplay.replay.render import formula_step_starts, render_log
 from kvreplay.sources import read_facts, replay_logs
 
 DATA = Path(__file__).parent / "data"
@@ -256,20 +256,8 @@ def test_render_with_step_starts() -> None:
         render_log(wl, records, step_time_s=0.25, step_starts=starts[:-1])
 
 
-def _formula_starts(m: dict, records: list[dict], t0: float = 1778148060.05) -> list[float]:
-    """Step starts under a log case's step-time formula (as tools/eval_poisson.py)."""
-    out, t = [], t0
-    for r in records:
-        out.append(t)
-        n = r.get("num_scheduled_tokens", 0)
-        if n == 0:
-            t += m["idle_iteration_s"]
-            continue
-        ctx = sum(r["num_computed_tokens"].get(rid, 0) for rid, _ in r["scheduled"])
-        t += (m["overhead_s"] + max(m["weight_read_s"], m["per_scheduled_token_s"] * n)
-              + m["per_context_token_s"] * ctx + m["per_scheduled_request_s"] * len(r["scheduled"]))
-    out.append(t)
-    return out
+def _formula_starts(m: dict, records: list[dict]) -> list[float]:
+    return formula_step_starts(m, records)
 
 
 @pytest.mark.parametrize("phase", [0.3, 0.7])
@@ -313,3 +301,18 @@ def test_priority_log_without_bodies_widens_the_estimate(tmp_path: Path) -> None
     assert est is not None and "priority" in est["why"]
     assert sum(1 for k in est["variants"] if k.startswith("priorities mix")) == 6
     assert est["preemptions_low"] <= summary.total_preemptions <= est["preemptions_high"]
+
+
+def test_formula_step_starts_reproduce_the_log_case_clock() -> None:
+    """formula_step_starts with p1's step_time_model over vLLM's own trace of p1 gives the
+    clock its log was written with, to 10 ms over 2,166 steps (the context term's exact
+    definition is the residue)."""
+    import gzip
+
+    truth = _truth("p1_poisson_fcfs_200")
+    with gzip.open(CASES / "p1_poisson_fcfs_200" / "trace.jsonl.gz", "rt") as f:
+        records = [json.loads(line) for line in f]
+    starts = formula_step_starts(truth["step_time_model"], records, truth["step_start_sim_time"][0])
+    want = truth["step_start_sim_time"]
+    assert len(starts) == len(records) + 1 == len(want) + 1
+    assert max(abs(a - b) for a, b in zip(starts, want)) < 0.010

@@ -22,24 +22,13 @@ import tempfile
 
 from kvreplay.replay import parse_workload, simulate
 from kvreplay.replay.from_log import replay_facts
-from kvreplay.replay.render import render_log
+from kvreplay.replay.render import formula_step_starts, render_log
 from kvreplay.sources import read_facts
 
 
 def formula_clock(m: dict, recs: list[dict], t0: float = 1778148060.05) -> list[float]:
     """Start of every step (and the end of the last) under a log case's step-time formula."""
-    out, t = [], t0
-    for r in recs:
-        out.append(t)
-        n = r.get("num_scheduled_tokens", 0)
-        if n == 0:
-            t += m["idle_iteration_s"]
-            continue
-        ctx = sum(r["num_computed_tokens"].get(rid, 0) for rid, _ in r["scheduled"])
-        t += (m["overhead_s"] + max(m["weight_read_s"], m["per_scheduled_token_s"] * n)
-              + m["per_context_token_s"] * ctx + m["per_scheduled_request_s"] * len(r["scheduled"]))
-    out.append(t)
-    return out
+    return formula_step_starts(m, recs, t0)
 
 
 def main() -> int:
