@@ -13,7 +13,7 @@ import bisect
 import hashlib
 import json
 import time as _time
-from typing import Any
+from typing import Any, Callable
 
 from kvreplay.replay.workload import Workload
 
@@ -29,17 +29,17 @@ def render_log(
     workload: Workload,
     records: list[dict[str, Any]],
     *,
-    step_time_s: float,
+    step_time_s: float | Callable[[dict[str, Any]], float],
     start: float = 1778148060.0,
     stats_interval_s: float = 10.0,
     stats_phase_s: float = 0.5,
     with_prompts: bool = True,
     model: str = "meta-llama/Llama-3.1-8B-Instruct",
-    step_starts: list[float] | None = None,
 ) -> list[str]:
     """Lines of a 0.33 log for `records` (a `simulate` trace), step k starting at
-    start + k * step_time_s, or at step_starts[k] (one more entry than records: the end of
-    the last step) when given. Arrivals are logged just before the step that adds them."""
+    start + k * step_time_s, or (`step_time_s` a function of a step's record, as in
+    render_v0_log) at start + the durations of steps 0..k-1. Arrivals are logged just before
+    the step that adds them."""
     cfg = workload.config
     out: list[tuple[float, int, str]] = []  # (time, tie-break order, line)
     seq = 0
@@ -81,17 +81,17 @@ def render_log(
 
     specs = {s.id: s for s in workload.requests}
     port = {s.id: 51000 + i for i, s in enumerate(workload.requests)}
-    if step_starts is not None:
-        if len(step_starts) != len(records) + 1:
-            raise ValueError("step_starts needs one entry per record plus the last step's end")
-        start = step_starts[0]
-        step_start = step_starts.__getitem__
+    starts = step_starts(records, step_time_s, start) if callable(step_time_s) else None
+    if starts is not None:
+        step_start = starts.__getitem__
     else:
         step_start = lambda k: start + k * step_time_s  # noqa: E731
     first_token_seen: set[str] = set()
-    lead = min(0.0005, step_time_s / 4)
+    lead = 0.0 if starts is not None else min(0.0005, step_time_s / 4)
     for rec in records:
         k = rec["step"]
+        if starts is not None:
+            lead = min(0.0005, (starts[k + 1] - starts[k]) / 4)
         for j, rid in enumerate(rec.get("arrivals", ())):
             s = specs[rid]
             t = step_start(k) - lead
@@ -128,8 +128,8 @@ def render_log(
             first_hit.setdefault(rid, r.get("prefix_hit_tokens", {}).get(rid, 0))
     prev_k = -1
     while tick <= last_end + 2 * stats_interval_s:
-        if step_starts is not None:  # the last step that ended before the tick
-            k = min(n - 1, bisect.bisect_right(step_starts, tick) - 2)
+        if starts is not None:  # the last step that ended before the tick
+            k = min(n - 1, bisect.bisect_right(starts, tick) - 2)
         else:
             k = min(n - 1, int((tick - start) / step_time_s) - 1)
         window = records[prev_k + 1 : k + 1] if k >= 0 else []
@@ -154,22 +154,29 @@ def render_log(
     return [line for _, _, line in out]
 
 
-def formula_step_starts(m: dict[str, float], records: list[dict[str, Any]],
-                        t0: float = 1778148060.05) -> list[float]:
-    """Start of every step (and the end of the last) when a step lasts
-    overhead + max(weight read, per token x scheduled tokens) + per context token x context
-    + per request x scheduled requests, an idle iteration `idle_iteration_s`: the form (and
-    the key names) of the log cases' truth.json `step_time_model`, for rendering runs with
-    realistic step times (render_log(step_starts=...))."""
-    out, t = [], t0
+def step_starts(records: list[dict[str, Any]], step_time_s: Callable[[dict[str, Any]], float],
+                start: float) -> list[float]:
+    """Start of every step, and the end of the last: `start` plus the durations before it."""
+    out, t = [], start
     for r in records:
         out.append(t)
-        n = r.get("num_scheduled_tokens", 0)
-        if n == 0:
-            t += m["idle_iteration_s"]
-            continue
-        ctx = sum(r["num_computed_tokens"].get(rid, 0) for rid, _ in r["scheduled"])
-        t += (m["overhead_s"] + max(m["weight_read_s"], m["per_scheduled_token_s"] * n)
-              + m["per_context_token_s"] * ctx + m["per_scheduled_request_s"] * len(r["scheduled"]))
+        t += step_time_s(r)
     out.append(t)
     return out
+
+
+def formula_step_time(m: dict[str, float]) -> Callable[[dict[str, Any]], float]:
+    """A step's duration as the log cases' truth.json `step_time_model` gives it (its form
+    and key names): overhead + max(weight read, per token x scheduled tokens) + per context
+    token x context + per request x scheduled requests; an idle iteration
+    `idle_iteration_s`. For rendering runs with realistic step times."""
+    def dt(r: dict[str, Any]) -> float:
+        n = r.get("num_scheduled_tokens", 0)
+        if n == 0:
+            return m["idle_iteration_s"]
+        ctx = sum(r["num_computed_tokens"].get(rid, 0) for rid, _ in r["scheduled"])
+        return (m["overhead_s"] + max(m["weight_read_s"], m["per_scheduled_token_s"] * n)
+                + m["per_context_token_s"] * ctx
+                + m["per_scheduled_request_s"] * len(r["scheduled"]))
+
+    return dt

@@ -14,7 +14,7 @@ import pytest
 
 from kvreplay.replay import parse_workload, simulate
 from kvreplay.replay.from_log import StepTimeModel, replay_facts
-from kvreplay.replay.render import formula_step_starts, render_log
+from kvreplay.replay.render import formula_step_time, render_log, step_starts
 from kvreplay.sources import read_facts, replay_logs
 
 DATA = Path(__file__).parent / "data"
@@ -234,30 +234,26 @@ def test_support_flag(tmp_path: Path) -> None:
     assert "support" in table and "/3" in table
 
 
-def test_render_with_step_starts() -> None:
-    """render_log with explicit step start times: equal start times give the same log as a
-    fixed step time; a stats line reports the last step that ended before its tick."""
+def test_render_with_step_times_per_record() -> None:
+    """render_log with a step time per record (as render_v0_log takes): a constant one
+    gives the same log as a fixed step time; a stats line reports the last step that ended
+    before its tick."""
     wl = parse_workload(json.loads((DATA / "conformance" / "cases" / "b_fcfs_heavy" / "workload.json").read_text()))
     records, _ = simulate(wl)
     start = 1778148060.0
     fixed = render_log(wl, records, step_time_s=0.25, start=start, stats_interval_s=2.0)
-    starts = [start + 0.25 * k for k in range(len(records) + 1)]
-    assert render_log(wl, records, step_time_s=0.25, stats_interval_s=2.0, step_starts=starts) == fixed
+    assert render_log(wl, records, step_time_s=lambda r: 0.25, start=start,
+                      stats_interval_s=2.0) == fixed
     # make step 3 last 10 s: the ticks during it report step 2's state
-    slow = [t if k <= 3 else t + 9.75 for k, t in enumerate(starts)]
-    lines = render_log(wl, records, step_time_s=0.25, stats_interval_s=2.0, step_starts=slow)
+    slow = lambda r: 10.0 if r["step"] == 3 else 0.25  # noqa: E731
+    assert step_starts(records, slow, start)[3:6] == [start + 0.75, start + 10.75, start + 11.0]
+    lines = render_log(wl, records, step_time_s=slow, start=start, stats_interval_s=2.0)
     gen_by_step = [len(r["sampled"]) for r in records]
     stats = [ln for ln in lines if "Avg generation throughput" in ln]
     gen = [float(ln.split("Avg generation throughput: ")[1].split(" ")[0]) * 2.0 for ln in stats]
     # ticks at +0.5 s (steps 0-1 have ended), then +2.5 ... +10.5 s, all inside step 3
     assert gen[:6] == [sum(gen_by_step[:2]), gen_by_step[2], 0.0, 0.0, 0.0, 0.0]
     assert gen[6] == sum(gen_by_step[3:11])  # +12.5 s: step 3 ended at +10.75, 4-10 since
-    with pytest.raises(ValueError):
-        render_log(wl, records, step_time_s=0.25, step_starts=starts[:-1])
-
-
-def _formula_starts(m: dict, records: list[dict]) -> list[float]:
-    return formula_step_starts(m, records)
 
 
 @pytest.mark.parametrize("phase", [0.3, 0.7])
@@ -270,8 +266,8 @@ def test_short_priority_log_with_real_step_times(tmp_path: Path, phase: float) -
     wl = parse_workload(json.loads((DATA / "conformance" / "cases" / "d_priority" / "workload.json").read_text()))
     records, _ = simulate(wl)
     m = _truth("p1_poisson_fcfs_200")["step_time_model"]
-    lines = render_log(wl, records, step_time_s=0.01, stats_interval_s=2.0, stats_phase_s=phase,
-                       step_starts=_formula_starts(m, records))
+    lines = render_log(wl, records, step_time_s=formula_step_time(m), start=1778148060.05,
+                       stats_interval_s=2.0, stats_phase_s=phase)
     log = tmp_path / "server.log"
     log.write_text("\n".join(lines) + "\n")
     facts = read_facts([str(log)], year=2026)
@@ -291,8 +287,8 @@ def test_priority_log_without_bodies_widens_the_estimate(tmp_path: Path) -> None
     wl = parse_workload(json.loads((DATA / "conformance" / "cases" / "d_priority" / "workload.json").read_text()))
     records, summary = simulate(wl)
     m = _truth("p1_poisson_fcfs_200")["step_time_model"]
-    lines = render_log(wl, records, step_time_s=0.01, stats_interval_s=2.0, stats_phase_s=0.7,
-                       step_starts=_formula_starts(m, records), with_prompts=False)
+    lines = render_log(wl, records, step_time_s=formula_step_time(m), start=1778148060.05,
+                       stats_interval_s=2.0, stats_phase_s=0.7, with_prompts=False)
     log = tmp_path / "server.log"
     log.write_text("\n".join(lines) + "\n")
     facts = read_facts([str(log)], year=2026)
@@ -303,8 +299,8 @@ def test_priority_log_without_bodies_widens_the_estimate(tmp_path: Path) -> None
     assert est["preemptions_low"] <= summary.total_preemptions <= est["preemptions_high"]
 
 
-def test_formula_step_starts_reproduce_the_log_case_clock() -> None:
-    """formula_step_starts with p1's step_time_model over vLLM's own trace of p1 gives the
+def test_formula_step_time_reproduces_the_log_case_clock() -> None:
+    """formula_step_time with p1's step_time_model over vLLM's own trace of p1 gives the
     clock its log was written with, to 10 ms over 2,166 steps (the context term's exact
     definition is the residue)."""
     import gzip
@@ -312,7 +308,8 @@ def test_formula_step_starts_reproduce_the_log_case_clock() -> None:
     truth = _truth("p1_poisson_fcfs_200")
     with gzip.open(CASES / "p1_poisson_fcfs_200" / "trace.jsonl.gz", "rt") as f:
         records = [json.loads(line) for line in f]
-    starts = formula_step_starts(truth["step_time_model"], records, truth["step_start_sim_time"][0])
+    starts = step_starts(records, formula_step_time(truth["step_time_model"]),
+                         truth["step_start_sim_time"][0])
     want = truth["step_start_sim_time"]
     assert len(starts) == len(records) + 1 == len(want) + 1
     assert max(abs(a - b) for a, b in zip(starts, want)) < 0.010

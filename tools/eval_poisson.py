@@ -22,13 +22,8 @@ import tempfile
 
 from kvreplay.replay import parse_workload, simulate
 from kvreplay.replay.from_log import replay_facts
-from kvreplay.replay.render import formula_step_starts, render_log
+from kvreplay.replay.render import formula_step_time, render_log
 from kvreplay.sources import read_facts
-
-
-def formula_clock(m: dict, recs: list[dict], t0: float = 1778148060.05) -> list[float]:
-    """Start of every step (and the end of the last) under a log case's step-time formula."""
-    return formula_step_starts(m, recs, t0)
 
 
 def main() -> int:
@@ -64,12 +59,12 @@ def main() -> int:
             wl = dataclasses.replace(wl0, requests=specs)
         recs, summ = simulate(wl)
         true = [(r["step"], p) for r in recs for p in r.get("preempted", ())]
-        starts = None
+        step_time = args.step_ms / 1000.0
         if args.clock_from:
-            starts = formula_clock(json.load(open(args.clock_from))["step_time_model"], recs)
-        lines = render_log(wl, recs, step_time_s=args.step_ms / 1000.0,
+            step_time = formula_step_time(json.load(open(args.clock_from))["step_time_model"])
+        lines = render_log(wl, recs, step_time_s=step_time, start=1778148060.05,
                            stats_interval_s=args.stats_s, stats_phase_s=args.phase,
-                           step_starts=starts, with_prompts=not args.no_prompts)
+                           with_prompts=not args.no_prompts)
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "server.log")
             with open(path, "w") as f:

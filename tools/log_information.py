@@ -23,9 +23,8 @@ import math
 import sys
 from pathlib import Path
 
-from eval_poisson import formula_clock  # tools/ is the script's folder
-
 from kvreplay.replay.engine import Engine
+from kvreplay.replay.render import formula_step_time, step_starts
 from kvreplay.replay.profile import get_profile
 from kvreplay.replay.workload import RequestSpec, Workload, parse_workload
 
@@ -54,7 +53,7 @@ def main() -> int:
         return out
 
     def clock(recs: list[dict]) -> list[float]:
-        return formula_clock(m, recs, t0)
+        return step_starts(recs, formula_step_time(m), t0)
 
     def observables(recs: list[dict], st: list[float]) -> list[tuple]:
         ev = []
