@@ -187,6 +187,61 @@ def test_arrival_windows_hold_on_the_true_trace(case: str) -> None:
         assert loose > 0
 
 
+@pytest.mark.parametrize("case", ["b_fcfs_heavy", "f_prefix_caching", "p1_poisson_fcfs_200"])
+def test_stats_lines_agree_exactly_with_vllms_run_at_their_anchor(case: str) -> None:
+    """What a 0.33 stats line pins, checked on vLLM's own run (its arrival steps): the
+    line's anchor (from_log._anchors: the step where the cumulative generated tokens reach
+    the logged interval counts times the interval) is a step where that count is hit
+    exactly, and the line's running, waiting, KV usage (to its printed 0.1%) and
+    cumulative prompt tokens (first_token_prompts) are that step's, without tolerance.
+    Access lines before the line finished by the anchor, those after it later; request
+    lines before it entered by anchor + 2, those after it from anchor + 2 on. A replay
+    that agrees with a line agrees with it exactly; the verification's tolerances are
+    for real logs, whose intervals are not exactly the nominal one."""
+    from kvreplay.replay.from_log import (_anchors, first_token_prompts, n_running,
+                                          n_waiting, rebuild_workload, stats_targets,
+                                          step_replay)
+    from kvreplay.replay.profile import get_profile
+
+    truth = _truth(case)
+    facts = read_facts([str(CASES / case / "server.reqbody.log")], year=2026)
+    prof = get_profile(facts.vllm_version)
+    rebuilt = rebuild_workload(facts, prof)
+    by_log_id = {r["log_request_id"]: r for r in truth["requests"].values()}
+    arrivals = [by_log_id[r.log_id]["arrival_step"] for r in facts.requests]
+    run = step_replay(rebuilt, facts, prof, arrivals, StepTimeModel(), trace=False)
+    assert run.summary.total_preemptions == truth["total_preemptions"]
+    anchors = _anchors(run, facts)
+    cum_gen, cum_prompt, g, p = [], [], 0, 0
+    plen = {s.id: len(s.prompt_token_ids) for s in rebuilt.workload.requests}
+    for rec, n in zip(run.records, first_token_prompts(run, plen, True)):
+        g += len(rec["sampled"])
+        p += n
+        cum_gen.append(g)
+        cum_prompt.append(p)
+    fins = sorted(s for s in run.summary.finished_step.values())
+    checked = 0
+    for st, a, (g_log, p_log) in zip(facts.stats, anchors, stats_targets(facts)):
+        if a is None:
+            assert g_log == 0
+            continue
+        rec = run.records[a]
+        assert cum_gen[a] == g_log and (a == 0 or cum_gen[a - 1] < g_log), st.line
+        assert cum_prompt[a] == p_log, st.line
+        assert (n_running(rec), n_waiting(rec)) == (st.running, st.waiting), st.line
+        assert abs(rec["kv_usage"] - st.kv_usage) <= 0.0005 + 1e-9, st.line
+        c = st.completions_before
+        assert c == 0 or fins[c - 1] <= a
+        assert c == len(fins) or fins[c] >= a + 1
+        for r, step in zip(facts.requests, arrivals):
+            if r.stats_before > st.index:  # the request line comes after the stats line
+                assert step >= a + 2, (r.log_id, st.line)
+            else:
+                assert step <= a + 2, (r.log_id, st.line)
+        checked += 1
+    assert checked >= {"p1_poisson_fcfs_200": 14}.get(case, 3)
+
+
 def test_support_on_the_poisson_log() -> None:
     """Each preemption of a Poisson replay carries `support`: the share of 10 replays with
     every arrival moved up to 2 steps inside what the log allows that find it too. On p1,
