@@ -944,7 +944,12 @@ def replay_facts(
     model = anchored.run.model
     # light records (counts, no per-request maps); LogReplay.full_trace() gives the
     # conformance-format trace of the same replay
-    run = step_replay(rebuilt, facts, prof, anchored.arrival_steps, model, trace=False)
+    if _aborts(facts) or _cut_time(facts) is not None:
+        # aborts and the cut are applied by wall time: replay again on the final model
+        run = step_replay(rebuilt, facts, prof, anchored.arrival_steps, model, trace=False)
+    else:
+        # the chosen iteration's replay is this one: the model moves only its clock
+        run = anchored.run
     anchors = _anchors(run, facts)
     clock = _clock(run, facts, anchors, anchored.phase)
     run.step_start = clock[: len(run.records)]
