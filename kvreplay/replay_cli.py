@@ -173,12 +173,18 @@ def render_table(rep, report: dict[str, Any], elapsed: float) -> str:
         f"  {s['step_time_model']}; arrivals: {s['arrival_pattern']}; prompts {s['prompts']}; "
         f"output lengths {s['output_lengths']}",
         f"  verification: {v['agreeing_lines']} of {v['stats_lines']} stats lines agree "
-        "(running, waiting, KV usage)",
+        "(running, waiting, KV usage)"
+        + (f"; {v['exact_lines']} exactly, at the step each had seen (also generated and "
+           "prompt tokens)" if "exact_lines" in v else ""),
     ]
     div = v.get("first_divergence")
     if div:
         lines.append(f"    first disagreement: {div['file']}:{div['line']} (step {div['step']}): "
                      + "; ".join(div["differences"]))
+    inexact = v.get("first_inexact")
+    if inexact and inexact != div:
+        lines.append(f"    first line not matched exactly: {inexact['file']}:{inexact['line']}: "
+                     + "; ".join(inexact["differences"]))
     lines.append(
         f"  preemptions: {s['preemptions']} ({s['self_preemptions']} self-preemptions), "
         f"{s['requests_preempted']} requests preempted, {s['computed_tokens_lost']:,} computed "

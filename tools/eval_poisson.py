@@ -8,7 +8,8 @@ For each seed, the workload's arrivals are redrawn as a Poisson process over ste
 workload's own mean gap, the run is simulated (our scheduler == vLLM's, tests/test_oracle_bank),
 rendered as a 0.33 log (replay/render.py: whole-second time stamps, stats lines every
 --stats-s), replayed from the log alone, and compared with the simulation: preemptions found
-(right victim, +-5 steps), and how often a preemption with a given support is a true one.
+(right victim, +-5 steps), and how often a preemption with a given support, or a given
+confidence, is a true one.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def main() -> int:
     steps = [s.arrival_step for s in wl0.requests]
     gap = max(1e-9, (max(steps) - min(steps)) / max(1, len(steps) - 1))
     calib: dict[float, list[int]] = collections.defaultdict(lambda: [0, 0])
+    conf: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     tot_true = tot_hit = tot_found = 0
     for seed in ([None] if args.original else args.seeds):
         wl = wl0
@@ -81,6 +83,8 @@ def main() -> int:
                     hit += 1
                     break
         for j, q in enumerate(rep.preemptions):
+            conf[q["confidence"]][0] += j in used
+            conf[q["confidence"]][1] += 1
             if q.get("support") is not None:
                 calib[q["support"]][0] += j in used
                 calib[q["support"]][1] += 1
@@ -97,6 +101,9 @@ def main() -> int:
     for sup in sorted(calib):
         ok, n = calib[sup]
         print(f"  support {sup:.1f}: {ok}/{n} true")
+    for c in sorted(conf):
+        ok, n = conf[c]
+        print(f"  confidence {c}: {ok}/{n} true")
     return 0
 
 

@@ -163,7 +163,7 @@ def why_text(tl: Timeline, v: StepView) -> Text:
 
 
 CONFIDENCE_MEANING = {
-    "consistent": "(not in the log; the stats lines either side agree with the replay)",
+    "consistent": "(not in the log; the stats lines either side agree exactly with the replay)",
     "inferred": "(reconstructed: the stats lines around it disagree with the replay, or "
                 "prompt lengths were estimated)",
 }
