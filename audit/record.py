@@ -49,7 +49,7 @@ COLUMNS: dict[str, Any] = {
     "self_preemptions": int, "requests_preempted": int,
     "computed_tokens_lost": int, "recomputed_tokens": int, "processed_tokens": int,
     "recompute_ratio": float, "recompute_source": str,
-    "replay_agreement": float, "step_time_model": str,
+    "replay_agreement": float, "replay_exact": float, "step_time_model": str,
     # workload
     "requests": int, "arrival_rate_rps": float, "concurrency_mean": float, "concurrency_max": int,
     "input_len_mean": float, "input_len_p50": float, "input_len_p95": float, "input_len_max": int,
@@ -389,6 +389,8 @@ def _fill_replay(rec, rp, origin: float) -> None:
     ver = rp.verification or {}
     if ver.get("stats_lines"):
         rec["replay_agreement"] = round(ver["agreeing_lines"] / ver["stats_lines"], 4)
+        if "exact_lines" in ver:  # matched without tolerance at the step each line saw
+            rec["replay_exact"] = round(ver["exact_lines"] / ver["stats_lines"], 4)
     model = run.model
     rec["step_time_model"] = f"{model.describe()} (fit loss {rp.fit.loss:.3g})"
 

@@ -25,7 +25,7 @@ def fmt(v: Any, key: str = "") -> str:
         if key in ("start_s", "end_s", "t"):
             return f"{v:g}"
         if key in ("kv_usage_p95", "kv_time_ge95", "kv_usage_mean", "recompute_ratio",
-                   "replay_agreement", "longest_seq_pool_share", "kv_usage"):
+                   "replay_agreement", "replay_exact", "longest_seq_pool_share", "kv_usage"):
             return f"{100 * v:.1f}%"
         if abs(v) >= 1000:
             return f"{v:,.0f}"
@@ -114,8 +114,10 @@ def audit_text(rows: list[dict[str, Any]], *, markdown: bool = False) -> str:
             tb = ", ".join(f"<={t['running']}: {t['gen_tput']:.0f}" for t in r["tput_by_concurrency"])
             out.append(f"{b}generation tok/s by running requests: {tb}\n")
         if r.get("step_time_model"):
+            exact = (f", exactly {fmt(r['replay_exact'], 'replay_exact')}"
+                     if r.get("replay_exact") is not None else "")
             out.append(f"{b}replay: {r['step_time_model']}; stats lines agreeing "
-                       f"{fmt(r.get('replay_agreement'), 'replay_agreement')}\n")
+                       f"{fmt(r.get('replay_agreement'), 'replay_agreement')}{exact}\n")
         if r.get("storms"):
             out.append(f"{b}worst preemption storms (windows with the most recomputed tokens):\n")
             for s in r["storms"]:

@@ -180,6 +180,8 @@ def test_logcase_b_fcfs_heavy():
     assert any("0.33" in x and "never prints" in x for x in r["null_reasons"])
     assert r["requests"] == 12 and r["input_len_max"] == 200 and r["output_len_max"] == 150
     assert r["latency_source"].startswith("estimated")
+    # the replay is vLLM's run: every stats line matched, and exactly
+    assert r["replay_agreement"] == 1.0 and r["replay_exact"] == 1.0
 
 
 def test_corpus_dp_log_gives_one_record_per_engine():
