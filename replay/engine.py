@@ -8,9 +8,11 @@ the end of its current sequence (`will_sample`), nothing for a partial chunk.
 
 from __future__ import annotations
 
+import functools
+import gc
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from kvreplay.replay.profile import DEFAULT_PROFILE, SchedulerProfile
 from kvreplay.replay.request import BlockHasher, Request
@@ -46,6 +48,28 @@ class RunSummary:
             "total_preemptions": self.total_preemptions,
             "total_prefix_hit_tokens": self.total_prefix_hit_tokens,
         }
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def without_cyclic_gc(fn: _F) -> _F:
+    """Run `fn` with Python's cyclic garbage collector paused. A replay keeps every step's
+    record alive (tens of thousands of dicts and lists), and each collection walks them
+    all: a 10,000-request log replays in 2.6 s instead of 4.1 s (bench/bench_replay.py).
+    The engine makes no reference cycles that must go early; whatever it makes is
+    collected once the collector is back on. Reference counting still frees everything else."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not gc.isenabled():
+            return fn(*args, **kwargs)
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return wrapper  # type: ignore[return-value]
 
 
 class Engine:
@@ -271,6 +295,7 @@ def _by_index(r: Request) -> int:
     return r.index
 
 
+@without_cyclic_gc
 def simulate(
     workload: Workload,
     profile: SchedulerProfile = DEFAULT_PROFILE,

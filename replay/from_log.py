@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from kvreplay.replay.engine import Engine
+from kvreplay.replay.engine import Engine, without_cyclic_gc
 from kvreplay.replay.logfacts import LogFacts, LogRequest
 from kvreplay.replay.profile import SchedulerProfile, get_profile, parse_version
 from kvreplay.replay.request import RequestStatus
@@ -295,6 +295,7 @@ def arrival_times(facts: LogFacts, spread: float) -> list[float]:
     return out
 
 
+@without_cyclic_gc
 def timed_replay(
     rebuilt: Rebuilt,
     facts: LogFacts,
@@ -984,6 +985,7 @@ class LogReplay:
         }
 
 
+@without_cyclic_gc
 def replay_facts(
     facts: LogFacts,
     *,
@@ -1186,6 +1188,7 @@ class Anchored:
     violations: int  # arrivals whose windows were empty (constraints relaxed)
 
 
+@without_cyclic_gc
 def step_replay(
     rebuilt: Rebuilt,
     facts: LogFacts,

@@ -34,6 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvreplay.replay.engine import without_cyclic_gc
 from kvreplay.replay.from_log import (Fit, LogReplay, Rebuilt, ReplayError, StepTimeModel,
                                       TimedRun, _nnls, arrival_pattern, initial_model, storms,
                                       verification_report)
@@ -309,6 +310,7 @@ COMPACT_DROP = ("num_computed_tokens", "status", "blocks_held", "blocks_to_swap_
                 "blocks_to_swap_in", "blocks_to_copy", "will_sample")
 
 
+@without_cyclic_gc
 def timed_replay_v0(rebuilt: Rebuilt, facts: LogFacts, model: StepTimeModel,
                     placement: tuple[float, float] = (0.0, 1.0), *, compact: bool = True,
                     stop_at: float | None = None) -> TimedRun:
@@ -849,6 +851,7 @@ def _duration_model(rebuilt: Rebuilt, facts: LogFacts, extras: V0Extras,
 
 
 # ---------------------------------------------------------------- driver
+@without_cyclic_gc
 def replay_v0_facts(facts: LogFacts, *, profile: str | None = None,
                     step_time: StepTimeModel | None = None) -> V0LogReplay:
     """Rebuild, fit and replay a V0 log; verify against its stats lines and warnings."""
