@@ -888,11 +888,9 @@ def verification_report(rows: list[dict[str, Any]]) -> dict[str, Any]:
             first_bad = row
         if row.get("exact") is False and first_inexact is None:
             first_inexact = row
-    return {
+    report = {
         "stats_lines": len(rows),
         "agreeing_lines": sum(1 for r in rows if r.get("agrees")),
-        # lines the replay matches without tolerance at their anchor step (_exact_agreement)
-        "exact_lines": sum(1 for r in rows if r.get("exact")),
         "first_divergence": None if first_bad is None else {
             "file": first_bad["file"], "line": first_bad["line"], "step": first_bad["step"],
             "differences": first_bad["differences"],
@@ -904,6 +902,11 @@ def verification_report(rows: list[dict[str, Any]]) -> dict[str, Any]:
         },
         "lines": rows,
     }
+    if any("exact" in r for r in rows):
+        # lines the replay matches without tolerance at their anchor step (_exact_agreement;
+        # V1 logs only)
+        report["exact_lines"] = sum(1 for r in rows if r.get("exact"))
+    return report
 
 
 def confidence_function(check: dict[str, Any], run: TimedRun):
