@@ -192,7 +192,11 @@ def rebuild_workload(
     profile: SchedulerProfile,
     *,
     prompt_lens: list[int] | None = None,
+    shared_prefix: int = 0,
 ) -> Rebuilt:
+    """The workload the log describes. Prompts not in the log get `prompt_lens` (else the
+    logged length, else the mean) tokens of their own, after `shared_prefix` tokens every
+    estimated prompt shares (shared_prefix_estimate)."""
     if not facts.requests:
         raise ReplayError(
             "the log has no request lines, so there is no workload to replay: start vLLM "
@@ -210,8 +214,10 @@ def rebuild_workload(
             est = False
         else:
             n = prompt_lens[i] if prompt_lens is not None else (r.prompt_len or mean_len)
-            # Unknown content: tokens unique to this request (no prefix sharing assumed).
-            prompt = [1_000_000 + i * 100_003 + j for j in range(max(1, int(n)))]
+            # Unknown content: tokens unique to this request, after the shared prefix the
+            # log's prefix-cache hit rate implies (none without caching).
+            prompt = [2_000_000 + j for j in range(shared_prefix)]
+            prompt += [1_000_000 + i * 100_003 + j for j in range(max(1, int(n)))]
             est = r.prompt_len is None or prompt_lens is not None
         # vLLM's frontend refuses a prompt that leaves no room for one output token.
         prompt = prompt[: cfg.max_model_len - 1]
@@ -242,6 +248,31 @@ def rebuild_workload(
     if any(o_est):
         notes.append(f"{sum(o_est)} output lengths estimated (max_tokens taken as the length)")
     return Rebuilt(wl, facts.requests, p_est, o_est, src, notes)
+
+
+def shared_prefix_estimate(facts: LogFacts, cfg: SchedulerConfig) -> int:
+    """Prompt tokens every request shares (a system prompt), as the prefix-cache hit rate
+    implies, for logs without prompts. From 0.16 on the prompt throughput leaves out what
+    the prefix cache supplied, so the logged total P is the computed part only; the last
+    line's hit rate h (hits over queried prompt tokens, over the last 1,000 requests) gives
+    the queried total Q = P / (1 - h) and the hits C = Q - P. One prefix shared by every
+    request after the first explains C with (n - 1) hits of C / (n - 1) tokens each, full
+    blocks only. Without it the replay would give every request only the computed part of
+    its prompt and hold too few blocks: the f log case's server.log (ten 200-token prompts
+    sharing 128 tokens, hit rate 57.6%) has each replayed as 85 tokens, and its interval
+    ended at the true count."""
+    if not cfg.enable_prefix_caching or len(facts.requests) < 2:
+        return 0
+    rates = [s.prefix_cache_hit_rate for s in facts.stats if s.prefix_cache_hit_rate is not None]
+    if not rates or not 0.0 < rates[-1] < 100.0:
+        return 0
+    h = rates[-1] / 100.0
+    interval = facts.interval_s or 10.0
+    computed = sum((s.prompt_throughput or 0.0) * interval for s in facts.stats)
+    hits = computed / (1.0 - h) - computed
+    per_request = hits / (len(facts.requests) - 1)
+    bs = cfg.block_size
+    return max(0, min(int(per_request // bs) * bs, (cfg.max_model_len - 2) // bs * bs))
 
 
 def _mean_prompt_len(facts: LogFacts) -> int:
@@ -1017,7 +1048,7 @@ def replay_facts(
         # one round: the anchored iteration below refits the step-time model anyway
         f = fit(rebuilt, facts, prof, spreads=spreads, model=step_time, rounds=2)
     else:
-        rebuilt, f, estimate = _fit_unknown_prompts(facts, prof, spreads)
+        rebuilt, f, estimate, variants, shared = _fit_unknown_prompts(facts, prof, spreads)
     init = f.run
     if pattern == "burst":
         # everything arrived within a couple of seconds: start from "all at once" (the
@@ -1058,6 +1089,9 @@ def replay_facts(
     prompt_len = None
     if not any(rebuilt.prompt_estimated):
         prompt_len = {s.id: len(s.prompt_token_ids) for s in rebuilt.workload.requests}
+    if estimate is not None and len(facts.requests) <= SUPPORT_MAX_REQUESTS:
+        _add_placed_variants(estimate, variants, shared, facts, prof, anchored.arrival_steps,
+                             model)
     check = verify(run, facts, phase=anchored.phase, prompt_len=prompt_len)
     conf = confidence_function(check, run)
     if any(rebuilt.prompt_estimated):
@@ -1090,31 +1124,24 @@ def _fit_unknown_prompts(facts: LogFacts, prof: SchedulerProfile, spreads: tuple
     throughput implies, then rescale per stats interval so each interval's prompt tokens
     match; the spread of preemption counts over plausible variants is the estimate."""
     rebuilt = rebuild_workload(facts, prof)
+    shared = shared_prefix_estimate(facts, rebuilt.workload.config)
+    if shared:
+        rebuilt = rebuild_workload(facts, prof, shared_prefix=shared)
     f = fit(rebuilt, facts, prof, spreads=spreads)
-    lens = [len(s.prompt_token_ids) for s in rebuilt.workload.requests]
+    # the lengths after the shared prefix
+    lens = [len(s.prompt_token_ids) - shared for s in rebuilt.workload.requests]
     for _ in range(2):
-        lens = _rescale_lengths(f.run, facts, lens)
-        rebuilt = rebuild_workload(facts, prof, prompt_lens=lens)
+        lens = _rescale_lengths(f.run, facts, lens, shared)
+        rebuilt = rebuild_workload(facts, prof, prompt_lens=lens, shared_prefix=shared)
         f = fit(rebuilt, facts, prof, spreads=(f.spread,))
     import random
 
     counts: dict[str, int] = {}
-    for factor in (0.8, 0.9, 1.0, 1.1, 1.2):
-        for seed in (None, 1, 2):
-            if seed is None:
-                var = [max(1, round(n * factor)) for n in lens]
-                name = f"lengths x{factor}"
-            else:
-                # a different mix: real prompt lengths vary widely (log-normal, sigma 0.5),
-                # renormalised to the same total
-                rng = random.Random(seed)
-                raw = [n * rng.lognormvariate(0.0, 0.5) for n in lens]
-                k = sum(lens) / max(1e-9, sum(raw))
-                var = [max(1, round(x * k * factor)) for x in raw]
-                name = f"lengths x{factor}, mix {seed}"
-            rb = rebuild_workload(facts, prof, prompt_lens=var)
-            r = timed_replay(rb, facts, prof, f.model, f.spread, trace=False)
-            counts[name] = r.summary.total_preemptions
+    variants = length_variants(lens)
+    for name, var in variants:
+        rb = rebuild_workload(facts, prof, prompt_lens=var, shared_prefix=shared)
+        r = timed_replay(rb, facts, prof, f.model, f.spread, trace=False)
+        counts[name] = r.summary.total_preemptions
     cfg = rebuilt.workload.config
     priority_unknown = cfg.policy == "priority" and not any(r.priority for r in facts.requests)
     if priority_unknown:
@@ -1123,7 +1150,7 @@ def _fit_unknown_prompts(facts: LogFacts, prof: SchedulerProfile, spreads: tuple
         # them (0-4) so the interval covers what they could do
         for seed in (1, 2, 3, 4, 5, 6):
             rng = random.Random(100 + seed)
-            rb = rebuild_workload(facts, prof, prompt_lens=lens)
+            rb = rebuild_workload(facts, prof, prompt_lens=lens, shared_prefix=shared)
             specs = [replace(sp, priority=rng.randint(0, 4)) for sp in rb.workload.requests]
             rb.workload = replace(rb.workload, requests=specs)
             r = timed_replay(rb, facts, prof, f.model, f.spread, trace=False)
@@ -1137,7 +1164,9 @@ def _fit_unknown_prompts(facts: LogFacts, prof: SchedulerProfile, spreads: tuple
         "why": "prompt lengths are not in this log; they were estimated from the stats "
                "lines' prompt throughput, and the count is replayed over plausible variants "
                "of them (total and mix)"
-               + ("; prefix-cache sharing between prompts is unknown too"
+               + (f"; which prompts share what is unknown too: the prefix-cache hit rate is "
+                  f"replayed as one {shared}-token prefix every prompt shares" if shared else
+                  "; prefix-cache sharing between prompts is unknown too"
                   if rebuilt.workload.config.enable_prefix_caching else "")
                + ("; the scheduling policy is priority but no priority is logged, so the "
                   "count is also replayed over random priorities 0-4"
@@ -1146,32 +1175,83 @@ def _fit_unknown_prompts(facts: LogFacts, prof: SchedulerProfile, spreads: tuple
                          "DEBUG so every prompt is logged, or enable kvreplay's step-trace "
                          "scheduler plugin",
     }
-    return rebuilt, f, estimate
+    return rebuilt, f, estimate, variants, shared
 
 
-def _rescale_lengths(run: TimedRun, facts: LogFacts, lens: list[int]) -> list[int]:
-    """Scale the prompt lengths of the requests first scheduled in each stats interval so
-    that the interval's prompt tokens match the logged prompt throughput."""
+def _add_placed_variants(estimate: dict[str, Any], variants: list[tuple[str, list[int]]],
+                         shared: int, facts: LogFacts, prof: SchedulerProfile,
+                         arrival_steps: list[int], model: StepTimeModel) -> None:
+    """Where the arrivals go is as uncertain as the lengths: replay every length variant
+    also with each arrival at the step the anchored replay put it (the estimate's other
+    variants place them by the clock), and widen the interval to both. On the Poisson log
+    case the clock placement gives 41 preemptions with the true prompt lengths, where
+    vLLM had 54."""
+    counts = estimate["variants"]
+    for name, var in variants:
+        rb = rebuild_workload(facts, prof, prompt_lens=var, shared_prefix=shared)
+        r = step_replay(rb, facts, prof, arrival_steps, model, trace=False)
+        counts[f"{name}, placed as replayed"] = r.summary.total_preemptions
+    values = sorted(counts.values())
+    estimate["preemptions_low"] = values[0]
+    estimate["preemptions_high"] = values[-1]
+    estimate["preemptions_median"] = values[len(values) // 2]
+    estimate["why"] += ("; each variant is replayed with the arrivals placed by the clock and "
+                        "where the replay placed them")
+
+
+def length_variants(lens: list[int]) -> list[tuple[str, list[int]]]:
+    """Plausible prompt lengths around an estimate: its total x0.8-1.2, as estimated
+    (alike within a stats interval) and in two log-normal mixes (sigma 0.5: real prompt
+    lengths vary widely), renormalised to the same total. Seeded: same log, same variants."""
+    import random
+
+    out: list[tuple[str, list[int]]] = []
+    for factor in (0.8, 0.9, 1.0, 1.1, 1.2):
+        out.append((f"lengths x{factor}", [max(1, round(n * factor)) for n in lens]))
+        for seed in (1, 2):
+            rng = random.Random(seed)
+            raw = [n * rng.lognormvariate(0.0, 0.5) for n in lens]
+            k = sum(lens) / max(1e-9, sum(raw))
+            out.append((f"lengths x{factor}, mix {seed}",
+                        [max(1, round(x * k * factor)) for x in raw]))
+    return out
+
+
+def _rescale_lengths(run: TimedRun, facts: LogFacts, lens: list[int],
+                     shared_prefix: int = 0) -> list[int]:
+    """Scale the estimated prompt lengths so that each stats interval's prompt tokens match
+    the logged prompt throughput, counted as vLLM counts them (first_token_prompts): a
+    request's prompt when its first token comes out, less what the prefix cache supplied
+    at its first admission. `lens` are the lengths after the shared prefix; an interval is
+    (previous line's anchor, this line's anchor], by the clock where a line has none."""
     interval = facts.interval_s or 10.0
-    first_step: dict[str, int] = {}
+    first_token: dict[str, int] = {}
+    hit: dict[str, int] = {}
     for rec in run.records:
         for rid in rec.get("new", ()):
-            first_step.setdefault(rid, rec["step"])
-    ids = [r.log_id for r in facts.requests]
-    pos = {rid: i for i, rid in enumerate(ids)}
+            hit.setdefault(rid, rec.get("prefix_hit_tokens", {}).get(rid, 0))
+        for rid in rec.get("sampled", ()):
+            first_token.setdefault(rid, rec["step"])
+    pos = {r.log_id: i for i, r in enumerate(facts.requests)}
     bounds = []
-    for s in facts.stats:
-        rec = _state_at(run, s.time + 0.5)
-        bounds.append(rec["step"] if rec else -1)
+    for s, a in zip(facts.stats, _anchors(run, facts)):
+        if a is None:
+            rec = _state_at(run, s.time + 0.5)
+            a = rec["step"] if rec else -1
+        bounds.append(a)
     new = list(lens)
     lo = -1
     for s, hi in zip(facts.stats, bounds):
-        members = [pos[r] for r, st in first_step.items() if lo < st <= hi]
-        lo = hi
+        members = [pos[r] for r, st in first_token.items() if lo < st <= hi and r in pos]
+        lo = max(lo, hi)
         want = (s.prompt_throughput or 0.0) * interval
+        if not members or want <= 0:
+            continue
+        # computed tokens = shared + own - hit; only the own parts are scaled
+        fixed = sum(shared_prefix - hit.get(facts.requests[i].log_id, 0) for i in members)
         have = sum(lens[i] for i in members)
-        if members and want > 0 and have > 0:
-            f = want / have
+        if have > 0 and want - fixed > 0:
+            f = (want - fixed) / have
             for i in members:
                 new[i] = max(1, round(lens[i] * f))
     return new

@@ -123,9 +123,21 @@ def render_log(
     # when its first token comes out (0.16+: without the cached part), which under async
     # scheduling is a later step's record
     first_hit: dict[str, int] = {}
+    # prefix-cache queries and hits up to each step: first admissions only (0.11+ leaves
+    # out the re-admission after a preemption); the line shows hits / queries (over the
+    # last 1,000 requests) once there was a query, when caching is on
+    caching = workload.config.enable_prefix_caching
+    cum_queries: list[int] = []
+    cum_hits: list[int] = []
+    q = h = 0
     for r in records:
         for rid in r.get("new", ()):
-            first_hit.setdefault(rid, r.get("prefix_hit_tokens", {}).get(rid, 0))
+            if rid not in first_hit:
+                first_hit[rid] = r.get("prefix_hit_tokens", {}).get(rid, 0)
+                q += len(specs[rid].prompt_token_ids)
+                h += first_hit[rid]
+        cum_queries.append(q)
+        cum_hits.append(h)
     prev_k = -1
     while tick <= last_end + 2 * stats_interval_s:
         if starts is not None:  # the last step that ended before the tick
@@ -145,10 +157,13 @@ def render_log(
         running = len(state["running"]) if state else 0
         waiting = len(state["waiting"]) if state else 0
         usage = 100 * state["kv_usage"] if state else 0.0
+        hit_rate = ""
+        if caching and k >= 0 and cum_queries[k] > 0:
+            hit_rate = f", Prefix cache hit rate: {100 * cum_hits[k] / cum_queries[k]:.1f}%"
         emit(tick, f"{API} INFO {_ts(tick)} [loggers.py:335] Engine 000: Avg prompt throughput: "
                    f"{prompt / stats_interval_s:.1f} tokens/s, Avg generation throughput: "
                    f"{gen / stats_interval_s:.1f} tokens/s, Running: {running} reqs, Waiting: "
-                   f"{waiting} reqs, GPU KV cache usage: {usage:.1f}%")
+                   f"{waiting} reqs, GPU KV cache usage: {usage:.1f}%{hit_rate}")
         tick += stats_interval_s
     out.sort(key=lambda x: (x[0], x[1]))
     return [line for _, _, line in out]
