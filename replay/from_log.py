@@ -754,19 +754,24 @@ def first_token_prompts(run: TimedRun, prompt_len: dict[str, int], exclude_cache
     `is_prefilling`), never for chunks or for the recompute after a preemption; 0.16+
     without the part its first admission found in the prefix cache (spec: log formats,
     stats line). Under async scheduling the first token is a later step's record."""
+    first_token, first_hit = _first_tokens(run.records)
+    out = [0] * len(run.records)
+    for rid, step in first_token.items():
+        out[step] += prompt_len.get(rid, 0) - (first_hit.get(rid, 0) if exclude_cached else 0)
+    return out
+
+
+def _first_tokens(records: list[dict[str, Any]]) -> tuple[dict[str, int], dict[str, int]]:
+    """(request -> index of the record with its first token, request -> its prefix-cache
+    hit at its first admission)."""
+    first_token: dict[str, int] = {}
     first_hit: dict[str, int] = {}
-    seen: set[str] = set()
-    out = []
-    for rec in run.records:
+    for i, rec in enumerate(records):
         for rid in rec.get("new", ()):
             first_hit.setdefault(rid, rec.get("prefix_hit_tokens", {}).get(rid, 0))
-        n = 0
         for rid in rec.get("sampled", ()):
-            if rid not in seen:
-                seen.add(rid)
-                n += prompt_len.get(rid, 0) - (first_hit.get(rid, 0) if exclude_cached else 0)
-        out.append(n)
-    return out
+            first_token.setdefault(rid, i)
+    return first_token, first_hit
 
 
 def verify(run: TimedRun, facts: LogFacts, phase: float = 0.5,
@@ -787,9 +792,10 @@ def verify(run: TimedRun, facts: LogFacts, phase: float = 0.5,
     # output yet, or the replay never generates that many tokens). Read by the clock, a line
     # can land a step off an exact replay (5 of 64 lines of a conformance run rendered at
     # 1 s a step did).
-    anchors = _anchors(run, facts)
     cum = _cum_sampled(run)
-    for s, anchor, (g, _) in zip(facts.stats, anchors, stats_targets(facts)):
+    targets = stats_targets(facts)
+    anchors = _anchors(run, facts, cum, targets)
+    for s, anchor, (g, _) in zip(facts.stats, anchors, targets):
         if anchor is not None:
             rec = run.records[anchor]
         elif g <= 0:
@@ -835,11 +841,12 @@ def verify(run: TimedRun, facts: LogFacts, phase: float = 0.5,
             diffs.append(f"preemptions {pre} vs logged {s.preemptions}")
         row["differences"] = diffs
         rows.append(row)
-    _exact_agreement(rows, run, facts, anchors, per_step)
+    _exact_agreement(rows, run, facts, anchors, cum, targets, per_step)
     return verification_report(rows)
 
 
 _NOTHING_SEEN = {"step": -1, "num_running": 0, "num_waiting": 0, "kv_usage": 0.0}
+KV_PRINT_TOL = 0.0005 + 1e-9  # a stats line prints KV usage to 0.1%
 
 
 def _before_output(run: TimedRun, cum: list[int], st, by_clock):
@@ -851,13 +858,14 @@ def _before_output(run: TimedRun, cum: list[int], st, by_clock):
     for rec in cands:
         if ((st.running is None or n_running(rec) == st.running)
                 and (st.waiting is None or n_waiting(rec) == st.waiting)
-                and (st.kv_usage is None or abs(rec["kv_usage"] - st.kv_usage) <= 0.0005 + 1e-9)):
+                and (st.kv_usage is None or abs(rec["kv_usage"] - st.kv_usage) <= KV_PRINT_TOL)):
             return rec
     return by_clock
 
 
 def _exact_agreement(rows: list[dict[str, Any]], run: TimedRun, facts: LogFacts,
-                     anchors: list[int | None], per_step: list[int] | None) -> None:
+                     anchors: list[int | None], cum: list[int],
+                     targets: list[tuple[float, float]], per_step: list[int] | None) -> None:
     """Mark each row `exact`: the replay is, at that line, the run the log describes.
 
     A 0.33 stats line shows the state after the last step whose output it had seen: the
@@ -866,8 +874,8 @@ def _exact_agreement(rows: list[dict[str, Any]], run: TimedRun, facts: LogFacts,
     is hit, running and waiting are equal, KV usage equal to its printed 0.1%, the
     cumulative prompt tokens equal (tests/test_replay_logs.py). A replay one step off
     somewhere usually misses one of these. The slack is for real logs: an interval is not
-    exactly the nominal one, so counts may drift by a fraction of a per mille."""
-    cum = _cum_sampled(run)
+    exactly the nominal one, so counts may drift by a fraction of a per mille. `cum` and
+    `targets` are _cum_sampled(run) and stats_targets(facts)."""
     cum_prompt: list[int] | None = None
     if per_step is not None:
         cum_prompt, c = [], 0
@@ -878,7 +886,7 @@ def _exact_agreement(rows: list[dict[str, Any]], run: TimedRun, facts: LogFacts,
     if len(interval_rows) != len(facts.stats):
         return
     prev_g = prev_p = 0.0
-    for row, st, a, (g, p) in zip(interval_rows, facts.stats, anchors, stats_targets(facts)):
+    for row, st, a, (g, p) in zip(interval_rows, facts.stats, anchors, targets):
         why: list[str] = []
         if a is None:
             if g > 0:
@@ -895,7 +903,7 @@ def _exact_agreement(rows: list[dict[str, Any]], run: TimedRun, facts: LogFacts,
                 why.append(f"running {n_running(rec)} vs {st.running} at step {a}")
             if st.waiting is not None and n_waiting(rec) != st.waiting:
                 why.append(f"waiting {n_waiting(rec)} vs {st.waiting} at step {a}")
-            if st.kv_usage is not None and abs(rec["kv_usage"] - st.kv_usage) > 0.0005 + 1e-9:
+            if st.kv_usage is not None and abs(rec["kv_usage"] - st.kv_usage) > KV_PRINT_TOL:
                 why.append(f"KV usage {100 * rec['kv_usage']:.2f}% vs {100 * st.kv_usage:.1f}% "
                            f"at step {a}")
             if cum_prompt is not None and st.prompt_throughput is not None:
@@ -1155,11 +1163,8 @@ def _fit_unknown_prompts(facts: LogFacts, prof: SchedulerProfile, spreads: tuple
             rb.workload = replace(rb.workload, requests=specs)
             r = timed_replay(rb, facts, prof, f.model, f.spread, trace=False)
             counts[f"priorities mix {seed}"] = r.summary.total_preemptions
-    values = sorted(counts.values())
     estimate = {
-        "preemptions_low": values[0],
-        "preemptions_high": values[-1],
-        "preemptions_median": values[len(values) // 2],
+        **_count_interval(counts),
         "variants": counts,
         "why": "prompt lengths are not in this log; they were estimated from the stats "
                "lines' prompt throughput, and the count is replayed over plausible variants "
@@ -1178,6 +1183,13 @@ def _fit_unknown_prompts(facts: LogFacts, prof: SchedulerProfile, spreads: tuple
     return rebuilt, f, estimate, variants, shared
 
 
+def _count_interval(counts: dict[str, int]) -> dict[str, int]:
+    """Low, high and median of the variants' preemption counts."""
+    values = sorted(counts.values())
+    return {"preemptions_low": values[0], "preemptions_high": values[-1],
+            "preemptions_median": values[len(values) // 2]}
+
+
 def _add_placed_variants(estimate: dict[str, Any], variants: list[tuple[str, list[int]]],
                          shared: int, facts: LogFacts, prof: SchedulerProfile,
                          arrival_steps: list[int], model: StepTimeModel) -> None:
@@ -1191,10 +1203,7 @@ def _add_placed_variants(estimate: dict[str, Any], variants: list[tuple[str, lis
         rb = rebuild_workload(facts, prof, prompt_lens=var, shared_prefix=shared)
         r = step_replay(rb, facts, prof, arrival_steps, model, trace=False)
         counts[f"{name}, placed as replayed"] = r.summary.total_preemptions
-    values = sorted(counts.values())
-    estimate["preemptions_low"] = values[0]
-    estimate["preemptions_high"] = values[-1]
-    estimate["preemptions_median"] = values[len(values) // 2]
+    estimate.update(_count_interval(counts))
     estimate["why"] += ("; each variant is replayed with the arrivals placed by the clock and "
                         "where the replay placed them")
 
@@ -1225,13 +1234,7 @@ def _rescale_lengths(run: TimedRun, facts: LogFacts, lens: list[int],
     at its first admission. `lens` are the lengths after the shared prefix; an interval is
     (previous line's anchor, this line's anchor], by the clock where a line has none."""
     interval = facts.interval_s or 10.0
-    first_token: dict[str, int] = {}
-    hit: dict[str, int] = {}
-    for rec in run.records:
-        for rid in rec.get("new", ()):
-            hit.setdefault(rid, rec.get("prefix_hit_tokens", {}).get(rid, 0))
-        for rid in rec.get("sampled", ()):
-            first_token.setdefault(rid, rec["step"])
+    first_token, hit = _first_tokens(run.records)
     pos = {r.log_id: i for i, r in enumerate(facts.requests)}
     bounds = []
     for s, a in zip(facts.stats, _anchors(run, facts)):
@@ -1319,14 +1322,17 @@ def step_replay(
     return TimedRun(records, starts, arrival, summary, model, 0.0, cut, unfinished)
 
 
-def _anchors(run: TimedRun, facts: LogFacts) -> list[int | None]:
+def _anchors(run: TimedRun, facts: LogFacts, cum: list[int] | None = None,
+             targets: list[tuple[float, float]] | None = None) -> list[int | None]:
     """Stats line i -> the last step whose output it had seen: where the replay's generated
-    tokens reach the logged cumulative count."""
+    tokens reach the logged cumulative count. (`cum`, `targets`: _cum_sampled(run) and
+    stats_targets(facts), when the caller has them.)"""
     import bisect
 
-    cum = _cum_sampled(run)
+    if cum is None:
+        cum = _cum_sampled(run)
     out: list[int | None] = []
-    for g, _ in stats_targets(facts):
+    for g, _ in targets if targets is not None else stats_targets(facts):
         if g <= 0:
             out.append(None)  # no output seen yet: says nothing about which step ran
             continue
