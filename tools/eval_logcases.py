@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from matching import match_preemptions
+
 
 def score(case: Path, log_name: str, tol: int = 5) -> dict:
     from kvreplay.sources import replay_logs
@@ -25,16 +27,8 @@ def score(case: Path, log_name: str, tol: int = 5) -> dict:
     dt = time.perf_counter() - t0
     true = truth["preemptions"]
     found = list(rep.preemptions)
-    used = set()
-    hits = 0
-    for p in true:
-        for j, q in enumerate(found):
-            if j in used:
-                continue
-            if q["victim"] == p["victim_log_id"] and abs(q["step"] - p["step"]) <= tol:
-                used.add(j)
-                hits += 1
-                break
+    hits = len(match_preemptions([(p["step"], p["victim_log_id"]) for p in true],
+                                 [(q["step"], q["victim"]) for q in found], tol))
     n_true, n_found = len(true), len(found)
     out = {
         "case": case.name, "log": log_name, "true": n_true, "found": n_found,

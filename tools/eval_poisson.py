@@ -25,6 +25,7 @@ from kvreplay.replay import parse_workload, simulate
 from kvreplay.replay.from_log import replay_facts
 from kvreplay.replay.render import formula_step_time, render_log
 from kvreplay.sources import read_facts
+from matching import match_preemptions
 
 
 def main() -> int:
@@ -74,19 +75,10 @@ def main() -> int:
             facts = read_facts([path], year=2026)
             facts.interval_s = args.stats_s
             rep = replay_facts(facts)
-        def matched(tol: int) -> tuple[int, set[int]]:
-            used: set[int] = set()
-            hit = 0
-            for step, v in true:
-                for j, q in enumerate(rep.preemptions):
-                    if j not in used and q["victim"] == v and abs(q["step"] - step) <= tol:
-                        used.add(j)
-                        hit += 1
-                        break
-            return hit, used
-
-        hit, used = matched(5)
-        hit15, _ = matched(15)
+        found = [(q["step"], q["victim"]) for q in rep.preemptions]
+        used = match_preemptions(true, found)
+        hit = len(used)
+        hit15 = len(match_preemptions(true, found, 15))
         # a replay that fails usually has (nearly) every arrival off by the same few steps:
         # the victims are right, their steps shifted
         offsets = sorted(rep.run.arrival_step[s.id] - s.arrival_step for s in wl.requests)

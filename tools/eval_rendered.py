@@ -18,6 +18,7 @@ from kvreplay.replay import parse_workload, simulate
 from kvreplay.replay.from_log import replay_facts
 from kvreplay.replay.render import render_log
 from kvreplay.sources import read_facts
+from matching import match_preemptions
 
 
 def main() -> int:
@@ -36,14 +37,7 @@ def main() -> int:
             rep = replay_facts(read_facts([p], year=2026))
         true = [(r["step"], p["req"]) for r in recs for p in r.get("preemptions", ())]
         found = [(p["step"], p["victim"]) for p in rep.preemptions]
-        used: set[int] = set()
-        hits = 0
-        for st, v in true:
-            for j, (s2, v2) in enumerate(found):
-                if j not in used and v == v2 and abs(st - s2) <= 5:
-                    used.add(j)
-                    hits += 1
-                    break
+        hits = len(match_preemptions(true, found))
         tot_true += len(true)
         tot_hit += hits
         tot_found += len(found)

@@ -27,6 +27,7 @@ from kvreplay.replay.engine import Engine
 from kvreplay.replay.render import formula_step_time, step_starts
 from kvreplay.replay.profile import get_profile
 from kvreplay.replay.workload import RequestSpec, Workload, parse_workload
+from matching import match_preemptions
 
 
 def main() -> int:
@@ -89,14 +90,7 @@ def main() -> int:
         return [(r["step"], p if isinstance(p, str) else p[0]) for r in recs for p in r["preempted"]]
 
     def recall(ref, got, tol=5) -> int:
-        used, hits = set(), 0
-        for s, v in ref:
-            for j, (s2, v2) in enumerate(got):
-                if j not in used and v2 == v and abs(s2 - s) <= tol:
-                    used.add(j)
-                    hits += 1
-                    break
-        return hits
+        return len(match_preemptions(ref, got, tol))
 
     true_arr = [s.arrival_step for s in wl.requests]
     recs0 = run(true_arr)
