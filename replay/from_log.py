@@ -1080,6 +1080,7 @@ def replay_facts(
             anchored, loss = alt, alt_loss
     if pattern == "burst":
         anchored, loss = _burst_spacing(rebuilt, facts, prof, anchored, loss)
+        anchored, loss = _exact_search(rebuilt, facts, prof, anchored, loss)
     model = anchored.run.model
     # light records (counts, no per-request maps); LogReplay.full_trace() gives the
     # conformance-format trace of the same replay
@@ -1652,6 +1653,68 @@ def _burst_spacing(rebuilt: Rebuilt, facts: LogFacts, prof: SchedulerProfile,
             run.step_start = clock[: len(run.records)]
             best = (cand_loss, Anchored(arr, clock, anchored.phase, run, anchored.iterations, 0))
     return best[1], best[0]
+
+
+EXACT_SEARCH_MOVES = 400  # replays a burst's exact-line search may spend
+EXACT_SEARCH_MAX_REQUESTS = 64
+
+
+def _exact_search(rebuilt: Rebuilt, facts: LogFacts, prof: SchedulerProfile,
+                  anchored: Anchored, loss: float) -> tuple[Anchored, float]:
+    """Inside a burst the log cannot say which step each request came in at: its lines all
+    share a second, and the tolerant check (the loss) is often 0 for several spacings. The
+    exact check can still tell them apart (_exact_agreement): move one arrival at a time by
+    a few steps, keep file order and each arrival's window, walk on while no line is lost,
+    and take the placement with the most stats lines matched exactly (then the lowest loss).
+    Nothing changes unless that beats the placement found so far. Seeded: the same log gives
+    the same search."""
+    import random
+
+    n = len(anchored.arrival_steps)
+    if n < 2 or n > EXACT_SEARCH_MAX_REQUESTS or not facts.stats or any(rebuilt.prompt_estimated):
+        return anchored, loss  # (estimated prompts: no line can be matched exactly)
+    prompt_len = {s.id: len(s.prompt_token_ids) for s in rebuilt.workload.requests}
+    model = anchored.run.model
+    phase = anchored.phase
+
+    def evaluate(arr: list[int]) -> tuple[int, float, Anchored]:
+        run = step_replay(rebuilt, facts, prof, arr, model, trace=False)
+        anchors = _anchors(run, facts)
+        clock = _clock(run, facts, anchors, phase)
+        run.step_start = clock[: len(run.records)]
+        exact = verify(run, facts, phase=phase, prompt_len=prompt_len).get("exact_lines", 0)
+        cand_loss = anchored_loss(run, facts, anchors, clock, phase)
+        return exact, cand_loss, Anchored(list(arr), clock, phase, run, anchored.iterations, 0)
+
+    start_exact, _, _ = evaluate(anchored.arrival_steps)
+    if start_exact >= len(facts.stats):
+        return anchored, loss
+    run0 = anchored.run
+    anchors0 = _anchors(run0, facts)
+    windows = _windows(run0, facts, anchors0, anchored.clock, phase)
+    rng = random.Random(0)
+    cur = list(anchored.arrival_steps)
+    cur_key = (start_exact, -loss)
+    best: tuple[int, float, Anchored] | None = None
+    for _ in range(EXACT_SEARCH_MOVES):
+        cand = list(cur)
+        i = rng.randrange(1, n)
+        lo, hi = windows[i]
+        cand[i] = min(max(cand[i] + rng.choice((-3, -2, -1, 1, 2, 3)), lo), max(lo, hi))
+        for j in range(1, n):
+            cand[j] = max(cand[j], cand[j - 1])
+        if cand == cur:
+            continue
+        exact, cand_loss, a = evaluate(cand)
+        if (exact, -cand_loss) >= cur_key:
+            cur, cur_key = cand, (exact, -cand_loss)
+            if best is None or (exact, -cand_loss) > (best[0], -best[1]):
+                best = (exact, cand_loss, a)
+            if exact == len(facts.stats) and cand_loss <= loss:
+                break  # every line matched, no worse by the tolerant check
+    if best is None or best[0] <= start_exact:
+        return anchored, loss
+    return best[2], best[1]
 
 
 def _step_limit(wl: Workload) -> int:

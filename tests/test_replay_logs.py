@@ -424,6 +424,42 @@ def test_short_priority_log_with_real_step_times(tmp_path: Path, phase: float) -
     assert rep.run.arrival_step["r1"] <= 5  # arrived with r0 at step 0, not 75 steps late
 
 
+def test_burst_search_for_exact_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside a burst the tolerant check cannot tell spacings apart (its loss is ~0 for
+    all of them); the exact one can. d_priority rendered with the log cases' step-time
+    formula, stats at 0.5 s: the spacings tried match 2 of its 3 lines exactly and find 5
+    of 6 preemptions; the search for exact lines (_exact_search) matches all 3 and finds all
+    6 (on the truth's own arrivals all 3 are exact too). A log already matched exactly is
+    left as it was."""
+    import kvreplay.replay.from_log as from_log
+
+    wl = parse_workload(json.loads((DATA / "conformance" / "cases" / "d_priority" / "workload.json").read_text()))
+    records, _ = simulate(wl)
+    m = _truth("p1_poisson_fcfs_200")["step_time_model"]
+    lines = render_log(wl, records, step_time_s=formula_step_time(m), start=1778148060.05,
+                       stats_interval_s=2.0, stats_phase_s=0.5)
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(lines) + "\n")
+    want = [(r["step"], p["req"]) for r in records for p in r.get("preemptions", ())]
+
+    def run() -> tuple[int, int]:
+        facts = read_facts([str(log)], year=2026)
+        facts.interval_s = 2.0
+        rep = replay_facts(facts, support=0)
+        got = [(p["step"], p["victim"]) for p in rep.preemptions]
+        hits = sum(1 for s, v in want if any(v == v2 and abs(s - s2) <= 5 for s2, v2 in got))
+        return rep.verification["exact_lines"], hits
+
+    assert run() == (3, 6)
+    monkeypatch.setattr(from_log, "EXACT_SEARCH_MOVES", 0)
+    assert run() == (2, 5)
+    # every line of the burst log case is matched already: the search does not run
+    facts = read_facts([str(CASES / "b_fcfs_heavy" / "server.reqbody.log")], year=2026)
+    without = replay_facts(facts, support=0).run.arrival_step
+    monkeypatch.setattr(from_log, "EXACT_SEARCH_MOVES", 400)
+    assert replay_facts(facts, support=0).run.arrival_step == without
+
+
 def test_priority_log_without_bodies_widens_the_estimate(tmp_path: Path) -> None:
     """0.33 logs priorities only in the JSON body: without it, a priority-policy log's
     count is also replayed over random priorities, the estimate says why, and its interval
