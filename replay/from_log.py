@@ -1615,15 +1615,33 @@ def arrival_pattern(facts: LogFacts) -> str:
     if not reqs:
         return "poisson"
     seconds = {r.time for r in reqs if r.time is not None}
-    comp_seqs = {c[3] for c in facts.completions}
     later = [r for r in reqs if r.completions_before > 0]
     if len(later) >= 8:
-        follows = sum(1 for r in later if (r.seq - 1) in comp_seqs)
-        if follows >= 0.9 * len(later):
+        answering = _answering_completions(facts)
+        if sum(1 for r in later if r.seq in answering) >= 0.9 * len(later):
             return "closed-loop"
     if len(seconds) <= 2:
         return "burst"
     return "poisson"
+
+
+def _answering_completions(facts: LogFacts) -> set[int]:
+    """The seq of every request line that answers a completion, as a closed-loop client
+    sends its next request when one comes back: the j-th line of a run of request lines
+    that comes right after a run of k >= j access lines (several requests can finish in one
+    step, and their successors then come in a run too; stats lines do not count)."""
+    lines = sorted([(r.seq, "R") for r in facts.requests] + [(c[3], "C") for c in facts.completions])
+    out: set[int] = set()
+    k = j = 0  # length of the last run of access lines; request lines since it
+    for seq, kind in lines:
+        if kind == "C":
+            k = k + 1 if j == 0 else 1
+            j = 0
+        else:
+            j += 1
+            if j <= k:
+                out.add(seq)
+    return out
 
 
 BURST_GAPS = (0.25, 1 / 3, 0.5, 1.0, 2.0)
