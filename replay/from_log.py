@@ -1047,6 +1047,9 @@ def replay_facts(
 
         return replay_v0_facts(facts, profile=profile, step_time=step_time)
     prof = get_profile(profile or facts.vllm_version)
+    starts = response_starts(facts)
+    if starts is not None:
+        facts = without_access_lines(facts)
     pattern = arrival_pattern(facts)
     burst = pattern != "poisson"
     spreads = (0.0,) if burst else (1.0,)
@@ -1057,6 +1060,12 @@ def replay_facts(
         f = fit(rebuilt, facts, prof, spreads=spreads, model=step_time, rounds=2)
     else:
         rebuilt, f, estimate, variants, shared = _fit_unknown_prompts(facts, prof, spreads)
+    if starts is not None:
+        rebuilt.notes.append(
+            f"the access lines are not used: {starts}. uvicorn writes a request's access line "
+            "when its response headers go out, which for a streaming response is as it "
+            "starts, not when it ends; arrivals are placed by their seconds and the stats "
+            "lines only")
     init = f.run
     if pattern == "burst":
         # everything arrived within a couple of seconds: start from "all at once" (the
@@ -1604,6 +1613,41 @@ def _apply_aborts(engine: Engine, aborts: list[tuple[float, str]], i: int, now: 
             engine.summary.finished_step[rid] = engine.step_index
         i += 1
     return i
+
+
+def response_starts(facts: LogFacts) -> str | None:
+    """Why the access lines cannot be finishes, or None. A streaming response's access line
+    is written when its headers go out, as it starts (spec: log formats, uvicorn access
+    line). The JSON bodies say `stream`; without them the stats lines can: the requests
+    finished by a stats line produced at least their max_tokens each (ignore_eos) or one
+    token each, and together that must fit in the generated tokens the line counts."""
+    said = [r.stream for r in facts.requests if r.stream is not None]
+    if said and sum(said) * 2 > len(said):
+        return f"{sum(said)} of {len(facts.requests)} requests stream (their JSON bodies say so)"
+    if not facts.completions or not facts.stats:
+        return None
+    exact = all(r.ignore_eos and r.max_tokens for r in facts.requests)
+    for st, (g, _) in zip(facts.stats, stats_targets(facts)):
+        c = st.completions_before
+        if c == 0:
+            continue
+        received = facts.requests[: st.arrivals_before]
+        if c > len(received):
+            return (f"{c} access lines before the stats line at {facts.stats[st.index].file}:"
+                    f"{st.line}, for {len(received)} requests received")
+        least = sorted(r.max_tokens for r in received)[:c] if exact else [1] * c
+        if sum(least) > g * 1.01 + 1:
+            return (f"{c} access lines before the stats line at {st.file}:{st.line}, whose "
+                    f"{g:,.0f} generated tokens cannot have finished that many requests "
+                    f"(at least {sum(least):,} tokens)")
+    return None
+
+
+def without_access_lines(facts: LogFacts) -> LogFacts:
+    """A copy of `facts` with no completion (access) lines: no ordering fact from them."""
+    reqs = [replace(r, completions_before=0) for r in facts.requests]
+    stats = [replace(st, completions_before=0) for st in facts.stats]
+    return replace(facts, requests=reqs, stats=stats, completions=[])
 
 
 def arrival_pattern(facts: LogFacts) -> str:

@@ -514,6 +514,58 @@ def test_closed_loop_log_with_requests_finishing_together(tmp_path: Path) -> Non
     assert max(abs(rep.run.arrival_step[s.id] - placed[s.id].arrival_step) for s in specs) <= 2
 
 
+def _streaming(lines: list[str], bodies: bool) -> list[str]:
+    """The log of the same run with every request streaming: uvicorn writes the access line
+    when the response headers go out, i.e. right after the request came in, not at its end
+    (spec: log formats, uvicorn access line)."""
+    out = []
+    for i, line in enumerate(lines):
+        if "POST /v1/completions" in line or (not bodies and "JSON body" in line):
+            continue
+        out.append(line.replace('"stream":false', '"stream":true'))
+        if "Added request" in line:
+            out.append(f'INFO:     127.0.0.1:{52000 + i} - "POST /v1/completions HTTP/1.1" 200 OK')
+    return out
+
+
+@pytest.mark.parametrize("bodies", [True, False])
+def test_streaming_log_access_lines_are_not_finishes(tmp_path: Path, bodies: bool) -> None:
+    """`vllm bench serve` streams by default, and then each access line follows its request
+    line within milliseconds. Read as finishes they had the burst of conformance b (12
+    requests) replayed with every arrival after a finish that had not happened: 0 of 5
+    found. The JSON bodies say `stream`; without them the first stats line does (12 access
+    lines, but too few generated tokens for 12 finished requests). The access lines are then
+    dropped, with a note, and the replay is the non-streaming one's (without the bodies: the
+    same count interval)."""
+    from kvreplay.replay.from_log import response_starts
+
+    wl = parse_workload(json.loads((DATA / "conformance" / "cases" / "b_fcfs_heavy" / "workload.json").read_text()))
+    records, _ = simulate(wl)
+    m = _truth("p1_poisson_fcfs_200")["step_time_model"]
+    lines = render_log(wl, records, step_time_s=formula_step_time(m), start=1778148060.05,
+                       stats_interval_s=2.0, stats_phase_s=0.7)
+    want = [(r["step"], p["req"]) for r in records for p in r.get("preemptions", ())]
+    plain_lines = lines if bodies else [line for line in lines if "JSON body" not in line]
+    reports = []
+    for text in (plain_lines, _streaming(lines, bodies)):
+        log = tmp_path / f"server{len(reports)}.log"
+        log.write_text("\n".join(text) + "\n")
+        facts = read_facts([str(log)], year=2026)
+        facts.interval_s = 2.0
+        reports.append((response_starts(facts), replay_facts(facts, support=0)))
+    (plain_why, plain), (why, rep) = reports
+    assert plain_why is None and why is not None
+    assert ("JSON bodies" in why) == bodies
+    assert any("access lines are not used" in n for n in rep.rebuilt.notes)
+    got = [(p["step"], p["victim"]) for p in rep.preemptions]
+    assert got == [(p["step"], p["victim"]) for p in plain.preemptions]
+    if bodies:  # prompts known: every preemption, at its step
+        assert len(want) == 5 and sorted(got) == sorted(want)
+    else:  # prompts estimated: the same count interval as the plain log's
+        assert rep.estimate["preemptions_low"] == plain.estimate["preemptions_low"]
+        assert rep.estimate["preemptions_high"] == plain.estimate["preemptions_high"]
+
+
 def test_priority_log_without_bodies_widens_the_estimate(tmp_path: Path) -> None:
     """0.33 logs priorities only in the JSON body: without it, a priority-policy log's
     count is also replayed over random priorities, the estimate says why, and its interval
