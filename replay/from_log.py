@@ -247,6 +247,13 @@ def rebuild_workload(
         notes.append(f"{sum(p_est)} prompt lengths estimated (mean {mean_len} tokens)")
     if any(o_est):
         notes.append(f"{sum(o_est)} output lengths estimated (max_tokens taken as the length)")
+    fanned = [r for r in facts.requests if r.n > 1]
+    if fanned:
+        notes.append(
+            f"{len(fanned)} of {len(facts.requests)} requests ask for n > 1 samples (the "
+            f"first: {fanned[0].log_id}, "
+            f"n={fanned[0].n}): vLLM runs each as n sequences sharing the prompt, this replay "
+            "runs one, so it underestimates their KV load and preemptions")
     return Rebuilt(wl, facts.requests, p_est, o_est, src, notes)
 
 

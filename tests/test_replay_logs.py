@@ -599,3 +599,17 @@ def test_formula_step_time_reproduces_the_log_case_clock() -> None:
     want = truth["step_start_sim_time"]
     assert len(starts) == len(records) + 1 == len(want) + 1
     assert max(abs(a - b) for a, b in zip(starts, want)) < 0.010
+
+
+def test_parallel_sampling_is_named_in_the_notes(tmp_path: Path) -> None:
+    """A request with n > 1 runs as n sequences in vLLM; the replay runs one, and says so."""
+    text = (CASES / "b_fcfs_heavy" / "server.reqbody.log").read_text()
+    first = text.index("SamplingParams(n=1,")
+    log = tmp_path / "server.log"
+    log.write_text(text[:first] + "SamplingParams(n=4," + text[first + len("SamplingParams(n=1,"):])
+    rep = replay_logs([str(log)], year=2026)
+    assert [n for n in rep.rebuilt.notes if "n > 1" in n] == [
+        "1 of 12 requests ask for n > 1 samples (the first: cmpl-bench-78064ebc-0-0, n=4): vLLM runs "
+        "each as n sequences sharing the prompt, this replay runs one, so it underestimates "
+        "their KV load and preemptions"]
+    assert not any("n > 1" in n for n in _replay("b_fcfs_heavy", "server.reqbody.log").rebuilt.notes)
