@@ -146,7 +146,7 @@ def scheduler_config_from(facts: LogFacts, profile: SchedulerProfile) -> tuple[S
     src["max_model_len"] = "log"
     chunked = pick("enable_chunked_prefill", c.enable_chunked_prefill if c else None, True)
     caching = pick("enable_prefix_caching", c.enable_prefix_caching if c else None, True)
-    max_seqs = pick("max_num_seqs", c.max_num_seqs if c else None, V1_DEFAULTS["max_num_seqs"])
+    max_seqs = pick("max_num_seqs", c.max_num_seqs if c else None, _default_max_num_seqs(facts))
     budget = pick(
         "max_num_batched_tokens",
         c.max_num_batched_tokens if c else None,
@@ -163,6 +163,12 @@ def scheduler_config_from(facts: LogFacts, profile: SchedulerProfile) -> tuple[S
     async_sched = pick("async_scheduling", c.async_scheduling if c else None, async_default)
     for k, v in src.items():
         if v == "default":
+            if k == "max_num_seqs" and max_seqs != V1_DEFAULTS["max_num_seqs"]:
+                notes.append(
+                    f"max_num_seqs not in the log: {max_seqs} assumed, vLLM's default on a GPU "
+                    "of 70 GiB or more (not an A100): the default token budget the log shows "
+                    f"({budget}) comes from that branch of vLLM's defaults")
+                continue
             notes.append(f"{k} not in the log: vLLM's default assumed")
     cfg = SchedulerConfig(
         num_gpu_blocks=int(num_blocks),
@@ -179,6 +185,21 @@ def scheduler_config_from(facts: LogFacts, profile: SchedulerProfile) -> tuple[S
         async_scheduling=bool(async_sched),
     )
     return cfg, src, notes
+
+
+def _default_max_num_seqs(facts: LogFacts) -> int:
+    """vLLM 0.9+ picks its defaults for max_num_seqs and max_num_batched_tokens together,
+    by GPU (EngineArgs.get_batch_defaults, API server): 1024 and 8192 on a GPU of 70 GiB or
+    more other than an A100, else 256 and 2048. The log shows the token budget in use (the
+    chunked-prefill line); when the user did not set it (`non-default args` does not name
+    it), it tells which branch, and so the max_num_seqs default."""
+    c = facts.config
+    budget = c.max_num_batched_tokens if c else None
+    if (budget == 8192 and facts.non_default is not None
+            and "max_num_batched_tokens" not in facts.non_default
+            and _version_at_least(facts.vllm_version, (0, 9, 0))):
+        return 1024
+    return V1_DEFAULTS["max_num_seqs"]
 
 
 def _version_at_least(version: str | None, want: tuple[int, int, int]) -> bool:

@@ -79,6 +79,8 @@ class LogFacts:
     files: list[str]
     missing: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # settings the `non-default args` line names (0.9+: the user set them); None: no such line
+    non_default: frozenset[str] | None = None
 
     @property
     def prompts_known(self) -> bool:
@@ -89,6 +91,11 @@ class LogFacts:
         return bool(self.requests) and all(
             r.prompt_token_ids is not None or r.prompt_len is not None for r in self.requests
         )
+
+
+# fields every event has (where and when it was written), not settings
+_LINE_FIELDS = frozenset(("origin", "file", "line", "lines", "time", "time_text", "level",
+                          "process", "pid", "engine", "source", "note"))
 
 
 def collect(
@@ -117,6 +124,8 @@ def collect(
     aborts: list[ev.RequestAborted] = []
     first_time = last_time = None
     n_events = n_unparsed = 0
+    non_default: set[str] = set()
+    saw_non_default = False
     seq = 0
     for e in events:
         n_events += 1
@@ -128,6 +137,10 @@ def collect(
         elif isinstance(e, (ev.EngineConfig, ev.KvCapacity)):
             if isinstance(e, ev.KvCapacity) and e.num_cpu_blocks is not None:
                 num_cpu_blocks = e.num_cpu_blocks
+            if isinstance(e, ev.EngineConfig) and e.origin == "non_default_args":
+                non_default |= {k for k in ev.EngineConfig.__struct_fields__
+                                if k not in _LINE_FIELDS and getattr(e, k) is not None}
+                saw_non_default = True
         elif isinstance(e, ev.RequestBody):
             bodies.append(e)
         elif isinstance(e, ev.RequestDetails):
@@ -236,6 +249,7 @@ def collect(
         num_events=n_events,
         num_unparsed=n_unparsed,
         files=files,
+        non_default=frozenset(non_default) if saw_non_default else None,
     )
     _list_missing(facts)
     if dup_ids:

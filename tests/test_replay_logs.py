@@ -613,3 +613,29 @@ def test_parallel_sampling_is_named_in_the_notes(tmp_path: Path) -> None:
         "each as n sequences sharing the prompt, this replay runs one, so it underestimates "
         "their KV load and preemptions"]
     assert not any("n > 1" in n for n in _replay("b_fcfs_heavy", "server.reqbody.log").rebuilt.notes)
+
+
+@pytest.mark.parametrize("args, chunked, seqs", [
+    ("", "8192", 1024),  # the default budget of a >= 70 GiB GPU: its max_num_seqs default
+    ("", "2048", 256),  # the default budget of a smaller GPU (or an A100)
+    ("'max_num_batched_tokens': 8192, ", "8192", 256),  # set by the user: says nothing
+])
+def test_max_num_seqs_default_follows_the_logged_budget(tmp_path: Path, args: str, chunked: str,
+                                                        seqs: int) -> None:
+    """vLLM 0.9+ picks its max_num_seqs and max_num_batched_tokens defaults together, by GPU
+    (EngineArgs.get_batch_defaults: 1024 / 8192 on 70 GiB or more other than an A100, else
+    256 / 2048). A log whose `non-default args` names neither shows the budget in its
+    chunked-prefill line, and so which default max_num_seqs has."""
+    from kvreplay.replay.from_log import scheduler_config_from
+    from kvreplay.replay.profile import get_profile
+
+    text = (CASES / "p1_poisson_fcfs_200" / "server.log").read_text()
+    text = text.replace("'max_num_batched_tokens': 8192, 'max_num_seqs': 64, ", args)
+    text = text.replace("max_num_batched_tokens=8192.", f"max_num_batched_tokens={chunked}.")
+    log = tmp_path / "server.log"
+    log.write_text(text)
+    facts = read_facts([str(log)], year=2026)
+    cfg, src, notes = scheduler_config_from(facts, get_profile("0.33"))
+    assert (cfg.max_num_seqs, cfg.max_num_batched_tokens) == (seqs, int(chunked))
+    assert src["max_num_seqs"] == "default"
+    assert any(n.startswith(f"max_num_seqs not in the log: {seqs} assumed") for n in notes) == (seqs == 1024)
