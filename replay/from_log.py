@@ -1716,7 +1716,7 @@ def _answering_completions(facts: LogFacts) -> set[int]:
     return out
 
 
-BURST_GAPS = (0.25, 1 / 3, 0.5, 1.0, 2.0)
+BURST_GAPS = (0.02, 0.05, 0.1, 0.15, 0.25, 1 / 3, 0.5, 1.0, 2.0)
 
 
 def _burst_spacing(rebuilt: Rebuilt, facts: LogFacts, prof: SchedulerProfile,
