@@ -1074,6 +1074,14 @@ def replay_facts(
         from kvreplay.replay.from_log_v0 import replay_v0_facts
 
         return replay_v0_facts(facts, profile=profile, step_time=step_time)
+    if facts.requests and len(facts.engines) > 1:
+        raise ReplayError(
+            f"this is a data-parallel log ({len(facts.engines)} engines write stats lines): "
+            "its request lines do not say which engine served each request, so the workload "
+            "cannot be split per engine, and replaying every request on one engine would "
+            "overload it. Replay the step trace of kvreplay's vLLM plugin instead (it traces "
+            "each engine process on its own), or the log of a single-engine server (one rank "
+            "under external load balancing writes one)")
     prof = get_profile(profile or facts.vllm_version)
     starts = response_starts(facts)
     if starts is not None:

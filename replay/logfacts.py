@@ -81,6 +81,8 @@ class LogFacts:
     notes: list[str] = field(default_factory=list)
     # settings the `non-default args` line names (0.9+: the user set them); None: no such line
     non_default: frozenset[str] | None = None
+    # engine indices the stats lines name (`Engine 001:`); `stats` holds the first one's
+    engines: tuple[int, ...] = ()
 
     @property
     def prompts_known(self) -> bool:
@@ -126,6 +128,8 @@ def collect(
     n_events = n_unparsed = 0
     non_default: set[str] = set()
     saw_non_default = False
+    stats_engine: int | None = None
+    engines: set[int] = set()
     seq = 0
     for e in events:
         n_events += 1
@@ -192,8 +196,16 @@ def collect(
                 seq += 1
                 completions.append((e.file, e.line, len(requests), seq))
         elif isinstance(e, ev.Stats):
-            if e.engine not in (None, 0) or e.time is None:
-                continue  # data-parallel logs: engine 0 only here
+            if e.time is None:
+                continue
+            # one engine's lines: the first one seen (engine 0 of a data-parallel log, or
+            # the only engine of one rank's own log under external load balancing)
+            engine = e.engine or 0
+            if stats_engine is None:
+                stats_engine = engine
+            engines.add(engine)
+            if engine != stats_engine:
+                continue
             seq += 1
             stats.append(
                 StatsPoint(
@@ -250,6 +262,7 @@ def collect(
         num_unparsed=n_unparsed,
         files=files,
         non_default=frozenset(non_default) if saw_non_default else None,
+        engines=tuple(sorted(engines)),
     )
     _list_missing(facts)
     if dup_ids:

@@ -671,3 +671,25 @@ def test_large_burst_sent_over_a_few_steps(tmp_path: Path) -> None:
     assert len(want) == 42 and len(got) == 42
     assert all(any(v == v2 and abs(s - s2) <= 5 for s2, v2 in got) for s, v in want)
     assert rep.verification["exact_lines"] == 15
+
+
+def test_data_parallel_log_is_refused_and_one_rank_replays(tmp_path: Path) -> None:
+    """A data-parallel log (stats lines from two engines) does not say which engine served
+    which request: `kvreplay replay` says so instead of replaying every request on one
+    engine (it used to, finding 0 of the 2 preemptions engine 0's line counts). One rank's
+    own log under external load balancing (only `Engine 001:` lines) replays as usual."""
+    from kvreplay.replay.from_log import ReplayError
+
+    facts = read_facts([str(Path(__file__).parent.parent / "samples" / "synthetic_v022_dp2_iterations.log")],
+                       year=2025)
+    assert facts.engines == (0, 1)
+    with pytest.raises(ReplayError, match="data-parallel log .2 engines"):
+        replay_facts(facts)
+    text = (CASES / "b_fcfs_heavy" / "server.reqbody.log").read_text()
+    log = tmp_path / "rank1.log"
+    log.write_text(text.replace("Engine 000:", "Engine 001:"))
+    rank1 = replay_logs([str(log)], year=2026)
+    assert rank1.facts.engines == (1,) and len(rank1.facts.stats) == 6
+    same = _replay("b_fcfs_heavy", "server.reqbody.log")
+    assert [(p["step"], p["victim"]) for p in rank1.preemptions] == [
+        (p["step"], p["victim"]) for p in same.preemptions]
