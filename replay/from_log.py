@@ -1654,9 +1654,10 @@ def _apply_aborts(engine: Engine, aborts: list[tuple[float, str]], i: int, now: 
 def response_starts(facts: LogFacts) -> str | None:
     """Why the access lines cannot be finishes, or None. A streaming response's access line
     is written when its headers go out, as it starts (spec: log formats, uvicorn access
-    line). The JSON bodies say `stream`; without them the stats lines can: the requests
-    finished by a stats line produced at least their max_tokens each (ignore_eos) or one
-    token each, and together that must fit in the generated tokens the line counts."""
+    line). The JSON bodies say `stream`; without them the stats lines can: requests still
+    running or waiting at a line have not finished, and the requests finished by a line
+    produced at least their max_tokens each (ignore_eos) or one token each, which must fit
+    in the generated tokens the line counts."""
     said = [r.stream for r in facts.requests if r.stream is not None]
     if said and sum(said) * 2 > len(said):
         return f"{sum(said)} of {len(facts.requests)} requests stream (their JSON bodies say so)"
@@ -1669,8 +1670,14 @@ def response_starts(facts: LogFacts) -> str | None:
             continue
         received = facts.requests[: st.arrivals_before]
         if c > len(received):
-            return (f"{c} access lines before the stats line at {facts.stats[st.index].file}:"
-                    f"{st.line}, for {len(received)} requests received")
+            return (f"{c} access lines before the stats line at {st.file}:{st.line}, for "
+                    f"{len(received)} requests received")
+        # requests still in the engine cannot have finished
+        present = (st.running or 0) + (st.waiting or 0)
+        if present > len(received) - c:
+            return (f"{c} access lines before the stats line at {st.file}:{st.line}, which "
+                    f"shows {present} requests running or waiting of the {len(received)} "
+                    "received")
         least = sorted(r.max_tokens for r in received)[:c] if exact else [1] * c
         if sum(least) > g * 1.01 + 1:
             return (f"{c} access lines before the stats line at {st.file}:{st.line}, whose "

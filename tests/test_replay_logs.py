@@ -556,6 +556,13 @@ def test_streaming_log_access_lines_are_not_finishes(tmp_path: Path, bodies: boo
     (plain_why, plain), (why, rep) = reports
     assert plain_why is None and why is not None
     assert ("JSON bodies" in why) == bodies
+    if not bodies:
+        # without ignore_eos a finished request may have produced one token only; the
+        # requests the line shows running or waiting have not finished, though
+        log = tmp_path / "eos.log"
+        log.write_text("\n".join(_streaming(lines, False)).replace("ignore_eos=True", "ignore_eos=False"))
+        why = response_starts(read_facts([str(log)], year=2026))
+        assert why is not None and "12 requests running or waiting of the 12 received" in why
     assert any("access lines are not used" in n for n in rep.rebuilt.notes)
     got = [(p["step"], p["victim"]) for p in rep.preemptions]
     assert got == [(p["step"], p["victim"]) for p in plain.preemptions]
