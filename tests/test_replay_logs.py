@@ -400,6 +400,29 @@ def test_render_with_step_times_per_record() -> None:
     assert gen[6] == sum(gen_by_step[3:11])  # +12.5 s: step 3 ended at +10.75, 4-10 since
 
 
+def _render_real(wl, records, phase: float = 0.7, **kw) -> list[str]:
+    """A simulated run as a 0.33 log with the log cases' step-time formula, stats every 2 s
+    at `phase` into the second."""
+    m = _truth("p1_poisson_fcfs_200")["step_time_model"]
+    return render_log(wl, records, step_time_s=formula_step_time(m), start=1778148060.05,
+                      stats_interval_s=2.0, stats_phase_s=phase, **kw)
+
+
+def _facts_of(tmp_path: Path, lines: list[str], name: str = "server.log"):
+    log = tmp_path / name
+    log.write_text("\n".join(lines) + "\n")
+    facts = read_facts([str(log)], year=2026)
+    facts.interval_s = 2.0
+    return facts
+
+
+def _found_all(records, rep) -> bool:
+    """Every preemption of the run found: right victim within 5 steps."""
+    want = [(r["step"], p["req"]) for r in records for p in r.get("preemptions", ())]
+    got = [(p["step"], p["victim"]) for p in rep.preemptions]
+    return all(any(v == v2 and abs(s - s2) <= 5 for s2, v2 in got) for s, v in want)
+
+
 @pytest.mark.parametrize("phase", [0.3, 0.7])
 def test_short_priority_log_with_real_step_times(tmp_path: Path, phase: float) -> None:
     """A 10-request priority run (conformance d_priority) rendered as a 0.33 log with the
@@ -409,14 +432,7 @@ def test_short_priority_log_with_real_step_times(tmp_path: Path, phase: float) -
     found at phase 0.7). The first request's second now bounds step 0."""
     wl = parse_workload(json.loads((DATA / "conformance" / "cases" / "d_priority" / "workload.json").read_text()))
     records, _ = simulate(wl)
-    m = _truth("p1_poisson_fcfs_200")["step_time_model"]
-    lines = render_log(wl, records, step_time_s=formula_step_time(m), start=1778148060.05,
-                       stats_interval_s=2.0, stats_phase_s=phase)
-    log = tmp_path / "server.log"
-    log.write_text("\n".join(lines) + "\n")
-    facts = read_facts([str(log)], year=2026)
-    facts.interval_s = 2.0
-    rep = replay_facts(facts)
+    rep = replay_facts(_facts_of(tmp_path, _render_real(wl, records, phase)))
     want = [(r["step"], p["req"]) for r in records for p in r.get("preemptions", ())]
     got = [(p["step"], p["victim"]) for p in rep.preemptions]
     hits = sum(1 for s, v in want if any(v == v2 and abs(s - s2) <= 5 for s2, v2 in got))
@@ -435,17 +451,11 @@ def test_burst_search_for_exact_lines(tmp_path: Path, monkeypatch: pytest.Monkey
 
     wl = parse_workload(json.loads((DATA / "conformance" / "cases" / "d_priority" / "workload.json").read_text()))
     records, _ = simulate(wl)
-    m = _truth("p1_poisson_fcfs_200")["step_time_model"]
-    lines = render_log(wl, records, step_time_s=formula_step_time(m), start=1778148060.05,
-                       stats_interval_s=2.0, stats_phase_s=0.5)
-    log = tmp_path / "server.log"
-    log.write_text("\n".join(lines) + "\n")
+    lines = _render_real(wl, records, 0.5)
     want = [(r["step"], p["req"]) for r in records for p in r.get("preemptions", ())]
 
     def run() -> tuple[int, int]:
-        facts = read_facts([str(log)], year=2026)
-        facts.interval_s = 2.0
-        rep = replay_facts(facts, support=0)
+        rep = replay_facts(_facts_of(tmp_path, lines), support=0)
         got = [(p["step"], p["victim"]) for p in rep.preemptions]
         hits = sum(1 for s, v in want if any(v == v2 and abs(s - s2) <= 5 for s2, v2 in got))
         return rep.verification["exact_lines"], hits
@@ -496,19 +506,10 @@ def test_closed_loop_log_with_requests_finishing_together(tmp_path: Path) -> Non
                 send(rec["step"] + 2 + rng.randint(0, 2))
         engine.done = False
     wl = dataclasses.replace(wl0, requests=[placed[s.id] for s in specs])
-    m = _truth("p1_poisson_fcfs_200")["step_time_model"]
-    lines = render_log(wl, records, step_time_s=formula_step_time(m), start=1778148060.05,
-                       stats_interval_s=2.0, stats_phase_s=0.7)
-    log = tmp_path / "server.log"
-    log.write_text("\n".join(lines) + "\n")
-    facts = read_facts([str(log)], year=2026)
-    facts.interval_s = 2.0
-    rep = replay_facts(facts, support=0)
+    rep = replay_facts(_facts_of(tmp_path, _render_real(wl, records)), support=0)
     assert rep.arrival_pattern == "closed-loop"
-    want = [(r["step"], p["req"]) for r in records for p in r.get("preemptions", ())]
-    got = [(p["step"], p["victim"]) for p in rep.preemptions]
-    assert len(want) == 19 and len(got) == 19
-    assert all(any(v == v2 and abs(s - s2) <= 5 for s2, v2 in got) for s, v in want)
+    assert sum(len(r.get("preemptions", ())) for r in records) == 19 == len(rep.preemptions)
+    assert _found_all(records, rep)
     # each arrival right behind the completion it answers (the client's own delay, 0-2
     # steps, is not in the log)
     assert max(abs(rep.run.arrival_step[s.id] - placed[s.id].arrival_step) for s in specs) <= 2
@@ -541,17 +542,12 @@ def test_streaming_log_access_lines_are_not_finishes(tmp_path: Path, bodies: boo
 
     wl = parse_workload(json.loads((DATA / "conformance" / "cases" / "b_fcfs_heavy" / "workload.json").read_text()))
     records, _ = simulate(wl)
-    m = _truth("p1_poisson_fcfs_200")["step_time_model"]
-    lines = render_log(wl, records, step_time_s=formula_step_time(m), start=1778148060.05,
-                       stats_interval_s=2.0, stats_phase_s=0.7)
+    lines = _render_real(wl, records)
     want = [(r["step"], p["req"]) for r in records for p in r.get("preemptions", ())]
     plain_lines = lines if bodies else [line for line in lines if "JSON body" not in line]
     reports = []
     for text in (plain_lines, _streaming(lines, bodies)):
-        log = tmp_path / f"server{len(reports)}.log"
-        log.write_text("\n".join(text) + "\n")
-        facts = read_facts([str(log)], year=2026)
-        facts.interval_s = 2.0
+        facts = _facts_of(tmp_path, text, f"server{len(reports)}.log")
         reports.append((response_starts(facts), replay_facts(facts, support=0)))
     (plain_why, plain), (why, rep) = reports
     assert plain_why is None and why is not None
@@ -664,19 +660,10 @@ def test_large_burst_sent_over_a_few_steps(tmp_path: Path) -> None:
         t += rng.expovariate(10.0)
     wl = dataclasses.replace(wl0, requests=specs)
     records, _ = simulate(wl)
-    m = _truth("p1_poisson_fcfs_200")["step_time_model"]
-    lines = render_log(wl, records, step_time_s=formula_step_time(m), start=1778148060.05,
-                       stats_interval_s=2.0, stats_phase_s=0.7)
-    log = tmp_path / "server.log"
-    log.write_text("\n".join(lines) + "\n")
-    facts = read_facts([str(log)], year=2026)
-    facts.interval_s = 2.0
-    rep = replay_facts(facts, support=0)
+    rep = replay_facts(_facts_of(tmp_path, _render_real(wl, records)), support=0)
     assert rep.arrival_pattern == "burst" and specs[-1].arrival_step == 20
-    want = [(r["step"], p["req"]) for r in records for p in r.get("preemptions", ())]
-    got = [(p["step"], p["victim"]) for p in rep.preemptions]
-    assert len(want) == 42 and len(got) == 42
-    assert all(any(v == v2 and abs(s - s2) <= 5 for s2, v2 in got) for s, v in want)
+    assert sum(len(r.get("preemptions", ())) for r in records) == 42 == len(rep.preemptions)
+    assert _found_all(records, rep)
     assert rep.verification["exact_lines"] == 15
 
 
