@@ -36,8 +36,9 @@ from typing import Any
 
 from kvreplay.replay.engine import without_cyclic_gc
 from kvreplay.replay.from_log import (Fit, LogReplay, Rebuilt, ReplayError, StepTimeModel,
-                                      TimedRun, _nnls, arrival_pattern, initial_model, storms,
-                                      verification_report)
+                                      TimedRun, _nnls, arrival_pattern, initial_model,
+                                      response_starts, storms, verification_report,
+                                      without_access_lines)
 from kvreplay.replay.logfacts import LogFacts
 from kvreplay.replay.v0 import V0_PROFILES, V0Engine, summarize
 from kvreplay.replay.v0.engine import DEFAULTS as V0_ENGINE_DEFAULTS
@@ -862,9 +863,16 @@ def replay_v0_facts(facts: LogFacts, *, profile: str | None = None,
     if profile not in (None, "auto", "v0", "0.6.6", "0.6.6.post1", V0ProfileRef().name):
         raise ReplayError(f"profile {profile!r} is a V1 release, but this log comes from the V0 "
                           f"engine: the V0 replay follows vLLM {V0_PROFILE} (omit --profile)")
+    starts = response_starts(facts)
+    if starts is not None:
+        facts = without_access_lines(facts)  # streaming: access lines at starts (from_log)
     extras = _v0_extras(facts)
     check_replayable(facts, extras)
     rebuilt = rebuild_v0_workload(facts, extras)
+    if starts is not None:
+        rebuilt.notes.append(
+            f"the access lines are not used: {starts}; a streaming response's access line is "
+            "written as it starts, not when it ends")
     stop_at = _cut_time_v0(facts, extras)
     pattern = arrival_pattern(facts)
     tried: list[dict[str, Any]] = []
