@@ -1472,7 +1472,9 @@ def _windows(run: TimedRun, facts: LogFacts, anchors, clock, phase, use_seconds=
         c = r.completions_before
         if c > 0 and c - 1 < len(fin_steps):
             lo = max(lo, fin_steps[c - 1] + 2)
-        if c < len(fin_steps):
+        if c < min(len(fin_steps), len(facts.completions)):
+            # the next access line the log shows (none when the access log is off or its
+            # lines are response starts: then the replay's finishes bound nothing)
             hi = min(hi, fin_steps[c] + 1)
         i = r.stats_before
         if i > 0 and i - 1 < len(anchors) and anchors[i - 1] is not None:
