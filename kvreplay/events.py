@@ -9,6 +9,8 @@ Invariants shared by all kinds:
 * `time` is epoch seconds of the server's *local* wall clock read as if it were UTC (vLLM logs
   carry no zone); the year is inferred (file mtime or `--year`) and kept monotonic across a
   new year. `time_text` is the time stamp exactly as written (`05-07 10:00:05`).
+* `wrapper_time` is the time stamp a container runtime put before the line (RFC 3339, UTC,
+  sub-second), when there is one: it says when within its second a line was written.
 * `process`/`pid` come from the `(APIServer pid=N)` prefix or the JSON record; `engine` is the
   data-parallel rank from `Engine 003:` or from the process name (`EngineCore_DP3`).
 * Optional fields are `None` when the log did not say; nothing is guessed here.
@@ -35,6 +37,9 @@ class Base(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=True):
     engine: int | None = None
     source: str | None = None  # "loggers.py:335" as printed inside [..]
     note: str | None = None  # reader remarks: truncated, invalid UTF-8, re-joined ...
+    # the time stamp a container runtime or log shipper wrote before the line (`docker logs
+    # -t`, `kubectl logs --timestamps`): epoch seconds, UTC, with its sub-second digits
+    wrapper_time: float | None = None
 
 
 # ---------------------------------------------------------------- startup / configuration

@@ -44,6 +44,7 @@ _BUILDERS = build.BUILDERS
 _UVICORN = re.compile(
     r"(?:\(([A-Za-z][\w-]*(?: [\w=-]+)*?) pid=(\d+)\) +)?INFO: +(?:(\S+) - \"([A-Z]+) (\S+)(?: (HTTP/[\d.]+))?\" (\d{3})(?: (.*))?|(.*))$"
 )
+_WRAPPER_ISO = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) +")
 _EXC_LINE = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Failure)\b(?::|$)")
 _PROGRESS = re.compile(r"\d+%\|.*\|.*(?:it/s|s/it|\?it/s)")
 _RANK = re.compile(r"\[rank\d+\]: ?")
@@ -394,7 +395,7 @@ def _lark_env(s: str) -> tuple | None:
 
 
 # pending record: [lineno, span, msg, prefix (TB levels only), level, raw_len, tb_body, note,
-#                  time, time_text, process, pid, engine, source]
+#                  time, time_text, process, pid, engine, source, wrapper_time]
 _P_LINE, _P_SPAN, _P_MSG, _P_PREFIX, _P_LEVEL, _P_RAWLEN, _P_BODY, _P_NOTE = range(8)
 
 
@@ -431,11 +432,14 @@ class FileParser:
             if self.raw_tb is not None:
                 self.out.append(self._flush_raw_tb())
             clock = self.clock
+            wrapper = None
             if wtd:
                 clock.hint_year(int(wtd[:4]))
+                if "T" in wtd:  # RFC 3339 from a container runtime: sub-second, UTC
+                    wrapper = _abs_time(wtd)
             t, tt = clock.stamp(date, hms)
             self.pending = [lineno, 1, msg, s[:end] if level in _TB_LEVELS else None, level, len(s), None, note,
-                            t, tt, process, pid, engine, source]
+                            t, tt, process, pid, engine, source, wrapper]
             return
         # -- no envelope
         if pending is not None:
@@ -465,13 +469,17 @@ class FileParser:
         if p[_P_SPAN] == 1 and not p[_P_BODY] and not self.lark and FAST_PATHS:
             e = _fast(p[2].rstrip(), self.file, p[0], p[8], p[9], p[4], p[10], p[11], p[12], p[13], p[7])
             if e is not None:
+                if p[14] is not None:
+                    e.wrapper_time = p[14]
                 self.out.append(e)
                 return
         self._emit(p)
+        if p[14] is not None:
+            self.out[-1].wrapper_time = p[14]
 
     def _emit(self, p: list) -> None:
         """The general route for a pending record."""
-        lineno, span, msg, _prefix, level, _raw_len, body, note, t, tt, process, pid, engine, source = p
+        lineno, span, msg, _prefix, level, _raw_len, body, note, t, tt, process, pid, engine, source, _ = p
         base = {"file": self.file, "line": lineno, "time": t, "time_text": tt, "level": level, "process": process,
                 "pid": pid, "engine": engine, "source": source, "note": note}
         if span > 1:
@@ -487,7 +495,19 @@ class FileParser:
         return _traceback_event(head, body, {"file": self.file, "line": lineno, "lines": span, "note": note})
 
     def _raw(self, lineno: int, s: str, note: str | None) -> None:
-        """A line without a vLLM envelope."""
+        """A line without a vLLM envelope (a container runtime's time stamp before it is
+        taken off and kept as the events' `wrapper_time`)."""
+        m = _WRAPPER_ISO.match(s)
+        if m is None:
+            self._raw_line(lineno, s, note)
+            return
+        n = len(self.out)
+        self._raw_line(lineno, s[m.end():], note)
+        wrapper = _abs_time(m.group(1))
+        for e in self.out[n:]:
+            e.wrapper_time = wrapper
+
+    def _raw_line(self, lineno: int, s: str, note: str | None) -> None:
         out = self.out
         t = s
         if t.startswith("[rank"):
@@ -674,7 +694,9 @@ def parse_chunks(chunks: Iterable[tuple[list[str], dict[int, str] | None]], labe
                     r = cache_get(s[: k + 2])
                     if r is None and "\x1b" not in s:
                         r = _envelope(s)  # not memoised yet (a new second, a new source ...)
-                    if r is not None and fp.raw_tb is None and "\x1b" not in s:
+                    if r is not None and fp.raw_tb is None and "\x1b" not in s and not (r[0] and "T" in r[0]):
+                        # (a container runtime's time stamp before the line goes the general
+                        # way, which keeps it as the event's wrapper_time)
                         if lp is not None:  # the previous record is complete
                             ps, pr, pl, pt, ptt = lp
                             msg = ps[pr[8]:].rstrip()
@@ -755,7 +777,8 @@ def _pending(lp: tuple) -> list:
     """The `FileParser.pending` record of a line waiting in the hot loop."""
     s, r, lineno, t, tt = lp
     end = r[8]
-    return [lineno, 1, s[end:], s[:end] if r[1] in _TB_LEVELS else None, r[1], len(s), None, None, t, tt, r[5], r[6], r[7], r[4]]
+    return [lineno, 1, s[end:], s[:end] if r[1] in _TB_LEVELS else None, r[1], len(s), None, None, t, tt, r[5], r[6], r[7], r[4],
+            None]
 
 
 def _clock_for(year: int | None, mtime: float | None) -> Clock:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvreplay.replay.engine import Engine, without_cyclic_gc
-from kvreplay.replay.logfacts import LogFacts, LogRequest
+from kvreplay.replay.logfacts import LogFacts, LogRequest, StatsPoint
 from kvreplay.replay.profile import SchedulerProfile, get_profile, parse_version
 from kvreplay.replay.request import RequestStatus
 from kvreplay.replay.scheduler import SchedulerConfig
@@ -334,8 +334,10 @@ def arrival_times(facts: LogFacts, spread: float) -> list[float]:
     """Logged second + a share of the second: the j-th of m arrivals logged in one second
     is put at S + spread * (j + 1) / (m + 1) (spread 0: a burst at the start of the
     second; 1: evenly spread, the expectation for Poisson arrivals)."""
-    out: list[float] = []
     reqs = facts.requests
+    if facts.precise_times:
+        return [r.precise_time for r in reqs]  # type: ignore[misc]
+    out: list[float] = []
     base = facts.first_time or 0.0
     i = 0
     while i < len(reqs):
@@ -521,7 +523,7 @@ def loss_of(run: TimedRun, facts: LogFacts, phase: float = 0.5) -> float:
     cum = _cum_sampled(run)
     total = 0.0
     for s, (g, _) in zip(facts.stats, targets):
-        t = s.time + phase
+        t = _line_time(s, phase)
         rec = _state_at(run, t)
         if rec is None:
             continue
@@ -827,9 +829,9 @@ def verify(run: TimedRun, facts: LogFacts, phase: float = 0.5,
         if anchor is not None:
             rec = run.records[anchor]
         elif g <= 0:
-            rec = _before_output(run, cum, s, _state_at(run, s.time + phase))
+            rec = _before_output(run, cum, s, _state_at(run, _line_time(s, phase)))
         else:
-            rec = _state_at(run, s.time + phase)
+            rec = _state_at(run, _line_time(s, phase))
         if rec is None:
             rows.append({"line": s.line, "time": s.time, "replayed": None})
             continue
@@ -1405,7 +1407,7 @@ def _clock(run: TimedRun, facts: LogFacts, anchors: list[int | None], phase: flo
             continue
         # The line saw step a's output but not step a+1's: it was printed while step
         # a+1 ran; take the middle of that step.
-        pts.append((a + 1, s.time + phase - 0.5 * (dur[a + 1] if a + 1 < n else 0.0)))
+        pts.append((a + 1, _line_time(s, phase) - 0.5 * (dur[a + 1] if a + 1 < n else 0.0)))
         last = a + 1
     if not pts:
         # nothing to pin the clock to: start it at the first arrival's second
@@ -1418,13 +1420,18 @@ def _clock(run: TimedRun, facts: LogFacts, anchors: list[int | None], phase: flo
     # formula, where every arrival but the first landed 75 steps late); then the second
     # bounds it and the steps up to the first line are stretched to fit.
     first = facts.requests[0].time if facts.requests else None
-    if first is not None and pts[0][0] > 0:
+    precise0 = facts.requests[0].precise_time if facts.requests else None
+    if precise0 is not None and pts[0][0] > 0:
+        pts.insert(0, (0, precise0))  # the engine was idle: step 0 starts as it comes in
+    elif first is not None and pts[0][0] > 0:
         start0 = pts[0][1] - cum[pts[0][0]]
         # an idle engine picks a request up within milliseconds, so step 0 may start just
         # past the end of that second, not later
         latest = first + 1.0 + IDLE_PICKUP_S
         if start0 < first or start0 >= latest:
             pts.insert(0, (0, min(max(start0, first), latest - 1e-3)))
+    if facts.completion_times:
+        pts = _with_completion_pins(pts, run, facts.completion_times)
     out = [0.0] * (n + 1)
     # before the first pin: model durations backwards
     p0, t0 = pts[0]
@@ -1442,6 +1449,34 @@ def _clock(run: TimedRun, facts: LogFacts, anchors: list[int | None], phase: flo
 
 
 IDLE_PICKUP_S = 0.05  # an idle engine starts a step this soon after a request arrives
+
+
+PRECISE_TOL_S = 0.005  # a sub-second stamp's slack: the request reaches the engine a few ms after its line
+
+
+def _with_completion_pins(pts: list[tuple[int, float]], run: TimedRun,
+                          times: list[float]) -> list[tuple[int, float]]:
+    """With sub-second times on the access lines, each one pins the clock too: the c-th
+    access line was written once the replay's c-th finishing step had ended, as the next one
+    ran. Pins that would run the clock backwards are left out."""
+    fin = [rec["step"] for rec in run.records for _ in rec.get("finished", ())]
+    n = len(run.records)
+    merged = dict(pts)
+    for f, t in zip(fin, times):
+        if f + 1 < n and f + 1 not in merged:
+            merged[f + 1] = t
+    out: list[tuple[int, float]] = []
+    for step, t in sorted(merged.items()):
+        if out and t <= out[-1][1]:
+            continue
+        out.append((step, t))
+    return out
+
+
+def _line_time(st: StatsPoint, phase: float) -> float:
+    """When stats line `st` was printed: its sub-second time when the log has one, else its
+    second plus the lines' phase."""
+    return st.precise_time if st.precise_time is not None else st.time + phase
 
 
 def _step_at(clock: list[float], t: float) -> int:
@@ -1481,7 +1516,12 @@ def _windows(run: TimedRun, facts: LogFacts, anchors, clock, phase, use_seconds=
             lo = max(lo, anchors[i - 1] + 1)
         if i < len(anchors) and anchors[i] is not None:
             hi = min(hi, anchors[i] + 1)
-        if use_seconds and r.time is not None:
+        if use_seconds and r.precise_time is not None:
+            slo = _step_at(clock, r.precise_time - PRECISE_TOL_S)
+            shi = _step_at(clock, r.precise_time + PRECISE_TOL_S)
+            if max(lo, slo) <= min(hi, shi):
+                lo, hi = max(lo, slo), min(hi, shi)
+        elif use_seconds and r.time is not None:
             # step 0 lies in the first request's second, whatever the clock says
             slo = 0 if r.time <= first_time else _step_at(clock, r.time)
             shi = _step_at(clock, r.time + 1.0)
@@ -1542,7 +1582,7 @@ def anchored_loss(
         if a is None and g <= 0 and clock is not None and cum is not None:
             import bisect
 
-            ended = bisect.bisect_right(clock, st.time + phase) - 2  # last step ended by then
+            ended = bisect.bisect_right(clock, _line_time(st, phase)) - 2  # last step ended by then
             if 0 <= ended < len(cum) and cum[ended] > 0:
                 total += 25.0
             n += 1
@@ -1619,6 +1659,9 @@ def _best_phase(run: TimedRun, facts: LogFacts, anchors):
 
 
 def phase_estimate(facts: LogFacts) -> float | None:
+    if facts.precise_times and facts.stats:
+        offsets = sorted(st.precise_time - st.time for st in facts.stats)  # type: ignore[operator]
+        return offsets[len(offsets) // 2]
     by_second: dict[float, list[int]] = {}
     for r in facts.requests:
         if r.time is not None:
@@ -1692,7 +1735,7 @@ def without_access_lines(facts: LogFacts) -> LogFacts:
     """A copy of `facts` with no completion (access) lines: no ordering fact from them."""
     reqs = [replace(r, completions_before=0) for r in facts.requests]
     stats = [replace(st, completions_before=0) for st in facts.stats]
-    return replace(facts, requests=reqs, stats=stats, completions=[])
+    return replace(facts, requests=reqs, stats=stats, completions=[], completion_times=None)
 
 
 def arrival_pattern(facts: LogFacts) -> str:

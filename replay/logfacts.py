@@ -37,6 +37,9 @@ class LogRequest:
     aborted_time: float | None = None
     # Position among all arrivals, completions and stats lines of the log, in file order.
     seq: int = 0
+    # when within its second the line was written, from a container runtime's time stamp
+    # (LogFacts.precise_times); None without one
+    precise_time: float | None = None
 
 
 @dataclass(slots=True)
@@ -57,6 +60,7 @@ class StatsPoint:
     arrivals_before: int = 0
     completions_before: int = 0
     seq: int = 0
+    precise_time: float | None = None  # as LogRequest.precise_time
 
 
 @dataclass(slots=True)
@@ -83,6 +87,11 @@ class LogFacts:
     non_default: frozenset[str] | None = None
     # engine indices the stats lines name (`Engine 001:`); `stats` holds the first one's
     engines: tuple[int, ...] = ()
+    # the request and stats lines carry sub-second times (a container runtime's stamps,
+    # shifted to the log's own clock): `precise_time` is set on all of them
+    precise_times: bool = False
+    # the access lines' sub-second times, on the same clock (None unless all have one)
+    completion_times: list[float] | None = None
 
     @property
     def prompts_known(self) -> bool:
@@ -93,6 +102,29 @@ class LogFacts:
         return bool(self.requests) and all(
             r.prompt_token_ids is not None or r.prompt_len is not None for r in self.requests
         )
+
+
+def _precise_times(wrapped: list) -> tuple[list[float] | None, float]:
+    """Sub-second times for the request and stats lines from the stamps a container runtime
+    wrote before them (UTC), shifted onto the log's own clock (local time read as UTC, whole
+    seconds): the shift is whole quarter hours (a time zone); each line's own second bounds
+    its time. None unless every one of those lines has such a stamp that agrees with its
+    second (a few ms late at most: the runtime reads the line after vLLM wrote it). Also
+    the shift."""
+    if not wrapped or any(t is None or w is None for _, t, w in wrapped):
+        return None, 0.0
+    shifts: dict[float, int] = {}
+    for _, t, w in wrapped:
+        q = round((t - w + 0.5) / 900.0) * 900.0
+        shifts[q] = shifts.get(q, 0) + 1
+    tz = max(shifts, key=lambda q: (shifts[q], -abs(q)))
+    out = []
+    for _, t, w in wrapped:
+        x = w + tz
+        if not (t - 0.05 <= x < t + 1.05):
+            return None, 0.0
+        out.append(min(max(x, t), t + 0.999))
+    return out, tz
 
 
 # fields every event has (where and when it was written), not settings
@@ -117,6 +149,7 @@ def collect(
     details: dict[str, ev.RequestDetails] = {}
     stats: list[StatsPoint] = []
     completions: list[tuple[str, int, int, int]] = []
+    completion_wrappers: list[float | None] = []
     v0_pre: list[ev.Preemption] = []
     iterations: list[ev.Iteration] = []
     outputs: dict[str, ev.GeneratedResponse] = {}
@@ -130,6 +163,8 @@ def collect(
     saw_non_default = False
     stats_engine: int | None = None
     engines: set[int] = set()
+    wrapped: list[tuple[LogRequest | None, float | None, float | None]] = []  # (request or
+    # None for a stats line, its time, its wrapper time), in order
     seq = 0
     for e in events:
         n_events += 1
@@ -181,6 +216,7 @@ def collect(
                 dup_ids.append(e.request_id)
             requests.append(r)
             by_id[r.log_id] = r
+            wrapped.append((r, e.time, e.wrapper_time))
         elif isinstance(e, ev.RequestAdded):
             r = _match(by_id, e.request_id)
             if r is not None and r.internal_id is None:
@@ -195,6 +231,7 @@ def collect(
             if e.method == "POST" and e.status == 200 and _is_generation(e.path):
                 seq += 1
                 completions.append((e.file, e.line, len(requests), seq))
+                completion_wrappers.append(e.wrapper_time)
         elif isinstance(e, ev.Stats):
             if e.time is None:
                 continue
@@ -207,6 +244,7 @@ def collect(
             if engine != stats_engine:
                 continue
             seq += 1
+            wrapped.append((None, e.time, e.wrapper_time))
             stats.append(
                 StatsPoint(
                     index=len(stats), time=e.time, file=e.file, line=e.line,
@@ -239,6 +277,18 @@ def collect(
             r = _match(by_id, rid)
             if r is not None and r.aborted_time is None:
                 r.aborted_time = a.time
+    precise, tz = _precise_times(wrapped)
+    completion_times = None
+    if precise is not None and completion_wrappers and all(w is not None for w in completion_wrappers):
+        completion_times = [w + tz for w in completion_wrappers]  # type: ignore[operator]
+    if precise is not None:
+        k = 0
+        for (r, _, _), t in zip(wrapped, precise):
+            if r is not None:
+                r.precise_time = t
+            else:
+                stats[k].precise_time = t
+                k += 1
     gaps = [b.time - a.time for a, b in zip(stats, stats[1:]) if b.time > a.time]
     interval = None
     if gaps:
@@ -263,6 +313,8 @@ def collect(
         files=files,
         non_default=frozenset(non_default) if saw_non_default else None,
         engines=tuple(sorted(engines)),
+        precise_times=precise is not None,
+        completion_times=completion_times,
     )
     _list_missing(facts)
     if dup_ids:

@@ -35,11 +35,13 @@ def render_log(
     stats_phase_s: float = 0.5,
     with_prompts: bool = True,
     model: str = "meta-llama/Llama-3.1-8B-Instruct",
+    wrapper_times: bool = False,
 ) -> list[str]:
     """Lines of a 0.33 log for `records` (a `simulate` trace), step k starting at
     start + k * step_time_s, or (`step_time_s` a function of a step's record, as in
     render_v0_log) at start + the durations of steps 0..k-1. Arrivals are logged just before
-    the step that adds them."""
+    the step that adds them. `wrapper_times`: each line behind the time stamp `docker logs -t`
+    puts before it."""
     cfg = workload.config
     out: list[tuple[float, int, str]] = []  # (time, tie-break order, line)
     seq = 0
@@ -166,6 +168,9 @@ def render_log(
                    f"{waiting} reqs, GPU KV cache usage: {usage:.1f}%{hit_rate}")
         tick += stats_interval_s
     out.sort(key=lambda x: (x[0], x[1]))
+    if wrapper_times:  # as `docker logs -t` prints it: RFC 3339, UTC, nanoseconds
+        return [f"{_time.strftime('%Y-%m-%dT%H:%M:%S', _time.gmtime(t))}."
+                f"{round((t % 1) * 1e9) % 1_000_000_000:09d}Z {line}" for t, _, line in out]
     return [line for _, _, line in out]
 
 
