@@ -42,6 +42,11 @@ class Base(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=True):
     wrapper_time: float | None = None
 
 
+# the fields every event has (where and when its line was written), as opposed to what the
+# line says
+LINE_FIELDS: frozenset[str] = frozenset(Base.__struct_fields__)
+
+
 # ---------------------------------------------------------------- startup / configuration
 
 

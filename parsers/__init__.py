@@ -60,7 +60,7 @@ def merge_config(events: Iterable["Event"]) -> "EngineConfig":
     block size is derived as kv_cache_tokens / num_gpu_blocks when both are known)."""
     import msgspec
 
-    from kvreplay.events import EngineConfig, KvCapacity
+    from kvreplay.events import LINE_FIELDS, EngineConfig, KvCapacity
 
     merged: dict = {}
     kv: dict = {}
@@ -69,7 +69,7 @@ def merge_config(events: Iterable["Event"]) -> "EngineConfig":
         if isinstance(e, EngineConfig):
             first = first or e
             for k in EngineConfig.__struct_fields__:
-                if k in ("origin", "file", "line", "lines", "time", "time_text", "level", "process", "pid", "engine", "source", "note"):
+                if k == "origin" or k in LINE_FIELDS:
                     continue
                 v = getattr(e, k)
                 if v is not None:

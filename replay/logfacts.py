@@ -127,11 +127,6 @@ def _precise_times(wrapped: list) -> tuple[list[float] | None, float]:
     return out, tz
 
 
-# fields every event has (where and when it was written), not settings
-_LINE_FIELDS = frozenset(("origin", "file", "line", "lines", "time", "time_text", "level",
-                          "process", "pid", "engine", "source", "note"))
-
-
 def collect(
     events: Iterable[ev.Event],
     files: list[str],
@@ -178,7 +173,8 @@ def collect(
                 num_cpu_blocks = e.num_cpu_blocks
             if isinstance(e, ev.EngineConfig) and e.origin == "non_default_args":
                 non_default |= {k for k in ev.EngineConfig.__struct_fields__
-                                if k not in _LINE_FIELDS and getattr(e, k) is not None}
+                                if k != "origin" and k not in ev.LINE_FIELDS
+                                and getattr(e, k) is not None}
                 saw_non_default = True
         elif isinstance(e, ev.RequestBody):
             bodies.append(e)

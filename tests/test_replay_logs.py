@@ -728,6 +728,8 @@ def test_container_time_stamps_give_sub_second_times(tmp_path: Path) -> None:
              for line in stamped]
     facts = _facts_of(tmp_path, local, "stamped.log")
     assert facts.precise_times and facts.completion_times is not None
+    # a stamp says when a line was written, not a setting of the server
+    assert facts.config.wrapper_time is None and "wrapper_time" not in facts.non_default
     assert all(r.time <= r.precise_time < r.time + 1 for r in facts.requests)
     assert facts.stats[0].precise_time - facts.stats[0].time == pytest.approx(0.74, abs=1e-6)
     events = list(parse_files([str(tmp_path / "stamped.log")], year=2026))
