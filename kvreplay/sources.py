@@ -52,7 +52,7 @@ def source_from_logs(paths: Sequence[str], *, profile: str | None = None,
     it is the log replay."""
     from kvreplay.replay.session import ReplaySource
 
-    from kvreplay.replay.from_log import ReplayError, replay_facts
+    from kvreplay.replay.from_log import ReplayError, finish_steps, replay_facts
 
     facts = read_facts(paths, vllm_version=vllm_version, year=year)
     if facts.engine_version == "V0":  # known from the startup lines: fail before replaying
@@ -74,7 +74,7 @@ def source_from_logs(paths: Sequence[str], *, profile: str | None = None,
     log_lines: dict[int, list[tuple[str, int]]] = {}
     for r in rep.facts.requests:
         log_lines.setdefault(arrival.get(r.log_id, 0), []).append((r.file, r.line))
-    finishes = [rec["step"] for rec in rep.run.records for _ in rec.get("finished", ())]
+    finishes = finish_steps(rep.run.records)
     for (file, line, _, _), step in zip(rep.facts.completions, finishes):
         log_lines.setdefault(step, []).append((file, line))
     for row in rep.verification["lines"]:

@@ -1459,7 +1459,7 @@ def _with_completion_pins(pts: list[tuple[int, float]], run: TimedRun,
     """With sub-second times on the access lines, each one pins the clock too: the c-th
     access line was written once the replay's c-th finishing step had ended, as the next one
     ran. Pins that would run the clock backwards are left out."""
-    fin = [rec["step"] for rec in run.records for _ in rec.get("finished", ())]
+    fin = finish_steps(run.records)
     n = len(run.records)
     merged = dict(pts)
     for f, t in zip(fin, times):
@@ -1471,6 +1471,11 @@ def _with_completion_pins(pts: list[tuple[int, float]], run: TimedRun,
             continue
         out.append((step, t))
     return out
+
+
+def finish_steps(records: list[dict[str, Any]]) -> list[int]:
+    """The step of each finish, in order: the c-th is the replay's c-th access line."""
+    return [rec["step"] for rec in records for _ in rec.get("finished", ())]
 
 
 def _line_time(st: StatsPoint, phase: float) -> float:
@@ -1489,10 +1494,7 @@ def _step_at(clock: list[float], t: float) -> int:
 def _windows(run: TimedRun, facts: LogFacts, anchors, clock, phase, use_seconds=True):
     """For each arrival, the steps it may enter at: after the completions and stats lines
     the log shows before it, before the ones it shows after it, inside its logged second."""
-    fin_steps: list[int] = []
-    for rec in run.records:
-        for _ in rec.get("finished", ()):
-            fin_steps.append(rec["step"])
+    fin_steps = finish_steps(run.records)
     n = len(run.records)
     out = []
     first_time = facts.requests[0].time if facts.requests else None
@@ -1795,14 +1797,22 @@ def _burst_spacing(rebuilt: Rebuilt, facts: LogFacts, prof: SchedulerProfile,
             arr.append(a + int(k * gap))
         for i in range(1, len(arr)):
             arr[i] = max(arr[i], arr[i - 1])
-        run = step_replay(rebuilt, facts, prof, arr, model, trace=False)
-        anchors = _anchors(run, facts)
-        clock = _clock(run, facts, anchors, anchored.phase)
-        cand_loss = anchored_loss(run, facts, anchors, clock, anchored.phase)
+        cand_loss, cand = _placed(rebuilt, facts, prof, arr, model, anchored)
         if cand_loss < best[0] - 1e-9:
-            run.step_start = clock[: len(run.records)]
-            best = (cand_loss, Anchored(arr, clock, anchored.phase, run, anchored.iterations, 0))
+            best = (cand_loss, cand)
     return best[1], best[0]
+
+
+def _placed(rebuilt: Rebuilt, facts: LogFacts, prof: SchedulerProfile, arrival: list[int],
+            model: StepTimeModel, like: Anchored) -> tuple[float, Anchored]:
+    """Another placement for an anchored replay (same model, phase and iteration count):
+    its replay, clocked by the stats lines, and its anchored loss."""
+    run = step_replay(rebuilt, facts, prof, arrival, model, trace=False)
+    anchors = _anchors(run, facts)
+    clock = _clock(run, facts, anchors, like.phase)
+    run.step_start = clock[: len(run.records)]
+    loss = anchored_loss(run, facts, anchors, clock, like.phase)
+    return loss, Anchored(list(arrival), clock, like.phase, run, like.iterations, 0)
 
 
 EXACT_SEARCH_MOVES = 400  # replays a burst's exact-line search may spend
@@ -1827,21 +1837,13 @@ def _exact_search(rebuilt: Rebuilt, facts: LogFacts, prof: SchedulerProfile,
     model = anchored.run.model
     phase = anchored.phase
 
-    def evaluate(arr: list[int]) -> tuple[int, float, Anchored]:
-        run = step_replay(rebuilt, facts, prof, arr, model, trace=False)
-        anchors = _anchors(run, facts)
-        clock = _clock(run, facts, anchors, phase)
-        run.step_start = clock[: len(run.records)]
-        exact = verify(run, facts, phase=phase, prompt_len=prompt_len).get("exact_lines", 0)
-        cand_loss = anchored_loss(run, facts, anchors, clock, phase)
-        return exact, cand_loss, Anchored(list(arr), clock, phase, run, anchored.iterations, 0)
+    def exact_lines(run: TimedRun) -> int:
+        return verify(run, facts, phase=phase, prompt_len=prompt_len).get("exact_lines", 0)
 
-    start_exact, _, _ = evaluate(anchored.arrival_steps)
+    start_exact = exact_lines(anchored.run)  # (its run is clocked already)
     if start_exact >= len(facts.stats):
         return anchored, loss
-    run0 = anchored.run
-    anchors0 = _anchors(run0, facts)
-    windows = _windows(run0, facts, anchors0, anchored.clock, phase)
+    windows = _windows(anchored.run, facts, _anchors(anchored.run, facts), anchored.clock, phase)
     rng = random.Random(0)
     cur = list(anchored.arrival_steps)
     cur_key = (start_exact, -loss)
@@ -1855,7 +1857,8 @@ def _exact_search(rebuilt: Rebuilt, facts: LogFacts, prof: SchedulerProfile,
             cand[j] = max(cand[j], cand[j - 1])
         if cand == cur:
             continue
-        exact, cand_loss, a = evaluate(cand)
+        cand_loss, a = _placed(rebuilt, facts, prof, cand, model, anchored)
+        exact = exact_lines(a.run)
         if (exact, -cand_loss) >= cur_key:
             cur, cur_key = cand, (exact, -cand_loss)
             if best is None or (exact, -cand_loss) > (best[0], -best[1]):
