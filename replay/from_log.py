@@ -1703,14 +1703,24 @@ def response_starts(facts: LogFacts) -> str | None:
     is written when its headers go out, as it starts (spec: log formats, uvicorn access
     line). The JSON bodies say `stream`; without them the stats lines can: requests still
     running or waiting at a line have not finished, and the requests finished by a line
-    produced at least their max_tokens each (ignore_eos) or one token each, which must fit
-    in the generated tokens the line counts."""
+    produced at least their max_tokens each (ignore_eos; fewer if max_model_len stops them)
+    or one token each, which must fit in the generated tokens the line counts."""
     said = [r.stream for r in facts.requests if r.stream is not None]
     if said and sum(said) * 2 > len(said):
         return f"{sum(said)} of {len(facts.requests)} requests stream (their JSON bodies say so)"
     if not facts.completions or not facts.stats:
         return None
-    exact = all(r.ignore_eos and r.max_tokens for r in facts.requests)
+    mml = facts.config.max_model_len if facts.config else None
+
+    def least_output(r: LogRequest) -> int:
+        # ignore_eos: max_tokens, unless max_model_len stops the request first (which takes
+        # its prompt length to tell); else one token
+        plen = len(r.prompt_token_ids) if r.prompt_token_ids is not None else r.prompt_len
+        if not (r.ignore_eos and r.max_tokens) or mml is None or plen is None:
+            return 1
+        return max(1, min(r.max_tokens, mml - plen))
+
+    least_all = [least_output(r) for r in facts.requests]
     for st, (g, _) in zip(facts.stats, stats_targets(facts)):
         c = st.completions_before
         if c == 0:
@@ -1725,7 +1735,7 @@ def response_starts(facts: LogFacts) -> str | None:
             return (f"{c} access lines before the stats line at {st.file}:{st.line}, which "
                     f"shows {present} requests running or waiting of the {len(received)} "
                     "received")
-        least = sorted(r.max_tokens for r in received)[:c] if exact else [1] * c
+        least = sorted(least_all[: st.arrivals_before])[:c]
         if sum(least) > g * 1.01 + 1:
             return (f"{c} access lines before the stats line at {st.file}:{st.line}, whose "
                     f"{g:,.0f} generated tokens cannot have finished that many requests "

@@ -745,3 +745,25 @@ def test_container_time_stamps_give_sub_second_times(tmp_path: Path) -> None:
 
     assert found(plain, "plain.log") == 4
     assert found(local, "local.log") == 40
+
+
+def test_non_streaming_log_stopped_by_max_model_len_is_not_taken_for_streaming(tmp_path: Path) -> None:
+    """A request that max_model_len stops before max_tokens produces fewer tokens than it
+    asked for, even with ignore_eos. Counting max_tokens, the stats-line check took a
+    non-streaming bank run (max_model_len 48, prompts up to 47 tokens) for a streaming one
+    and dropped its access lines. Over 716 non-streaming renders of the bank and the
+    conformance cases (8 ms and the log cases' formula, with and without prompts), 80 were
+    taken for streaming; now none is."""
+    from kvreplay.replay.from_log import response_starts
+
+    d = DATA / "oracle" / "0.33" / "nochunk_fcfs_bs8_poisson_async_s2"
+    wl = parse_workload(json.loads((d / "workload.json").read_text()))
+    records, _ = simulate(wl)
+    lines = render_log(wl, records, step_time_s=0.008, stats_interval_s=1.0)
+    facts = _facts_of(tmp_path, lines)
+    facts.interval_s = 1.0
+    assert len(facts.completions) == 11 and response_starts(facts) is None
+    # streamed, the same run is still recognised (its access lines follow the requests)
+    facts = _facts_of(tmp_path, _streaming(lines, True), "s.log")
+    facts.interval_s = 1.0
+    assert response_starts(facts) is not None
