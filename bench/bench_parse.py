@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLE = ROOT / "samples" / "vllm033_fcfs_heavy.reqbody.log"
+SAMPLE = ROOT / "src" / "kvreplay" / "samples" / "vllm033_fcfs_heavy.reqbody.log"
 CORPUS = ROOT / "tests" / "data" / "corpus"
 EXTRA = [  # real lines from the corpus (verbatim), one of each interesting kind
     ("05-v050-tqdm-interleaved-swap-preemption.log", 2),

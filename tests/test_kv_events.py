@@ -90,7 +90,7 @@ def vllm_kv_runs(tmp_path_factory):
     variants = {"sync": base, "async": {**base, "config": {**base["config"], "async_scheduling": True}}}
     jobs, recorders, names = [], [], []
     env = _env()
-    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPATH"] = str(REPO / "src")
     for name, wl in variants.items():
         d = out / name
         d.mkdir()

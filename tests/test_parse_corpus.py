@@ -18,7 +18,7 @@ from kvreplay.events import encode_jsonl
 from kvreplay.parsers import detect_version, merge_config, parse_files
 
 CORPUS = Path(__file__).parent / "data" / "corpus"
-SAMPLES = Path(__file__).parent.parent / "samples"
+SAMPLES = Path(__file__).parent.parent / "src" / "kvreplay" / "samples"
 
 EXPECTED = {
     # file: (stats, received, preemption, unparsed, lines)

@@ -28,7 +28,7 @@ from kvreplay.parsers import build, fast, grammar, matchers, parse_files, pipeli
 
 ROOT = Path(__file__).parent.parent
 DATA = Path(__file__).parent / "data"
-LOGS = sorted([*DATA.glob("corpus/*.log"), *(ROOT / "samples").glob("*.log"), *DATA.glob("logcases/*/server*.log")])
+LOGS = sorted([*DATA.glob("corpus/*.log"), *(ROOT / "src" / "kvreplay" / "samples").glob("*.log"), *DATA.glob("logcases/*/server*.log")])
 REAL_LINES = sorted({ln for p in LOGS for ln in p.read_text(encoding="utf-8").splitlines() if len(ln) < 4000})
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::SyntaxWarning")  # literal_eval of "\\ "
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kvreplay.parsers import pipeline
 
 CORPUS = Path(__file__).parent / "data" / "corpus"
-SAMPLES = Path(__file__).parent.parent / "samples"
+SAMPLES = Path(__file__).parent.parent / "src" / "kvreplay" / "samples"
 REAL_LINES = sorted(
     {ln for p in [*CORPUS.glob("*.log"), *SAMPLES.glob("*.log")] for ln in p.read_text(encoding="utf-8").splitlines() if len(ln) < 3000}
 )

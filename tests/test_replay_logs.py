@@ -674,7 +674,7 @@ def test_data_parallel_log_is_refused_and_one_rank_replays(tmp_path: Path) -> No
     own log under external load balancing (only `Engine 001:` lines) replays as usual."""
     from kvreplay.replay.from_log import ReplayError
 
-    facts = read_facts([str(Path(__file__).parent.parent / "samples" / "synthetic_v022_dp2_iterations.log")],
+    facts = read_facts([str(Path(__file__).parent.parent / "src" / "kvreplay" / "samples" / "synthetic_v022_dp2_iterations.log")],
                        year=2025)
     assert facts.engines == (0, 1)
     with pytest.raises(ReplayError, match="data-parallel log .2 engines"):

@@ -29,7 +29,7 @@ HARNESS = os.path.join(REPO, "tools", "oracle_harness", "run_oracle.py")
 
 def install_kvreplay_shim() -> None:
     """Make `kvreplay.vllm_plugin` importable from the source tree without installing
-    kvreplay into the vLLM venv (the repo's folder vllm_plugin/ installs under that name)."""
+    kvreplay into the vLLM venv (src/kvreplay/vllm_plugin/)."""
     if "kvreplay.vllm_plugin" in sys.modules:
         return
     try:
@@ -42,7 +42,7 @@ def install_kvreplay_shim() -> None:
         pkg = types.ModuleType("kvreplay")
         pkg.__path__ = []  # namespace-like: only the plugin is needed here
         sys.modules["kvreplay"] = pkg
-    d = os.path.join(REPO, "vllm_plugin")
+    d = os.path.join(REPO, "src", "kvreplay", "vllm_plugin")
     spec = importlib.util.spec_from_file_location(
         "kvreplay.vllm_plugin", os.path.join(d, "__init__.py"), submodule_search_locations=[d]
     )
