@@ -18,3 +18,7 @@ def write_output(path: str, fn) -> None:
             fn(f)
     except OSError as exc:
         raise UserError(f"{path}: cannot write: {exc.strerror}") from None
+
+
+class ReplayError(UserError):
+    """The log is too thin to replay; the message says what is missing."""

@@ -15,7 +15,7 @@ from kvreplay.errors import UserError
 def read_facts(paths: Sequence[str], *, vllm_version: str | None = None, year: int | None = None):
     """Parse log files into `LogFacts`."""
     from kvreplay.parsers import detect_version, merge_config, parse_files
-    from kvreplay.replay.logfacts import collect
+    from kvreplay.inference.facts import collect
 
     events = list(parse_files(list(paths), year=year, vllm_version=vllm_version))
     if not events:
@@ -35,14 +35,10 @@ def replay_logs(paths: Sequence[str], *, profile: str | None = None,
                 vllm_version: str | None = None, year: int | None = None,
                 support: int | None = None):
     """Parse, rebuild, fit and replay: a `LogReplay` (`support`: see from_log.replay_facts)."""
-    from kvreplay.replay.from_log import ReplayError, replay_facts
+    from kvreplay.inference import replay_log
 
     facts = read_facts(paths, vllm_version=vllm_version, year=year)
-    try:
-        return replay_facts(facts, profile=None if profile in (None, "auto") else profile,
-                            support=support)
-    except ReplayError as exc:
-        raise UserError(str(exc)) from None
+    return replay_log(facts, profile=profile, support=support)
 
 
 def source_from_logs(paths: Sequence[str], *, profile: str | None = None,

@@ -90,17 +90,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_v1(data: dict[str, Any], profile_name: str, check: bool, check_capacity: bool):
-    from kvreplay.replay.engine import Engine
+    from kvreplay.replay.engine import simulate
     from kvreplay.replay.profile import get_profile
     from kvreplay.replay.workload import parse_workload
 
     workload = parse_workload(data, check_capacity=check_capacity)
     profile = get_profile(profile_name)
-    engine = Engine(workload, profile, check_invariants=check)
-    records = list(engine.run())
-    summary = engine.summary.to_dict()
+    records, run = simulate(workload, profile, check_invariants=check)
+    summary = run.to_dict()
     summary["profile"] = profile.name
-    return records, summary, engine.summary.completed, f"vLLM V1 scheduler, profile {profile.name} ({profile.releases})"
+    return records, summary, run.completed, f"vLLM V1 scheduler, profile {profile.name} ({profile.releases})"
 
 
 def _run_v0(data: dict[str, Any], check: bool):

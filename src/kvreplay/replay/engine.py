@@ -4,6 +4,12 @@ Sync: each iteration adds arrivals, schedules, runs the fake model, applies the 
 Async: a batch queue of depth 2; iteration k schedules batch k and applies batch k-1.
 The fake model returns one token for each scheduled request whose scheduled tokens reach
 the end of its current sequence (`will_sample`), nothing for a partial chunk.
+
+Inputs: a request enters at its workload `arrival_step`, or at the step `EngineInputs`
+gives, or when the caller `submit`s it (arrival step -1); `abort` finishes a request
+between steps (A8); `stop` ends the run (a log cut short). `inputs()` gives back what the
+run was made of, so that the same run can be made again. `step()` returns the step's
+`StepRecord` (replay/records.py); replay/trace.py writes the conformance trace from it.
 """
 
 from __future__ import annotations
@@ -15,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, TypeVar
 
 from kvreplay.replay.profile import DEFAULT_PROFILE, SchedulerProfile
-from kvreplay.replay.request import BlockHasher, Request
-from kvreplay.replay.scheduler import Scheduler, SchedulerOutput
+from kvreplay.replay.records import Admission, EngineInputs, StepRecord
+from kvreplay.replay.request import BlockHasher, Request, RequestStatus
+from kvreplay.replay.scheduler import Scheduler, SchedulerOutput, UpdateResult
 from kvreplay.replay.workload import Workload
 
 
@@ -54,11 +61,9 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def without_cyclic_gc(fn: _F) -> _F:
-    """Run `fn` with Python's cyclic garbage collector paused. A replay keeps every step's
-    record alive (tens of thousands of dicts and lists), and each collection walks them
-    all: a 10,000-request log replays in 2.6 s instead of 4.1 s (bench/bench_replay.py).
-    The engine makes no reference cycles that must go early; whatever it makes is
-    collected once the collector is back on. Reference counting still frees everything else."""
+    """Run `fn` with Python's cyclic garbage collector paused. A run keeps every step's
+    record alive, and each collection walks them all. The engine makes no reference cycles
+    that must go early; whatever it makes is collected once the collector is back on."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not gc.isenabled():
@@ -73,38 +78,114 @@ def without_cyclic_gc(fn: _F) -> _F:
 
 
 class Engine:
-    """Drives a Scheduler over a workload; `run()` yields one trace record per iteration."""
+    """Drives a Scheduler over a workload, one `step()` (one `StepRecord`) at a time."""
 
     def __init__(
         self,
         workload: Workload,
         profile: SchedulerProfile = DEFAULT_PROFILE,
         *,
+        inputs: EngineInputs | None = None,
         check_invariants: bool = False,
+        block_hasher: Callable[[Request], None] | None = None,
+        record_sampled: bool = False,
     ) -> None:
         self.workload = workload
         self.profile = profile
         self.scheduler = Scheduler(workload.config, profile, check_invariants=check_invariants)
         cfg = workload.config
-        self.block_hasher = BlockHasher(cfg.block_size) if cfg.enable_prefix_caching else None
+        if block_hasher is None and cfg.enable_prefix_caching:
+            block_hasher = BlockHasher(cfg.block_size)
+        self.block_hasher = block_hasher if cfg.enable_prefix_caching else None
         self.batch_queue_size = 2 if cfg.async_scheduling else 1
-        self.by_step: dict[int, list[tuple[int, Any]]] = {}
-        for idx, spec in enumerate(workload.requests):
-            self.by_step.setdefault(spec.arrival_step, []).append((idx, spec))
-        self.order = {spec.id: i for i, spec in enumerate(workload.requests)}
-        self.summary = RunSummary(
-            preemptions_per_request={spec.id: 0 for spec in workload.requests}
-        )
-        self.all_ids = [spec.id for spec in workload.requests]
-        self.num_requests = len(workload.requests)
-        self.max_arrival = max(self.by_step) if self.by_step else 0
-        # Loop state: the next step's index; in-flight batches, newest first (A9).
-        self.step_index = 0
+        specs = workload.requests
+        if inputs is None:
+            inputs = EngineInputs([s.arrival_step for s in specs])
+        if len(inputs.arrival_steps) != len(specs):
+            raise ValueError("EngineInputs.arrival_steps must give one step per request")
+        self.by_step: dict[int, list[int]] = {}
+        for idx, a in enumerate(inputs.arrival_steps):
+            if a >= 0:
+                self.by_step.setdefault(a, []).append(idx)
+        self.aborts_at: dict[int, list[str]] = {}
+        for s, rid in inputs.aborts:
+            self.aborts_at.setdefault(s, []).append(rid)
+        self.mid_aborts: dict[int, list[str]] = {}
+        for s, rid in inputs.mid_aborts:
+            self.mid_aborts.setdefault(s, []).append(rid)
+        self.max_steps = workload.max_steps if inputs.max_steps is None else inputs.max_steps
+        self.order = {spec.id: i for i, spec in enumerate(specs)}
+        self.summary = RunSummary(preemptions_per_request={spec.id: 0 for spec in specs})
+        self.all_ids = [spec.id for spec in specs]
+        self.num_requests = len(specs)
+        self.max_arrival = max(self.by_step) if self.by_step else -1
+        self.record_sampled = record_sampled
+        # Loop state (all on the instance: an Engine can be snapshotted between steps).
+        self.step_index = 0  # the next step
         self.batch_queue: deque[tuple[int, SchedulerOutput, list[str]]] = deque()
-        self.done = workload.max_steps <= 0
+        self.done = self.max_steps <= 0
+        self.stopped = False
+        self.unsubmitted = sum(1 for a in inputs.arrival_steps if a < 0)
+        self.submitted: list[int] = []  # manual arrivals for the next step
+        self.arrival_step = [-1] * len(specs)
+        self.abort_on_arrival: set[str] = set()
+        self.pending_aborts: list[str] = []  # aborted since the last step (its record)
+        self.abort_log: list[tuple[int, str]] = []  # (step, request id) of every abort asked
         self.last_output: SchedulerOutput | None = None
+        self.last_sample_ids: list[str] = []
+        self.last_update: tuple[int, UpdateResult] | None = None
 
-    def _make_request(self, idx: int, spec: Any) -> Request:
+    # -- inputs --------------------------------------------------------------------
+    def submit(self, index: int) -> None:
+        """Request `index` of the workload enters before the next step."""
+        self.submitted.append(index)
+
+    def abort(self, request_id: str) -> bool:
+        """Finish a request now, between steps (A8: its blocks are freed at once); one that
+        has not arrived yet is aborted as it arrives. False if it had finished already."""
+        if request_id in self.summary.finished_step or request_id in self.abort_on_arrival:
+            return False
+        self.abort_log.append((self.step_index, request_id))
+        if request_id in self.scheduler.requests:
+            self._abort_now(request_id)
+        else:
+            self.abort_on_arrival.add(request_id)
+        return True
+
+    def stop(self) -> None:
+        """End the run here (the log stops: server killed, log copied mid-run)."""
+        self.stopped = True
+        self.done = True
+        self.summary.num_steps = self.step_index
+        self.summary.completed = False
+
+    def inputs(self) -> EngineInputs:
+        """What this run was made of: a new Engine given it makes the same run."""
+        return EngineInputs(list(self.arrival_step), list(self.abort_log),
+                            self.step_index if self.stopped else None,
+                            [(s, r) for s, ids in sorted(self.mid_aborts.items()) for r in ids])
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_requests() or bool(self.batch_queue)
+
+    def finish_imminent(self) -> bool:
+        """Will a running request produce its last token in the coming step?"""
+        sched = self.scheduler
+        max_len = sched.max_model_len
+        for r in sched.running:
+            if r.num_computed_tokens >= r.num_tokens - 1 and (
+                r.num_output_tokens + 1 >= r.max_tokens or r.num_tokens + 1 >= max_len
+            ):
+                return True
+        return False
+
+    def _abort_now(self, rid: str) -> None:
+        self.scheduler.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+        self.summary.finished_step[rid] = self.step_index
+        self.pending_aborts.append(rid)
+
+    def _make_request(self, idx: int) -> Request:
+        spec = self.workload.requests[idx]
         return Request(
             spec.id,
             spec.prompt_token_ids,
@@ -115,121 +196,133 @@ class Engine:
             block_hasher=self.block_hasher,
         )
 
-    def run(self, *, trace: bool = True) -> Iterator[dict[str, Any]]:
-        """Run to completion (or max_steps). With trace=False nothing is yielded, and the
-        summary is still filled."""
+    # -- the loop ------------------------------------------------------------------
+    def run(self) -> Iterator[StepRecord]:
+        """Run to completion (or max_steps, or a stop)."""
         while not self.done:
-            rec = self.step(trace=trace)
-            if rec is not None:
-                yield rec
+            yield self.step()
 
-    def step(self, *, trace: bool | str = True) -> dict[str, Any] | None:
-        """One engine iteration (A9). Returns its trace record when `trace` is true;
-        `trace="light"` gives a record without the per-request maps and queue lists (counts
-        instead: `num_running`, `num_waiting`, `context_tokens`), for fitting loops.
-
-        All loop state lives on the instance, so an Engine can be deep-copied between
-        steps (the TUI keeps such snapshots to step backwards)."""
+    def step(self) -> StepRecord:
+        """One engine iteration (A9)."""
         if self.done:
             raise RuntimeError("the run is over")
         sched = self.scheduler
         batch_queue = self.batch_queue
         step = self.step_index
-        arrivals = []
-        for idx, spec in self.by_step.get(step, ()):
-            sched.add_request(self._make_request(idx, spec))
-            arrivals.append(spec.id)
-        rec: dict[str, Any] | None = {"step": step, "arrivals": arrivals} if trace else None
-        did_update = False
+        for rid in self.aborts_at.get(step, ()):
+            self.abort(rid)
+        arrivals: list[str] = []
+        new_idx = self.by_step.get(step, ())
+        if self.submitted:
+            new_idx = [*new_idx, *self.submitted]
+            self.unsubmitted -= len(self.submitted)
+            self.submitted = []
+        for idx in new_idx:
+            req = self._make_request(idx)
+            self.arrival_step[idx] = step
+            sched.add_request(req)
+            arrivals.append(req.request_id)
+            if req.request_id in self.abort_on_arrival:
+                self.abort_on_arrival.discard(req.request_id)
+                self._abort_now(req.request_id)
+        rec = StepRecord(step, arrivals)
+        if self.pending_aborts:
+            rec.aborted = self.pending_aborts
+            self.pending_aborts = []
+        self.last_update = None
         idle = False
         if sched.has_requests():
             out = sched.schedule()
             self.last_output = out
-            self._account_schedule(step, out)
+            self._account_schedule(step, out, rec)
             sample_ids = [rid for rid, w in zip(out.num_scheduled_tokens, out.will_sample) if w]
+            self.last_sample_ids = sample_ids
             batch_queue.appendleft((step, out, sample_ids))
-            if rec is not None:
-                if trace == "light":
-                    rec["scheduled"] = list(out.num_scheduled_tokens.items())
-                    rec["num_scheduled_tokens"] = out.total_num_scheduled_tokens
-                    rec["new"] = out.new_req_ids
-                    rec["resumed"] = out.resumed_req_ids
-                    rec["prefix_hit_tokens"] = out.prefix_hit_tokens
-                    rec["preempted"] = out.preempted_req_ids
-                    rec["preemptions"] = out.preemptions
-                else:
-                    self._record_schedule(rec, out, sample_ids)
             model_executed = out.total_num_scheduled_tokens > 0
             if not (
                 len(batch_queue) < self.batch_queue_size
                 and (model_executed or sched.has_requests())
             ):
-                self._update(step, batch_queue, rec, trace == "light")
-                did_update = True
+                self._update(step, rec)
         elif batch_queue:
             self.last_output = None
-            self._update(step, batch_queue, rec, trace == "light")
-            did_update = True
+            self._update(step, rec)
         else:
             self.last_output = None
             idle = True  # EngineCore does not step with nothing to do
-            if rec is not None:
-                rec["idle"] = True
-        if rec is not None:
-            if not did_update:
-                rec.setdefault("sampled", [])
-                rec.setdefault("finished", [])
-            if trace == "light":
-                requests = sched.requests
-                ctx = 0
-                for rid, _ in rec.get("scheduled", ()):
-                    r = requests.get(rid)
-                    if r is not None:
-                        ctx += r.num_computed_tokens
-                rec["context_tokens"] = ctx
-                rec["num_running"] = len(sched.running)
-                rec["num_waiting"] = len(sched.waiting)
-                rec["free_blocks"] = sched.pool.free_block_queue.num_free_blocks
-                rec["kv_usage"] = sched.kv_cache_usage
-            else:
-                self._record_state(rec, batch_queue)
+            rec.idle = True
+        if rec.num_scheduled:
+            requests = sched.requests
+            ctx = 0
+            for rid in self.last_output.num_scheduled_tokens:  # type: ignore[union-attr]
+                r = requests.get(rid)
+                if r is not None:
+                    ctx += r.num_computed_tokens
+            rec.context_tokens = ctx
+        rec.num_running = len(sched.running)
+        rec.num_waiting = len(sched.waiting)
+        rec.free_blocks = sched.pool.free_block_queue.num_free_blocks
+        rec.kv_usage = sched.kv_cache_usage
         step += 1
         self.step_index = step
         summary = self.summary
         if (len(summary.finished_step) == self.num_requests and not batch_queue) or (
-            idle and step > self.max_arrival
-        ) or step >= self.workload.max_steps:
+            idle and step > self.max_arrival and not self.unsubmitted
+        ) or step >= self.max_steps:
             self.done = True
             summary.num_steps = step
             summary.completed = len(summary.finished_step) == self.num_requests
         return rec
 
     # -- bookkeeping ---------------------------------------------------------------
-    def _account_schedule(self, step: int, out: SchedulerOutput) -> None:
+    def _account_schedule(self, step: int, out: SchedulerOutput, rec: StepRecord) -> None:
         summary = self.summary
-        summary.request_steps += len(out.num_scheduled_tokens)
-        for rid, hit in out.prefix_hit_tokens.items():
-            summary.total_prefix_hit_tokens += hit
-            summary.first_scheduled_step.setdefault(rid, step)
-        for p in out.preemptions:
-            summary.total_preemptions += 1
-            summary.preemptions_per_request[p["req"]] += 1
-            if p["self_preempt"]:
-                summary.self_preemptions += 1
-            summary.preemption_events.append(
-                {
-                    "num_computed_tokens_before": p["num_computed_tokens_before"],
-                    "num_tokens": p["num_tokens"],
-                    "req": p["req"],
-                    "self_preempt": p["self_preempt"],
-                    "step": step,
-                    "trigger": p["trigger"],
-                }
-            )
+        ns = out.num_scheduled_tokens
+        summary.request_steps += len(ns)
+        rec.num_scheduled = len(ns)
+        rec.num_scheduled_tokens = out.total_num_scheduled_tokens
+        hits = out.prefix_hit_tokens
+        decode = list(ns.values()).count(1)
+        for rid in hits:  # admitted this step: prefilling, not decoding
+            if ns[rid] == 1:
+                decode -= 1
+        rec.decode_tokens = decode
+        if hits:
+            requests = self.scheduler.requests
+            first = summary.first_scheduled_step
+            admitted = []
+            for rid in out.new_req_ids:
+                hit = hits[rid]
+                req = requests[rid]
+                req.first_prefix_hit = hit
+                admitted.append(Admission(rid, hit, req.num_tokens, False))
+            for rid in out.resumed_req_ids:
+                admitted.append(Admission(rid, hits[rid], requests[rid].num_tokens, True))
+            rec.admitted = admitted
+            for rid, hit in hits.items():
+                summary.total_prefix_hit_tokens += hit
+                first.setdefault(rid, step)
+        if out.preemptions:
+            rec.preemptions = out.preemptions
+            for p in out.preemptions:
+                summary.total_preemptions += 1
+                summary.preemptions_per_request[p.victim] += 1
+                if p.self_preempt:
+                    summary.self_preemptions += 1
+                summary.preemption_events.append(
+                    {
+                        "num_computed_tokens_before": p.num_computed_tokens,
+                        "num_tokens": p.num_tokens,
+                        "req": p.victim,
+                        "self_preempt": p.self_preempt,
+                        "step": step,
+                        "trigger": p.trigger,
+                    }
+                )
+        rec.blocked = out.admission_blocked
 
-    def _update(self, step: int, batch_queue: deque, rec: dict[str, Any] | None,
-                light: bool = False) -> None:
-        b_step, out, sample_ids = batch_queue.pop()
+    def _update(self, step: int, rec: StepRecord) -> None:
+        b_step, out, sample_ids = self.batch_queue.pop()
         sched = self.scheduler
         wl = self.workload
         tokens: dict[str, int] = {}
@@ -237,62 +330,53 @@ class Engine:
             req = sched.requests.get(rid)
             if req is not None:
                 tokens[rid] = wl.fake_token(req.num_output_tokens)
+        mid = self.mid_aborts.get(step)
+        if mid:  # between this step's schedule() and update_from_output()
+            for rid in mid:
+                if rid in sched.requests:
+                    self._abort_now(rid)
+            rec.aborted = [*rec.aborted, *self.pending_aborts]
+            self.pending_aborts = []
         result = sched.update_from_output(out, tokens)
+        self.last_update = (b_step, result)
         summary = self.summary
         first = summary.first_token_step
+        first_tokens: list[str] = []
+        prompt = cached = 0
         for req in result.sampled:
             if req.num_output_tokens == 1:  # its first token (outputs survive preemption)
-                first.setdefault(req.request_id, step)
+                rid = req.request_id
+                if rid not in first:
+                    first[rid] = step
+                    first_tokens.append(rid)
+                    # IterationStats counts a prompt when its first token comes out
+                    prompt += req.num_prompt_tokens
+                    cached += req.first_prefix_hit
         for req in result.finished:
             summary.finished_step[req.request_id] = step
-        if rec is not None:
-            rec["updated_batch"] = b_step
-            if light:
-                rec["sampled"] = [r.request_id for r in result.sampled]
-            else:
-                rec["sampled"] = [r.request_id for r in sorted(result.sampled, key=_by_index)]
-            rec["finished"] = [r.request_id for r in sorted(result.finished, key=_by_index)]
-
-    def _record_schedule(self, rec: dict[str, Any], out: SchedulerOutput, sample_ids: list[str]) -> None:
-        rec["scheduled"] = [[rid, n] for rid, n in out.num_scheduled_tokens.items()]
-        rec["num_scheduled_tokens"] = out.total_num_scheduled_tokens
-        rec["new"] = out.new_req_ids
-        rec["resumed"] = out.resumed_req_ids
-        rec["running_scheduled"] = out.running_req_ids
-        rec["so_resumed_req_ids"] = sorted(out.resumed_req_ids)
-        rec["prefix_hit_tokens"] = out.prefix_hit_tokens
-        rec["preempted"] = out.preempted_req_ids
-        rec["preemptions"] = out.preemptions
-        rec["will_sample"] = sample_ids
-        rec["free_blocks_after_schedule"] = out.free_blocks_after
-        rec["token_budget_left"] = out.token_budget_left
-        if out.admission_blocked is not None:
-            rec["admission_blocked"] = out.admission_blocked
-
-    def _record_state(self, rec: dict[str, Any], batch_queue: deque) -> None:
-        sched = self.scheduler
-        kv = sched.kv_cache_manager
-        live = sorted(sched.requests.values(), key=lambda r: r.index)
-        rec["num_computed_tokens"] = {r.request_id: r.num_computed_tokens for r in live}
-        rec["num_output_tokens"] = {r.request_id: r.num_output_tokens for r in live}
-        rec["status"] = {r.request_id: r.status.name for r in live}
-        rec["blocks_held"] = {
-            r.request_id: nb for r in live if (nb := kv.num_blocks(r.request_id))
-        }
-        rec["running"] = [r.request_id for r in sched.running]
-        rec["waiting"] = [r.request_id for r in sched.waiting]
-        rec["free_blocks"] = sched.pool.get_num_free_blocks()
-        rec["kv_usage"] = round(sched.kv_cache_usage, 6)
-        rec["cached_blocks"] = sched.pool.num_cached_hashes()
-        if sched.async_scheduling:
-            rec["num_output_placeholders"] = {
-                r.request_id: r.num_output_placeholders for r in live if r.num_output_placeholders
-            }
-            rec["in_flight_batches"] = [b[0] for b in batch_queue]
+        rec.updated_batch = b_step
+        rec.generated_tokens = len(result.sampled)
+        if first_tokens:
+            rec.first_tokens = first_tokens
+            rec.stats_prompt_tokens = prompt
+            rec.stats_prompt_cached = cached
+        if result.finished:
+            rec.finished = [r.request_id for r in sorted(result.finished, key=_by_index)]
+        if self.record_sampled:
+            rec.sampled = [r.request_id for r in result.sampled]
 
 
 def _by_index(r: Request) -> int:
     return r.index
+
+
+@without_cyclic_gc
+def run_steps(workload: Workload, profile: SchedulerProfile = DEFAULT_PROFILE, *,
+              inputs: EngineInputs | None = None) -> tuple[list[StepRecord], RunSummary]:
+    """Run a workload; return its step records and the summary."""
+    engine = Engine(workload, profile, inputs=inputs)
+    records = list(engine.run())
+    return records, engine.summary
 
 
 @without_cyclic_gc
@@ -302,7 +386,9 @@ def simulate(
     *,
     check_invariants: bool = False,
 ) -> tuple[list[dict[str, Any]], RunSummary]:
-    """Run a workload; return the trace records and the summary."""
+    """Run a workload; return its conformance trace (replay/trace.py) and the summary."""
+    from kvreplay.replay.trace import conformance_record
+
     engine = Engine(workload, profile, check_invariants=check_invariants)
-    records = list(engine.run())
+    records = [conformance_record(engine, rec) for rec in engine.run()]
     return records, engine.summary

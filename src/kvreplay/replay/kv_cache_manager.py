@@ -2,7 +2,9 @@
 
 NOTE: a request's block table is append-only while it runs; it is released whole, in
 reverse order, at finish or preemption.
-NOTE: `allocate_slots` has no side effect when it fails.
+NOTE: `allocate_slots` has no side effect when it fails; it returns `KVCacheBlocks` (the
+new blocks) or `AllocationFailure` (why not), never None and nothing through a side
+channel. The scheduler reads nothing else of the manager's state.
 """
 
 from __future__ import annotations
@@ -39,14 +41,28 @@ class PrefixCacheStats:
             self.hits += num_hits
 
 
+class KVCacheBlocks:
+    """A successful `allocate_slots`: the blocks newly taken from the free queue."""
+
+    __slots__ = ("blocks",)
+    ok = True
+
+    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+        self.blocks = blocks
+
+
+NO_NEW_BLOCKS = KVCacheBlocks([])  # the table already covers the new tokens
+
+
 @dataclass(slots=True)
 class AllocationFailure:
-    """Why the last allocate_slots call failed: what the caller needed vs had."""
+    """A failed `allocate_slots`: what the caller needed vs had."""
 
     blocks_needed: int
     free_blocks: int
     watermark_blocks: int
     gate: bool  # failed at the full-sequence gate (A6.1) rather than the slot check
+    ok = False
 
 
 @dataclass(slots=True)
@@ -59,7 +75,6 @@ class KVCacheManager:
     prefix_stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     req_to_blocks: dict[str, list[KVCacheBlock]] = field(default_factory=dict)
     num_cached_block: dict[str, int] = field(default_factory=dict)
-    last_failure: AllocationFailure | None = None
 
     # -- A5 ------------------------------------------------------------------------
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
@@ -87,13 +102,26 @@ class KVCacheManager:
         *,
         full_sequence_must_fit: bool = False,
         has_running_reqs: bool = True,
-    ) -> list[KVCacheBlock] | None:
-        """Reserve slots for `num_new_tokens` more tokens; None when they do not fit."""
+    ) -> KVCacheBlocks | AllocationFailure:
+        """Reserve slots for `num_new_tokens` more tokens (A6)."""
         bs = self.block_size
         pool = self.pool
         req_id = request.request_id
         table = self.req_to_blocks.get(req_id)
         held = len(table) if table is not None else 0
+        if table is not None and not hit_blocks and not full_sequence_must_fit:
+            # NOTE: a running request whose table already covers the new tokens needs no
+            # block; only its newly full blocks are registered (A4, A6.5). Same result as
+            # the general path below, without its arithmetic.
+            slots = request.num_computed_tokens + num_new_tokens
+            if slots > self.max_model_len:
+                slots = self.max_model_len
+            if held * bs >= slots:
+                if self.enable_caching:
+                    n_cache = slots if slots < request.num_tokens else request.num_tokens
+                    if n_cache // bs > self.num_cached_block[req_id]:
+                        self.cache_blocks(request, n_cache)
+                return NO_NEW_BLOCKS
         free = pool.free_block_queue.num_free_blocks
         n_hit_blocks = len(hit_blocks) if hit_blocks else 0
         evictable_hits = 0
@@ -112,8 +140,7 @@ class KVCacheManager:
                 + evictable_hits
             )
             if need_full + watermark > free:
-                self.last_failure = AllocationFailure(need_full, free, watermark, True)
-                return None
+                return AllocationFailure(need_full, free, watermark, True)
         # A6.2-3
         slots = request.num_computed_tokens + num_hit_tokens + num_new_tokens
         if slots > self.max_model_len:
@@ -124,8 +151,7 @@ class KVCacheManager:
             need = 0
         need += evictable_hits
         if need + watermark > free:
-            self.last_failure = AllocationFailure(need, free, watermark, False)
-            return None
+            return AllocationFailure(need, free, watermark, False)
         # A6.5: touch hits, then take new blocks from the head, then register full blocks.
         if table is None:
             table = self.req_to_blocks[req_id] = []
@@ -144,7 +170,7 @@ class KVCacheManager:
             if num_to_cache > request.num_tokens:
                 num_to_cache = request.num_tokens
             self.cache_blocks(request, num_to_cache)
-        return new_blocks
+        return KVCacheBlocks(new_blocks) if new_blocks else NO_NEW_BLOCKS
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """A4: register the request's blocks that are full within `num_tokens`."""
@@ -179,3 +205,15 @@ class KVCacheManager:
     def num_blocks(self, request_id: str) -> int:
         table = self.req_to_blocks.get(request_id)
         return len(table) if table else 0
+
+    def check(self, live: dict[str, Request]) -> None:
+        """Only live requests hold blocks, and each block's ref count is the number of
+        tables holding it."""
+        held: dict[int, int] = {}
+        for req_id, table in self.req_to_blocks.items():
+            assert req_id in live, f"finished request {req_id} holds blocks"
+            for b in table:
+                held[b.block_id] = held.get(b.block_id, 0) + 1
+        for block in self.pool.blocks:
+            if not block.is_null:
+                assert block.ref_cnt == held.get(block.block_id, 0), f"ref count of {block}"

@@ -46,6 +46,7 @@ class Request:
         "num_in_flight_tokens",
         "num_stale_output_tokens",
         "block_hasher",
+        "first_prefix_hit",
     )
 
     def __init__(
@@ -80,6 +81,7 @@ class Request:
         self.num_in_flight_tokens = 0
         self.num_stale_output_tokens = 0
         self.block_hasher = block_hasher
+        self.first_prefix_hit = 0  # A5 hit at its first admission (the stat logger's cached part)
         if block_hasher is not None:
             block_hasher(self)
 

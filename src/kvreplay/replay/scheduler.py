@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvreplay.replay.block_pool import BlockPool
-from kvreplay.replay.kv_cache_manager import KVCacheManager, PrefixCacheStats
+from kvreplay.replay.kv_cache_manager import AllocationFailure, KVCacheManager, PrefixCacheStats
 from kvreplay.replay.profile import DEFAULT_PROFILE, SchedulerProfile
+from kvreplay.replay.records import AdmissionBlocked, PreemptionEvent
 from kvreplay.replay.request import Request, RequestStatus
 from kvreplay.replay.request_queue import create_request_queue
 
@@ -48,14 +49,14 @@ class SchedulerOutput:
     running_req_ids: list[str]
     prefix_hit_tokens: dict[str, int]
     preempted_req_ids: list[str]
-    preemptions: list[dict[str, Any]]
+    preemptions: list[PreemptionEvent]
     will_sample: list[bool]
     token_budget: int
     token_budget_left: int
     free_blocks_before: int
     free_blocks_after: int
     # waiting requests that could not be admitted, and why (first failure only)
-    admission_blocked: dict[str, Any] | None = None
+    admission_blocked: AdmissionBlocked | None = None
     # requests skipped in Phase R with n == 0 (async final token in flight, len cap)
     skipped_running: list[str] = field(default_factory=list)
 
@@ -162,13 +163,9 @@ class Scheduler:
         num_scheduled_tokens: dict[str, int] = {}
         scheduled_running: list[Request] = []
         preempted: list[Request] = []
-        preemptions: list[dict[str, Any]] = []
+        preemptions: list[PreemptionEvent] = []
         skipped_running: list[str] = []
         async_skip = self.async_scheduling and profile.async_skip_final_token
-        req_to_blocks = kv.req_to_blocks
-        num_cached_block = kv.num_cached_block
-        bs = kv.block_size
-        caching = kv.enable_caching
 
         # ---- Phase R: running requests, in list order -------------------------------
         req_index = 0
@@ -199,30 +196,10 @@ class Scheduler:
                 req_index += 1
                 continue
 
-            # Fast path (same result as allocate_slots): the table already covers the
-            # new tokens, so only newly full blocks get registered (A4, A6).
-            table = req_to_blocks.get(request.request_id)
-            if table is not None:
-                slots = request.num_computed_tokens + n
-                if slots > max_model_len:
-                    slots = max_model_len
-                if len(table) * bs >= slots:
-                    if caching:
-                        n_cache = slots if slots < request.num_tokens else request.num_tokens
-                        if n_cache // bs > num_cached_block[request.request_id]:
-                            kv.cache_blocks(request, n_cache)
-                    num_scheduled_tokens[request.request_id] = n
-                    scheduled_running.append(request)
-                    token_budget -= n
-                    req_index += 1
-                    continue
-
-            new_blocks = None
             while True:
-                new_blocks = kv.allocate_slots(request, n)
-                if new_blocks is not None:
+                alloc = kv.allocate_slots(request, n)
+                if alloc.ok:
                     break
-                failure = kv.last_failure
                 # Choose the victim (A7): FCFS running[-1]; PRIORITY max(priority, arrival).
                 if self.priority:
                     victim = max(running, key=_priority_key)
@@ -251,18 +228,12 @@ class Scheduler:
                     idx_rule == "if_scheduled" and was_scheduled
                 ):
                     req_index -= 1
-                record = self._preempt_request(victim, trigger=request)
-                record["victim_rule"] = rule
-                record["rolled_back_tokens"] = rolled_back
-                record["was_scheduled_this_step"] = was_scheduled
-                if failure is not None:
-                    record["blocks_needed"] = failure.blocks_needed
-                    record["free_blocks_at_failure"] = failure.free_blocks
+                preemptions.append(self._preempt_request(
+                    victim, request, rule, rolled_back, was_scheduled, alloc))
                 preempted.append(victim)
-                preemptions.append(record)
                 if victim is request:
                     break  # nothing left to preempt for this request
-            if new_blocks is None:
+            if not alloc.ok:
                 # r could not be scheduled.
                 if (
                     self.priority
@@ -280,7 +251,7 @@ class Scheduler:
         new_reqs: list[Request] = []
         resumed_reqs: list[Request] = []
         prefix_hits: dict[str, int] = {}
-        admission_blocked: dict[str, Any] | None = None
+        admission_blocked: AdmissionBlocked | None = None
         if not preempted:
             waiting = self.waiting
             skipped: list[Request] = []
@@ -325,7 +296,7 @@ class Scheduler:
                     # "chunk": V1 <= 0.9.0 always chunks
                 if n > token_budget:
                     n = token_budget
-                new_blocks = kv.allocate_slots(
+                alloc = kv.allocate_slots(
                     request,
                     n,
                     hit_blocks,
@@ -333,15 +304,10 @@ class Scheduler:
                     full_sequence_must_fit=gate,
                     has_running_reqs=bool(running),
                 )
-                if new_blocks is None:
-                    f = kv.last_failure
+                if not alloc.ok:
                     admission_blocked = _blocked(
-                        request,
-                        "full-sequence gate" if f and f.gate else "KV blocks",
-                        n,
-                        token_budget,
-                        f,
-                    )
+                        request, "full-sequence gate" if alloc.gate else "KV blocks", n,
+                        token_budget, alloc)
                     break  # head-of-line blocking (A7)
                 if self.config.enable_prefix_caching and at_admission:
                     stats.record(
@@ -402,22 +368,16 @@ class Scheduler:
             skipped_running=skipped_running,
         )
 
-    def _preempt_request(self, request: Request, trigger: Request) -> dict[str, Any]:
+    def _preempt_request(self, request: Request, trigger: Request, rule: str,
+                         rolled_back: int, was_scheduled: bool,
+                         failure: AllocationFailure) -> PreemptionEvent:
         """A1.4: free the blocks, reset to PREEMPTED with 0 computed tokens, put it at the
         front of waiting (a heap push under PRIORITY). Outputs are kept."""
         kv = self.kv_cache_manager
-        record: dict[str, Any] = {
-            "req": request.request_id,
-            "trigger": trigger.request_id,
-            "self_preempt": request is trigger,
-            "num_computed_tokens_before": request.num_computed_tokens,
-            "num_tokens": request.num_tokens,
-            "num_output_tokens": request.num_output_tokens,
-            "blocks_held_before": kv.num_blocks(request.request_id),
-            "free_blocks_before": self.pool.free_block_queue.num_free_blocks,
-            "called_from": "schedule",
-        }
-        kv.free(request)
+        free_queue = self.pool.free_block_queue
+        num_computed = request.num_computed_tokens
+        free_before = free_queue.num_free_blocks
+        blocks_held = kv.free(request)
         request.status = PREEMPTED
         request.num_computed_tokens = 0
         if self.profile.async_stale_output:
@@ -425,8 +385,22 @@ class Scheduler:
         request.num_output_placeholders = 0
         request.num_preemptions += 1
         self.waiting.prepend_request(request)
-        record["free_blocks_after"] = self.pool.free_block_queue.num_free_blocks
-        return record
+        return PreemptionEvent(
+            victim=request.request_id,
+            trigger=trigger.request_id,
+            self_preempt=request is trigger,
+            num_computed_tokens=num_computed,
+            num_tokens=request.num_tokens,
+            num_output_tokens=request.num_output_tokens,
+            blocks_held=blocks_held,
+            free_blocks_before=free_before,
+            free_blocks_after=free_queue.num_free_blocks,
+            victim_rule=rule,
+            rolled_back_tokens=rolled_back,
+            was_scheduled_this_step=was_scheduled,
+            blocks_needed=failure.blocks_needed,
+            free_blocks_at_failure=failure.free_blocks,
+        )
 
     # -- A8 ------------------------------------------------------------------------
     def update_from_output(
@@ -526,25 +500,16 @@ class Scheduler:
             assert r.status == RUNNING, f"{r} in running"
         for r in self.waiting:
             assert r.status in (WAITING, PREEMPTED), f"{r} in waiting"
-        held = {}
-        for req_id, table in self.kv_cache_manager.req_to_blocks.items():
-            assert req_id in self.requests, f"finished request {req_id} holds blocks"
-            for b in table:
-                held[b.block_id] = held.get(b.block_id, 0) + 1
-        for block in self.pool.blocks:
-            if not block.is_null:
-                assert block.ref_cnt == held.get(block.block_id, 0), f"ref count of {block}"
+        self.kv_cache_manager.check(self.requests)
 
 
 def _priority_key(r: Request) -> tuple[int, float]:
     return (r.priority, r.arrival_time)
 
 
-def _blocked(request: Request, reason: str, n: int, budget: int, failure=None) -> dict[str, Any]:
-    out: dict[str, Any] = {"req": request.request_id, "reason": reason, "num_new_tokens": n,
-                           "token_budget": budget}
-    if failure is not None:
-        out["blocks_needed"] = failure.blocks_needed
-        out["free_blocks"] = failure.free_blocks
-        out["watermark_blocks"] = failure.watermark_blocks
-    return out
+def _blocked(request: Request, reason: str, n: int, budget: int,
+             failure: AllocationFailure | None = None) -> AdmissionBlocked:
+    if failure is None:
+        return AdmissionBlocked(request.request_id, reason, n, budget)
+    return AdmissionBlocked(request.request_id, reason, n, budget, failure.blocks_needed,
+                            failure.free_blocks, failure.watermark_blocks)

@@ -1,0 +1,157 @@
+"""The last steps of a log replay: the profile it runs under, the arrival placement chain
+of formats that anchor arrivals to the stats lines, and the `Replay` the views read.
+
+Consumes: the stages' results. Produces: the scheduler profile (`scheduler_profile`), the
+placed and clocked final run (`place_arrivals`), and the `Replay` with its notes and its
+step -> log lines map (`make_replay`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvreplay.errors import ReplayError
+from kvreplay.inference.clock import clocked, finish_steps
+from kvreplay.inference.facts import LogFacts, aborts, cut_time
+from kvreplay.inference.fit import Fit, fit
+from kvreplay.inference.formats import LogFormat
+from kvreplay.inference.lines import phase_estimate
+from kvreplay.inference.placement import (Anchored, anchored_replay, burst_spacing,
+                                          exact_search)
+from kvreplay.inference.rebuild import Rebuilt
+from kvreplay.inference.runs import Run, step_replay, timed_replay
+from kvreplay.replay.profile import get_profile
+from kvreplay.replay.records import PreemptionRecord
+from kvreplay.replay.result import Replay
+from kvreplay.replay.v0.steps import V0_PROFILE, V0ProfileRef
+
+V0_PROFILE_NAMES = (None, "auto", "v0", "0.6.6", "0.6.6.post1", V0ProfileRef().name)
+
+
+def scheduler_profile(facts: LogFacts, fmt: LogFormat, profile: str | None) -> Any:
+    """The scheduler rules: the profile asked for, else the log's release's."""
+    if fmt.engine == "V1":
+        return get_profile(profile or facts.vllm_version)
+    if facts.engine_version == "V1":
+        raise ReplayError(f"this vLLM {facts.vllm_version} log comes from the V1 engine, which "
+                          "has no profile before 0.8.5: pass --profile 0.8.5 to replay it with "
+                          "the oldest V1 rules")
+    if profile not in V0_PROFILE_NAMES:
+        raise ReplayError(f"profile {profile!r} is a V1 release, but this log comes from the V0 "
+                          f"engine: the V0 replay follows vLLM {V0_PROFILE} (omit --profile)")
+    return V0ProfileRef()
+
+
+def fit_placements(fmt: LogFormat, pattern: str) -> tuple[tuple[float, float], ...]:
+    """Where in its second each request may have arrived, as the fit tries it: the
+    format's list, else a burst at the start of the second or spread evenly (Poisson)."""
+    if fmt.placements:
+        return fmt.placements
+    return ((0.0, 0.0),) if pattern != "poisson" else ((0.0, 1.0),)
+
+
+def place_arrivals(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, prof: Any, f: Fit,
+                   pattern: str, step_time: Any) -> tuple[Run, float, float, Anchored | None]:
+    """(final run, clock phase, loss, anchored placement): arrivals anchored to the stats
+    lines (formats that do), else the fit's time-driven placement replayed once more."""
+    if fmt.placement != "anchored":
+        run = timed_replay(f.rebuilt, facts, prof, f.model, f.placement,
+                           order_window_s=fmt.order_window_s)
+        return run, 0.5, f.loss, None
+    burst = pattern != "poisson"
+    init = f.run
+    if pattern == "burst":
+        # everything arrived within a couple of seconds: start from "all at once" (the
+        # iteration then moves whoever the seconds and completions say came later)
+        init = step_replay(rebuilt, facts, prof, [0] * len(rebuilt.workload.requests), f.model)
+    fixed = step_time is not None
+    anchored = anchored_replay(rebuilt, facts, fmt, prof, init, f.model, burst=burst,
+                               fixed_model=fixed)
+    if not burst and phase_estimate(facts) is None:
+        # Without a phase estimate the iteration can settle one step off; start it again
+        # from a burst-like guess and keep whichever agrees better with the stats lines.
+        # A global shift of every arrival is invisible to this loss, so only a clearly
+        # better fit (half the disagreement) replaces the first one.
+        f0 = fit(rebuilt, facts, fmt, prof, ((0.0, 0.0),), model=step_time or f.model, rounds=1)
+        alt = anchored_replay(rebuilt, facts, fmt, prof, f0.run, f.model, burst=False,
+                              fixed_model=fixed, iterations=3)
+        if alt.loss < 0.5 * anchored.loss:
+            anchored = alt
+    if pattern == "burst":
+        anchored = burst_spacing(rebuilt, facts, fmt, prof, anchored)
+        anchored = exact_search(rebuilt, facts, fmt, prof, anchored)
+    run = anchored.run
+    if aborts(facts) or cut_time(facts) is not None:
+        # aborts and the cut are applied by wall time: replay again on the final model
+        run = step_replay(rebuilt, facts, prof, anchored.arrival_steps, run.model)
+    clocked(run, facts, fmt, anchored.phase)
+    return run, anchored.phase, anchored.loss, anchored
+
+
+def log_lines(facts: LogFacts, run: Run, check: dict[str, Any]) -> dict[int, list[tuple[str, int]]]:
+    """Engine step -> the log lines behind it: each request line at its arrival step, each
+    access line at its finish, each stats line at the step it was read at."""
+    out: dict[int, list[tuple[str, int]]] = {}
+    arrival = run.arrival_steps
+    for r, a in zip(facts.requests, arrival):
+        out.setdefault(max(a, 0), []).append((r.file, r.line))
+    for (file, line, _, _), step in zip(facts.completions, finish_steps(run.steps)):
+        out.setdefault(step, []).append((file, line))
+    for row in check["lines"]:
+        if row.get("step") is not None:
+            out.setdefault(row["step"], []).append((row["file"], row["line"]))
+    for lines in out.values():
+        lines.sort()
+    return dict(sorted(out.items()))
+
+
+def make_replay(facts: LogFacts, fmt: LogFormat, prof: Any, rebuilt: Rebuilt, run: Run,
+                pre: list[PreemptionRecord], check: dict[str, Any], *, loss: float,
+                pattern: str, phase: float, estimate: dict | None, warnings: dict | None,
+                support: int) -> Replay:
+    notes = list(rebuilt.notes)
+    if fmt.placement != "anchored":
+        phase, spread = run.placement
+        notes.append(f"{fmt.engine} engine replay (vLLM {getattr(prof, 'version', '')} rules)")
+        notes.append(f"arrivals placed {'evenly over' if spread else 'at a burst in'} their "
+                     f"logged second" + (f" (from +{phase:.2f} s)" if phase else ""))
+    if warnings is not None and warnings["warnings_logged"]:
+        div = warnings["first_divergence"]
+        notes.append(f"every-50th preemption warnings: {warnings['warnings_matched']} of "
+                     f"{warnings['warnings_logged']} match the replay (victim, mode, cumulative "
+                     "count, time)" + ("" if not div else f"; first mismatch: line "
+                                       f"{div['line']}: " + "; ".join(div["differences"])))
+    if warnings is not None and warnings["replay_warnings_not_in_log"]:
+        notes.append(f"{len(warnings['replay_warnings_not_in_log'])} warning(s) the replay "
+                     "would have printed are not in the log")
+    if fmt.engine == "V0":
+        prom = sum(r.prometheus_preemptions for r in run.steps)
+        notes.append(f"Prometheus vllm:num_preemptions_total (replayed): {prom}; scheduler "
+                     f"cumulative count: {max((p.cumulative or 0 for p in pre), default=0)}")
+    err = next((r.terminal_error for r in run.steps if r.terminal_error), None)
+    if err:
+        notes.append(f"the replay ends with vLLM's own error: {err['type']}: {err['message']}")
+    if pattern == "poisson" and pre and fmt.placement == "anchored":
+        notes.append(
+            "arrivals spread over time: the log pins each one only to a window of steps, and "
+            "a step off can change later victims; take the count as an estimate and each "
+            "preemption as a lead (its support says how firm), or replay a log written with "
+            "kvreplay's step-trace scheduler for the exact sequence")
+    ids = {r.log_id: r.internal_id for r in facts.requests}
+    for p in pre:
+        p.victim_internal_id = ids.get(p.victim)
+    sure = all(p.confidence in ("consistent", "exact-by-log") for p in pre)
+    return Replay(
+        kind="log", label=f"log {', '.join(facts.files)}", paths=list(facts.files),
+        workload=rebuilt.workload, profile=prof, inputs=run.inputs, steps=run.steps,
+        preemptions=pre, clock=run.clock, verification=check, warnings=warnings,
+        log_lines=log_lines(facts, run, check), estimate=estimate,
+        notes=notes + facts.notes, missing=list(facts.missing), facts=facts,
+        unfinished=run.unfinished, confidence="consistent" if sure else "inferred",
+        info={"vllm_version": facts.vllm_version, "requests": len(facts.requests),
+              "step_time_model": run.model.describe(), "arrival_pattern": pattern,
+              "fit_loss": round(loss, 4), "support_replays": support if pre else 0,
+              "prompts": "estimated" if rebuilt.prompts_estimated else "exact",
+              "output_lengths": "estimated" if any(rebuilt.output_estimated) else "exact",
+              "config_sources": rebuilt.config_sources, "log_format": fmt.name,
+              "stats_phase": phase})

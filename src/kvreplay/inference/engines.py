@@ -1,0 +1,61 @@
+"""The one engine protocol every inference stage drives, V1 and V0 alike.
+
+Consumes: a rebuilt workload (stage 3) and its scheduler profile. Produces: an engine with
+the input API of `kvreplay.replay.engine.Engine` (`submit`, `abort`, `stop`, `inputs`,
+`has_work`, `finish_imminent`, `step() -> StepRecord`); the V0 engine is wrapped by
+`kvreplay.replay.v0.steps.V0Steps` to the same contract. This module is the only place
+that picks one engine or the other.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from kvreplay.replay.engine import Engine
+from kvreplay.replay.records import EngineInputs, StepRecord
+from kvreplay.replay.v0.steps import V0ProfileRef, V0Steps, V0Workload
+from kvreplay.replay.workload import RequestSpec, Workload
+
+
+class ReplayEngine(Protocol):
+    step_index: int
+    done: bool
+
+    def submit(self, index: int) -> None: ...
+    def abort(self, request_id: str) -> bool: ...
+    def stop(self) -> None: ...
+    def inputs(self) -> EngineInputs: ...
+    def has_work(self) -> bool: ...
+    def finish_imminent(self) -> bool: ...
+    def step(self) -> StepRecord: ...
+
+
+def make_workload(fmt: Any, cfg: Any, specs: list[RequestSpec], parent: dict[str, str],
+                  description: str) -> Workload | V0Workload:
+    if fmt.engine == "V0":
+        return V0Workload("log replay", description, cfg, specs, 10**9, parent)
+    return Workload(name="log replay", description=description, config=cfg, requests=specs,
+                    max_steps=10**9)
+
+
+def make_engine(workload: Workload | V0Workload, profile: Any, *,
+                inputs: EngineInputs | None = None, record_sampled: bool = False) -> ReplayEngine:
+    """An engine for `workload`; with `inputs`, the run they describe, else one whose
+    requests enter only when submitted."""
+    if isinstance(workload, V0Workload):
+        return V0Steps(workload, inputs=inputs, record_sampled=record_sampled)
+    if inputs is None:
+        inputs = EngineInputs([-1] * len(workload.requests))
+    return Engine(workload, profile, inputs=inputs, record_sampled=record_sampled)
+
+
+def engine_profile(fmt: Any, profile: Any) -> Any:
+    """The rules the engine follows: the V1 scheduler profile, or V0's one."""
+    return V0ProfileRef() if fmt.engine == "V0" else profile
+
+
+def num_requests(workload: Workload | V0Workload) -> int:
+    """Logged requests (a V0 request with n > 1 is n specs)."""
+    if isinstance(workload, V0Workload):
+        return len({workload.parent.get(s.id, s.id) for s in workload.requests})
+    return len(workload.requests)

@@ -1,0 +1,258 @@
+"""Stage 5, placement: the engine step each request entered at.
+
+Consumes: a fitted time-driven run (stage 4b), `LogFacts`, the `LogFormat`. Produces an
+`Anchored` replay: arrivals at fixed steps chosen so that the replay agrees with every
+ordering fact the log gives (the stats lines' anchors, the access lines, the arrival
+seconds), with its wall clock. The iteration: replay -> anchors, completions, clock ->
+a window of steps for each arrival -> a step in each window -> replay again. Bursts also
+try spacings inside the burst and a short search for stats lines matched exactly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from kvreplay.inference.clock import StepTimeModel, clocked, finish_steps, regression
+from kvreplay.inference.facts import LogFacts
+from kvreplay.inference.formats import LogFormat
+from kvreplay.inference.lines import cum_generated, phase_estimate, token_anchors
+from kvreplay.inference.runs import Run, step_replay
+from kvreplay.inference.verify import anchored_loss, verify
+
+PRECISE_TOL_S = 0.005  # a sub-second stamp's slack: the request reaches the engine a few ms after its line
+BURST_GAPS = (0.02, 0.05, 0.1, 0.15, 0.25, 1 / 3, 0.5, 1.0, 2.0)
+EXACT_SEARCH_MOVES = 400  # replays a burst's exact-line search may spend
+EXACT_SEARCH_MAX_REQUESTS = 64
+
+
+@dataclass(slots=True)
+class Anchored:
+    """A replay whose arrivals sit at fixed engine steps, and its wall clock."""
+
+    arrival_steps: list[int]
+    phase: float  # sub-second phase of the stats lines
+    run: Run  # clocked: run.clock is the stretched wall clock
+    loss: float
+    iterations: int
+
+
+def _step_at(clock: list[float], t: float) -> int:
+    """First step whose start is at or after wall time t."""
+    return bisect.bisect_left(clock, t)
+
+
+def windows(run: Run, facts: LogFacts, anchors: list[int | None], clock: list[float],
+            use_seconds: bool = True) -> list[tuple[int, int]]:
+    """For each arrival, the steps it may enter at: after the completions and stats lines
+    the log shows before it, before the ones it shows after it, inside its logged second."""
+    fin_steps = finish_steps(run.steps)
+    n = len(run.steps)
+    out = []
+    first_time = facts.requests[0].time if facts.requests else None
+    if first_time is None:
+        first_time = float("-inf")
+    for r in facts.requests:
+        lo, hi = 0, n
+        # A request entering at step a was received while step a-1 ran; the access line
+        # of a request finished at step f is written once step f has ended, i.e. while
+        # step f+1 runs. So a line after finish f means a >= f+2, a line before it a <= f+1
+        # (on the log cases' own traces this holds for every arrival; f+1 / f do not).
+        c = r.completions_before
+        if c > 0 and c - 1 < len(fin_steps):
+            lo = max(lo, fin_steps[c - 1] + 2)
+        if c < min(len(fin_steps), len(facts.completions)):
+            # the next access line the log shows (none when the access log is off or its
+            # lines are response starts: then the replay's finishes bound nothing)
+            hi = min(hi, fin_steps[c] + 1)
+        i = r.stats_before
+        if i > 0 and i - 1 < len(anchors) and anchors[i - 1] is not None:
+            lo = max(lo, anchors[i - 1] + 1)  # type: ignore[operator]
+        if i < len(anchors) and anchors[i] is not None:
+            hi = min(hi, anchors[i] + 1)  # type: ignore[operator]
+        if use_seconds and r.precise_time is not None:
+            slo = _step_at(clock, r.precise_time - PRECISE_TOL_S)
+            shi = _step_at(clock, r.precise_time + PRECISE_TOL_S)
+            if max(lo, slo) <= min(hi, shi):
+                lo, hi = max(lo, slo), min(hi, shi)
+        elif use_seconds and r.time is not None:
+            # step 0 lies in the first request's second, whatever the clock says
+            slo = 0 if r.time <= first_time else _step_at(clock, r.time)
+            shi = _step_at(clock, r.time + 1.0)
+            if max(lo, slo) <= min(hi, shi):
+                lo, hi = max(lo, slo), min(hi, shi)
+        out.append((lo, hi))
+    return out
+
+
+def place(wins: list[tuple[int, int]], clock: list[float], burst: bool) -> list[int]:
+    """Pick a step in each window, in file order: evenly spread in time inside the window
+    (or at its start when the log looks like a burst); monotone in file order."""
+    steps: list[int] = []
+    i = 0
+    prev = 0
+    while i < len(wins):
+        j = i
+        while j < len(wins) and wins[j] == wins[i]:
+            j += 1
+        lo, hi = wins[i]
+        if lo > hi:  # an empty window: the constraints are relaxed
+            lo, hi = hi, hi
+        lo = max(lo, prev)
+        hi = max(hi, lo)
+        m = j - i
+        for k in range(m):
+            if burst:
+                s = lo
+            else:
+                tl = clock[min(lo, len(clock) - 1)]
+                th = clock[min(hi, len(clock) - 1)]
+                s = _step_at(clock, tl + (th - tl) * (k + 1) / (m + 1))
+                s = min(max(s, lo), hi)
+            s = max(s, prev)
+            steps.append(s)
+            prev = s
+        i = j
+    return steps
+
+
+def placed(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, arrival: list[int],
+           model: StepTimeModel, phase: float, iterations: int = 0) -> Anchored:
+    """A placement's replay, clocked by the stats lines, and its anchored loss."""
+    run = step_replay(rebuilt, facts, profile, arrival, model)
+    clocked(run, facts, fmt, phase)
+    anchors = token_anchors(run, facts, fmt, cum_generated(run))
+    return Anchored(list(arrival), phase, run, anchored_loss(run, facts, fmt, anchors, phase),
+                    iterations)
+
+
+def anchored_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, init: Run,
+                    model: StepTimeModel, *, burst: bool, iterations: int = 6,
+                    fixed_model: bool = False) -> Anchored:
+    """Iterate: replay -> anchors, completions, clock -> arrival windows -> placement.
+    Returns the iteration that agrees best with the stats lines."""
+    arrival = [max(a, 0) for a in init.arrival_steps]  # (a cut log: some never arrived)
+    base = min(arrival) if arrival else 0
+    arrival = [a - base for a in arrival]
+    best: Anchored | None = None
+    phase = phase_estimate(facts)
+    if phase is None:
+        # the middle of the second: the guess with the smallest worst-case error
+        phase = 0.5
+    for it in range(iterations + 1):
+        run = step_replay(rebuilt, facts, profile, arrival, model)
+        new_model = None if fixed_model else regression(run, facts, fmt)
+        if new_model is not None:
+            model = new_model
+            run.model = model
+        anchors = token_anchors(run, facts, fmt, cum_generated(run))
+        clock = clocked(run, facts, fmt, phase)
+        loss = anchored_loss(run, facts, fmt, anchors, phase)
+        if best is None or loss <= best.loss:  # ties: the later, more refined placement
+            best = Anchored(list(arrival), phase, run, loss, it)
+        if it == iterations:
+            break
+        new = place(windows(run, facts, anchors, clock), clock, burst)
+        # Step 0 is the first arrival's step by definition (the engine was idle before);
+        # the clock before the first stats line is extrapolated, so do not trust it there.
+        if new:
+            new[0] = 0
+        moved = sum(1 for a, b in zip(new, arrival) if a != b)
+        if moved == 0 or (it >= 2 and moved <= 0.002 * len(arrival)):
+            break  # (nearly) a fixed point: another round would replay about the same
+        arrival = new
+    assert best is not None
+    return best
+
+
+def burst_spacing(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
+                  anchored: Anchored) -> Anchored:
+    """A burst is rarely one instant: a client sends its requests a step or two apart.
+    Try a few spacings inside each group of requests placed at the same step and keep the
+    one that agrees best with the stats lines (ties: the tightest)."""
+    base = anchored.arrival_steps
+    best = anchored
+    for gap in BURST_GAPS:
+        arr = []
+        k = 0
+        for i, a in enumerate(base):
+            k = k + 1 if i > 0 and a == base[i - 1] else 0
+            arr.append(a + int(k * gap))
+        for i in range(1, len(arr)):
+            arr[i] = max(arr[i], arr[i - 1])
+        cand = placed(rebuilt, facts, fmt, profile, arr, anchored.run.model, anchored.phase,
+                      anchored.iterations)
+        if cand.loss < best.loss - 1e-9:
+            best = cand
+    return best
+
+
+def exact_search(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
+                 anchored: Anchored) -> Anchored:
+    """Inside a burst the log cannot say which step each request came in at: its lines all
+    share a second, and the tolerant check (the loss) is often 0 for several spacings. The
+    exact check can still tell them apart (verify._exact_agreement): move one arrival at a
+    time by a few steps, keep file order and each arrival's window, walk on while no line
+    is lost, and take the placement with the most stats lines matched exactly (then the
+    lowest loss). Nothing changes unless that beats the placement found so far. Seeded:
+    the same log gives the same search."""
+    n = len(anchored.arrival_steps)
+    if n < 2 or n > EXACT_SEARCH_MAX_REQUESTS or not facts.stats or rebuilt.prompts_estimated:
+        return anchored  # (estimated prompts: no line can be matched exactly)
+    phase = anchored.phase
+    loss = anchored.loss
+
+    def exact_lines(run: Run) -> int:
+        return verify(run, facts, fmt, phase, prompts_known=True).get("exact_lines", 0)
+
+    start_exact = exact_lines(anchored.run)  # (its run is clocked already)
+    if start_exact >= len(facts.stats):
+        return anchored
+    run0 = anchored.run
+    wins = windows(run0, facts, token_anchors(run0, facts, fmt), run0.clock + [run0.end])
+    rng = random.Random(0)
+    cur = list(anchored.arrival_steps)
+    cur_key = (start_exact, -loss)
+    best: tuple[int, float, Anchored] | None = None
+    for _ in range(EXACT_SEARCH_MOVES):
+        cand = list(cur)
+        i = rng.randrange(1, n)
+        lo, hi = wins[i]
+        cand[i] = min(max(cand[i] + rng.choice((-3, -2, -1, 1, 2, 3)), lo), max(lo, hi))
+        for j in range(1, n):
+            cand[j] = max(cand[j], cand[j - 1])
+        if cand == cur:
+            continue
+        a = placed(rebuilt, facts, fmt, profile, cand, run0.model, phase, anchored.iterations)
+        exact = exact_lines(a.run)
+        if (exact, -a.loss) >= cur_key:
+            cur, cur_key = cand, (exact, -a.loss)
+            if best is None or (exact, -a.loss) > (best[0], -best[1]):
+                best = (exact, a.loss, a)
+            if exact == len(facts.stats) and a.loss <= loss:
+                break  # every line matched, no worse by the tolerant check
+    if best is None or best[0] <= start_exact:
+        return anchored
+    return best[2]
+
+
+def alternative_placements(base: list[int], wins: list[tuple[int, int]], k: int,
+                           jitter: int) -> list[list[int]]:
+    """k arrival placements as consistent with the log's line order and seconds as `base`:
+    each arrival moved by up to `jitter` steps inside its window, file order kept, the
+    first arrival still at step 0. Seeded, so the same log gives the same placements."""
+    out = []
+    for seed in range(k):
+        rng = random.Random(seed)
+        arr = []
+        for (lo, hi), b in zip(wins, base):
+            hi = max(lo, hi)
+            arr.append(min(max(b + rng.randint(-jitter, jitter), lo), hi))
+        for i in range(1, len(arr)):
+            arr[i] = max(arr[i], arr[i - 1])
+        if arr:
+            arr[0] = 0
+        out.append(arr)
+    return out

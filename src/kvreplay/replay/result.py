@@ -1,0 +1,166 @@
+"""`Replay`: one replay of one input, computed once; every view reads it.
+
+A `Replay` holds the engine inputs (workload, scheduler profile, `EngineInputs`), the run's
+step records and preemption records, the clock, the verification against the log and the
+step -> log lines map. The report, the JSON, the audit, the TUI, the golden files, the
+what-if baseline and the trace export read it; none runs a different simulation. A view
+that needs the whole state at a step (the TUI's block map, the conformance trace) re-runs
+exactly these inputs with `rerun()`, which checks every step against the stored records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from kvreplay.replay.engine import Engine, without_cyclic_gc
+from kvreplay.replay.records import (EngineInputs, PreemptionRecord, StepRecord, Totals,
+                                     totals)
+from kvreplay.replay.v0.steps import V0Steps, V0Workload
+
+STORM_GAP_STEPS = 50  # preemptions no more than this many steps apart form one storm
+
+
+class ReplayMismatch(RuntimeError):
+    """A re-run of a replay's inputs did not give its records (a bug: the engine is
+    deterministic)."""
+
+
+@dataclass(slots=True)
+class Replay:
+    kind: str  # "workload" | "log" | "step-trace"
+    label: str
+    paths: list[str]
+    workload: Any  # Workload (V1) | V0Workload
+    profile: Any  # SchedulerProfile | V0ProfileRef
+    inputs: EngineInputs
+    steps: list[StepRecord]
+    preemptions: list[PreemptionRecord]
+    clock: list[float] | None = None  # wall-clock start of each step (log replays)
+    verification: dict[str, Any] | None = None  # the replay against the stats lines
+    warnings: dict[str, Any] | None = None  # V0: the every-50th warnings against it
+    step_check: dict[str, Any] | None = None  # step-trace logs: every step checked
+    log_lines: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
+    estimate: dict[str, Any] | None = None  # a count interval where the log cannot pin it
+    notes: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)  # provenance: version, fit, pattern
+    facts: Any = None  # LogFacts of a log replay
+    unfinished: list[str] = field(default_factory=list)
+    confidence: str = "exact"  # the replay as a whole: exact | consistent | inferred
+    hasher: Callable[[], Any] | None = None  # block identities of a step-trace log
+
+    @property
+    def engine_name(self) -> str:
+        return "V0" if isinstance(self.workload, V0Workload) else "V1"
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def cut_short(self) -> bool:
+        return self.inputs.max_steps is not None
+
+    def totals(self) -> Totals:
+        return totals(self.steps, self.preemptions)
+
+    def storms(self, gap_steps: int = STORM_GAP_STEPS) -> list[dict[str, Any]]:
+        """Bursts: preemptions no more than `gap_steps` apart."""
+        out: list[dict[str, Any]] = []
+        for p in self.preemptions:
+            if out and p.step - out[-1]["last_step"] <= gap_steps:
+                s = out[-1]
+                s["last_step"] = p.step
+                s["end_time"] = p.time
+                s["preemptions"] += 1
+                s["tokens_lost"] += p.computed_tokens_lost
+                s["tokens_recomputed"] += p.tokens_recomputed or 0
+                s["victims"].append(p.victim)
+            else:
+                out.append({"first_step": p.step, "last_step": p.step, "start_time": p.time,
+                            "end_time": p.time, "preemptions": 1,
+                            "tokens_lost": p.computed_tokens_lost,
+                            "tokens_recomputed": p.tokens_recomputed or 0,
+                            "victims": [p.victim]})
+        for s in out:
+            s["victims"] = sorted(set(s["victims"]))
+        return out
+
+    def step_time(self, step: int) -> float | None:
+        c = self.clock
+        return c[step] if c is not None and 0 <= step < len(c) else None
+
+    # -- re-running exactly these inputs ------------------------------------------------
+    def new_engine(self, *, check_invariants: bool = False) -> Engine | V0Steps:
+        """A fresh engine that makes this replay's run again, step for step."""
+        if isinstance(self.workload, V0Workload):
+            return V0Steps(self.workload, inputs=self.inputs)
+        return Engine(self.workload, self.profile, inputs=self.inputs,
+                      check_invariants=check_invariants,
+                      block_hasher=self.hasher() if self.hasher is not None else None)
+
+    def rerun(self, *, check_invariants: bool = False) -> Iterator[tuple[Any, StepRecord]]:
+        """(engine, record) for every step of a re-run of the inputs; raises
+        `ReplayMismatch` at the first step whose record differs from the stored one."""
+        eng = self.new_engine(check_invariants=check_invariants)
+        for want in self.steps:
+            if eng.done:
+                raise ReplayMismatch(f"the re-run ended at step {eng.step_index}, the replay "
+                                     f"has {len(self.steps)} steps")
+            got = eng.step()
+            if got != want:
+                raise ReplayMismatch(f"the re-run differs from the replay at step {want.step}")
+            yield eng, got
+
+    @without_cyclic_gc
+    def trace(self) -> list[dict[str, Any]]:
+        """The replay's per-step trace in the conformance format (every field), from a
+        checked re-run of its inputs."""
+        from kvreplay.replay.trace import conformance_record
+
+        out = []
+        for eng, rec in self.rerun():
+            out.append(eng.last_record if isinstance(eng, V0Steps)  # type: ignore[union-attr]
+                       else conformance_record(eng, rec))
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """The replay's totals and provenance, as every report prints them."""
+        t = self.totals()
+        info = self.info
+        out = {
+            "vllm_version": info.get("vllm_version"),
+            "engine": self.engine_name,
+            "profile": self.profile.name,
+            "requests": info.get("requests", len(self.inputs.arrival_steps)),
+            "steps": len(self.steps),
+            "preemptions": t.preemptions,
+            "self_preemptions": t.self_preemptions,
+            "requests_preempted": t.requests_preempted,
+            "computed_tokens_lost": t.computed_tokens_lost,
+            "tokens_recomputed": t.tokens_recomputed,
+            "processed_tokens": t.processed_tokens,
+            "recompute_ratio": None if t.recompute_ratio is None else round(t.recompute_ratio, 6),
+            "cut_short": self.cut_short,
+            "unfinished_requests": self.unfinished,
+            "confidence": self.confidence,
+        }
+        for k in ("step_time_model", "arrival_pattern", "fit_loss", "prompts", "output_lengths",
+                  "support_replays"):
+            if k in info:
+                out[k] = info[k]
+        if info.get("support_replays"):
+            out["robust_preemptions"] = sum(1 for p in self.preemptions if p.support == 1.0)
+        if self.engine_name == "V0":
+            out["swap_preemptions"] = sum(1 for p in self.preemptions if p.mode == "swap")
+            w = self.warnings or {}
+            out["warnings_logged"] = w.get("warnings_logged", 0)
+            out["warnings_matched"] = w.get("warnings_matched", 0)
+            out["prometheus_num_preemptions_total"] = sum(
+                r.prometheus_preemptions for r in self.steps)
+            out["num_cumulative_preemption"] = max(
+                (p.cumulative or 0 for p in self.preemptions), default=0)
+            out["terminal_error"] = next(
+                (r.terminal_error for r in reversed(self.steps) if r.terminal_error), None)
+        return out
