@@ -71,7 +71,7 @@ FIRST_FRAME = r"""
 import sys, time, asyncio
 t_import = time.time()
 from kvreplay.tui.app import ReplayApp
-from kvreplay.tui.cli import default_paths
+from kvreplay.cli.tui import default_paths
 marks = {}
 class A(ReplayApp):
     def on_mount(self):
@@ -188,7 +188,7 @@ def main() -> int:
 
     # the embedded sample is a vLLM log: parse + log replay (open_source), then the
     # timeline's own run of the rebuilt workload
-    from kvreplay.tui.cli import DEFAULT_SAMPLE, default_paths
+    from kvreplay.cli.tui import DEFAULT_SAMPLE, default_paths
 
     t0 = time.perf_counter()
     sample = open_source(default_paths())

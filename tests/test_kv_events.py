@@ -14,9 +14,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from kvreplay.kvevents import CacheState, apply_all, decode_batch, is_kv_events_file, read_kv_events
+from kvreplay.inference.step_trace import CacheState, apply_all, replay_step_trace
+from kvreplay.kvevents import decode_batch
+from kvreplay.parsers.kvevents import is_kv_events_file, read_kv_events
 from kvreplay.parsers import parse_files
-from kvreplay.replay.from_trace import exact_replay
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -129,7 +130,7 @@ def test_kv_events_from_vllm_match_the_replay_block_pool(vllm_kv_runs, mode):
     assert recs and [r["seq"] for r in recs] == list(range(len(recs)))  # nothing lost
     assert any(e["type"] == "BlockRemoved" for r in recs for e in r["events"])
     evs = list(parse_files([str(d / "vllm.log")], year=2026))
-    res = exact_replay(evs, kv_events=recs)
+    res = replay_step_trace(evs, kv_events=recs).step_check
     assert res["first_divergence"] is None, res["first_divergence"]
     steps = [e for e in evs if type(e).__name__ == "StepTrace"]
     assert res["steps_checked"] == len(steps)
@@ -144,7 +145,7 @@ def test_altered_kv_event_is_a_block_level_divergence(vllm_kv_runs):
     bad = json.loads(json.dumps(recs))
     bad[i]["events"] = [e for e in bad[i]["events"] if e["type"] != "BlockRemoved"]
     evs = list(parse_files([str(d / "vllm.log")], year=2026))
-    res = exact_replay(evs, kv_events=bad)
+    res = replay_step_trace(evs, kv_events=bad).step_check
     div = res["first_divergence"]
     assert div is not None and div["field"] == "kv_cached_blocks"
     steps = [e for e in evs if type(e).__name__ == "StepTrace"]

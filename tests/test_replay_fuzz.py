@@ -49,4 +49,4 @@ def test_damaged_log_replays_or_explains(tmp_path_factory, lines: list[str]) -> 
         return
     assert rep.summary()["steps"] >= 0
     for p in rep.preemptions:
-        assert p["victim"] in {s.id for s in rep.rebuilt.workload.requests}
+        assert p.victim in {s.id for s in rep.workload.requests}

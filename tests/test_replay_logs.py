@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from kvreplay.replay import parse_workload, simulate
-from kvreplay.replay.from_log import StepTimeModel, replay_facts
+from kvreplay.inference import replay_facts
+from kvreplay.inference.clock import StepTimeModel
+from kvreplay.inference.formats import log_format
 from kvreplay.replay.render import formula_step_time, render_log, step_starts
 from kvreplay.sources import read_facts, replay_logs
 
@@ -26,12 +28,21 @@ def _replay(case: str, log: str):
     return replay_logs([str(CASES / case / log)], year=2026)
 
 
+def _arrival(rep, rid: str) -> int:
+    """The step request `rid` entered at in the replay."""
+    return rep.inputs.arrival_steps[[s.id for s in rep.workload.requests].index(rid)]
+
+
+def _fmt(facts):
+    return log_format(facts.vllm_version, facts.engine_version)
+
+
 def _truth(case: str) -> dict:
     return json.loads((CASES / case / "truth.json").read_text())
 
 
 def _matched(rep, truth: dict, tol: int = 5) -> int:
-    found = [(p["step"], p["victim"]) for p in rep.preemptions]
+    found = [(p.step, p.victim) for p in rep.preemptions]
     used: set[int] = set()
     hits = 0
     for p in truth["preemptions"]:
@@ -53,14 +64,14 @@ def test_reqbody_log_finds_every_preemption(case: str) -> None:
     # step it saw (generated and prompt tokens too), so every preemption is "consistent"
     assert rep.verification["agreeing_lines"] == rep.verification["stats_lines"]
     assert rep.verification["exact_lines"] == rep.verification["stats_lines"]
-    assert {p["confidence"] for p in rep.preemptions} == {"consistent"}
+    assert {p.confidence for p in rep.preemptions} == {"consistent"}
     for p, t in zip(rep.preemptions, truth["preemptions"]):
-        assert p["victim"] == t["victim_log_id"]
-        assert p["trigger"] == truth["requests"][t["trigger"]]["log_request_id"]
-        assert p["self_preemption"] == t["self_preempt"]
-        assert p["computed_tokens_lost"] == t["num_computed_tokens_before"]
-        assert p["readmission_step"] == t["readmission_step"]
-        assert p["prefix_hit_at_readmission"] == t["prefix_hit_tokens_at_readmission"]
+        assert p.victim == t["victim_log_id"]
+        assert p.trigger == truth["requests"][t["trigger"]]["log_request_id"]
+        assert p.self_preemption == t["self_preempt"]
+        assert p.computed_tokens_lost == t["num_computed_tokens_before"]
+        assert p.readmission_step == t["readmission_step"]
+        assert p.prefix_hit_at_readmission == t["prefix_hit_tokens_at_readmission"]
 
 
 def test_poisson_log_count_within_5_percent() -> None:
@@ -73,7 +84,7 @@ def test_poisson_log_count_within_5_percent() -> None:
     n = truth["total_preemptions"]
     assert abs(len(rep.preemptions) - n) <= 0.05 * n
     assert _matched(rep, truth) >= 0.7 * n
-    assert rep.arrival_pattern == "poisson"
+    assert rep.info["arrival_pattern"] == "poisson"
 
 
 @pytest.mark.parametrize("case", ["b_fcfs_heavy", "f_prefix_caching", "p1_poisson_fcfs_200"])
@@ -105,12 +116,12 @@ def test_prefix_cache_hit_rate_gives_the_shared_prefix_without_prompts() -> None
     same 128-token prefix, so it holds the shared blocks once and the rest per request.
     Without it every prompt was 85 tokens, the interval 6-10 ended at the true 10 and the
     replay found 6; now the true count is inside, and the replay is within 1."""
-    from kvreplay.replay.from_log import shared_prefix_estimate
+    from kvreplay.inference.prompts import shared_prefix_estimate
 
     rep = _replay("f_prefix_caching", "server.log")
     truth = _truth("f_prefix_caching")
-    assert shared_prefix_estimate(rep.facts, rep.rebuilt.workload.config) == 128
-    prompts = [s.prompt_token_ids for s in rep.rebuilt.workload.requests]
+    assert shared_prefix_estimate(rep.facts, _fmt(rep.facts), rep.workload.config) == 128
+    prompts = [s.prompt_token_ids for s in rep.workload.requests]
     assert all(p[:128] == prompts[0][:128] for p in prompts)
     assert len({tuple(p[128:130]) for p in prompts}) == len(prompts)  # then their own
     est = rep.estimate
@@ -120,7 +131,7 @@ def test_prefix_cache_hit_rate_gives_the_shared_prefix_without_prompts() -> None
     assert "128-token prefix" in est["why"]
     # no caching, or no hit: nothing shared
     rep_b = _replay("b_fcfs_heavy", "server.log")
-    assert shared_prefix_estimate(rep_b.facts, rep_b.rebuilt.workload.config) == 0
+    assert shared_prefix_estimate(rep_b.facts, _fmt(rep_b.facts), rep_b.workload.config) == 0
 
 
 def test_render_prints_the_prefix_cache_hit_rate_as_the_log_case_does() -> None:
@@ -158,7 +169,7 @@ def test_round_trip_with_the_step_time_given(tmp_path: Path, case: str) -> None:
     facts = read_facts([str(log)], year=2026)
     rep = replay_facts(facts, step_time=StepTimeModel(overhead_s=1.0, per_token_s=0.0, per_request_s=0.0))
     want = [(r["step"], p["req"], p["trigger"]) for r in records for p in r["preemptions"]]
-    got = [(p["step"], p["victim"], p["trigger"]) for p in rep.preemptions]
+    got = [(p.step, p.victim, p.trigger) for p in rep.preemptions]
     assert got == want
     # The replay is the run, so each stats line is read at the step it saw and agrees
     # exactly. (Read by the clock, 5 of b's 64 lines landed a step off and "disagreed".)
@@ -172,17 +183,21 @@ def test_verification_notices_arrivals_one_step_off() -> None:
     log case (a burst of 12) replayed with requests 2-11 entering one step later has one
     preemption more than vLLM's run, yet every line agrees within the tolerances; two are
     not exact (the generated-token count jumps over the logged one)."""
-    from kvreplay.replay.from_log import step_replay, verify
+    from kvreplay.inference.clock import clocked
+    from kvreplay.inference.rebuild import rebuild_workload
+    from kvreplay.inference.runs import step_replay
+    from kvreplay.inference.verify import verify
 
     rep = _replay("b_fcfs_heavy", "server.reqbody.log")
-    arrivals = [rep.run.arrival_step[s.id] for s in rep.rebuilt.workload.requests]
-    plen = {s.id: len(s.prompt_token_ids) for s in rep.rebuilt.workload.requests}
-    assert verify(rep.run, rep.facts, prompt_len=plen)["exact_lines"] == 6
+    fmt, phase = _fmt(rep.facts), rep.info["stats_phase"]
+    arrivals = list(rep.inputs.arrival_steps)
+    assert rep.verification["exact_lines"] == 6
     moved = arrivals[:2] + [a + 1 for a in arrivals[2:]]
-    run = step_replay(rep.rebuilt, rep.facts, rep.profile, moved, rep.run.model, trace=False)
-    run.step_start = rep.run.step_start
-    assert run.summary.total_preemptions == len(rep.preemptions) + 1
-    check = verify(run, rep.facts, prompt_len=plen)
+    rebuilt = rebuild_workload(rep.facts, fmt, rep.profile)
+    run = step_replay(rebuilt, rep.facts, rep.profile, moved, rep.step_time_model)
+    clocked(run, rep.facts, fmt, phase)
+    assert run.num_preemptions == len(rep.preemptions) + 1
+    check = verify(run, rep.facts, fmt, phase, prompts_known=True)
     assert check["agreeing_lines"] == check["stats_lines"] == 6
     assert check["exact_lines"] == 4
     for r in check["lines"]:
@@ -195,10 +210,10 @@ def test_truncated_log_replays_up_to_the_cut(tmp_path: Path) -> None:
     cut = tmp_path / "cut.log"
     cut.write_text("\n".join(lines[: int(len(lines) * 0.75)]) + "\n")
     rep = replay_logs([str(cut)], year=2026)
-    assert rep.run.cut_at is not None
+    assert rep.cut_short and rep.inputs.max_steps == len(rep.steps)
     assert rep.summary()["cut_short"] is True
-    assert rep.run.unfinished  # requests still running when the server was killed
-    assert len(rep.run.records) < 613
+    assert rep.unfinished  # requests still running when the server was killed
+    assert len(rep.steps) < 613
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -237,7 +252,7 @@ def test_thin_logs_say_what_is_missing() -> None:
 def test_replay_is_deterministic() -> None:
     a = replay_logs([str(CASES / "f_prefix_caching" / "server.reqbody.log")], year=2026)
     b = replay_logs([str(CASES / "f_prefix_caching" / "server.reqbody.log")], year=2026)
-    assert a.preemptions == b.preemptions and a.run.records == b.run.records
+    assert a.preemptions == b.preemptions and a.steps == b.steps
 
 
 @pytest.mark.parametrize("case", ["b_fcfs_heavy", "f_prefix_caching"])
@@ -287,38 +302,38 @@ def test_stats_lines_agree_exactly_with_vllms_run_at_their_anchor(case: str) -> 
     lines before it entered by anchor + 2, those after it from anchor + 2 on. A replay
     that agrees with a line agrees with it exactly; the verification's tolerances are
     for real logs, whose intervals are not exactly the nominal one."""
-    from kvreplay.replay.from_log import (_anchors, first_token_prompts, n_running,
-                                          n_waiting, rebuild_workload, stats_targets,
-                                          step_replay)
+    from kvreplay.inference.lines import targets, token_anchors
+    from kvreplay.inference.rebuild import rebuild_workload
+    from kvreplay.inference.runs import step_replay
     from kvreplay.replay.profile import get_profile
 
     truth = _truth(case)
     facts = read_facts([str(CASES / case / "server.reqbody.log")], year=2026)
+    fmt = _fmt(facts)
     prof = get_profile(facts.vllm_version)
-    rebuilt = rebuild_workload(facts, prof)
+    rebuilt = rebuild_workload(facts, fmt, prof)
     by_log_id = {r["log_request_id"]: r for r in truth["requests"].values()}
     arrivals = [by_log_id[r.log_id]["arrival_step"] for r in facts.requests]
-    run = step_replay(rebuilt, facts, prof, arrivals, StepTimeModel(), trace=False)
-    assert run.summary.total_preemptions == truth["total_preemptions"]
-    anchors = _anchors(run, facts)
+    run = step_replay(rebuilt, facts, prof, arrivals, StepTimeModel())
+    assert run.num_preemptions == truth["total_preemptions"]
+    anchors = token_anchors(run, facts, fmt)
     cum_gen, cum_prompt, g, p = [], [], 0, 0
-    plen = {s.id: len(s.prompt_token_ids) for s in rebuilt.workload.requests}
-    for rec, n in zip(run.records, first_token_prompts(run, plen, True)):
-        g += len(rec["sampled"])
-        p += n
+    for rec in run.steps:
+        g += rec.generated_tokens
+        p += rec.stats_prompt_tokens - rec.stats_prompt_cached  # 0.33 leaves out hits
         cum_gen.append(g)
         cum_prompt.append(p)
-    fins = sorted(s for s in run.summary.finished_step.values())
+    fins = sorted(rec.step for rec in run.steps for _ in rec.finished)
     checked = 0
-    for st, a, (g_log, p_log) in zip(facts.stats, anchors, stats_targets(facts)):
+    for st, a, (g_log, p_log) in zip(facts.stats, anchors, targets(facts, fmt)):
         if a is None:
             assert g_log == 0
             continue
-        rec = run.records[a]
+        rec = run.steps[a]
         assert cum_gen[a] == g_log and (a == 0 or cum_gen[a - 1] < g_log), st.line
         assert cum_prompt[a] == p_log, st.line
-        assert (n_running(rec), n_waiting(rec)) == (st.running, st.waiting), st.line
-        assert abs(rec["kv_usage"] - st.kv_usage) <= 0.0005 + 1e-9, st.line
+        assert (rec.num_running, rec.num_waiting) == (st.running, st.waiting), st.line
+        assert abs(rec.kv_usage - st.kv_usage) <= 0.0005 + 1e-9, st.line
         c = st.completions_before
         assert c == 0 or fins[c - 1] <= a
         assert c == len(fins) or fins[c] >= a + 1
@@ -339,15 +354,15 @@ def test_support_on_the_poisson_log() -> None:
     time (4 of 11)."""
     rep = _replay("p1_poisson_fcfs_200", "server.reqbody.log")
     truth = _truth("p1_poisson_fcfs_200")
-    assert rep.support_replays == 10
-    assert all(0.0 <= p["support"] <= 1.0 for p in rep.preemptions)
+    assert rep.info["support_replays"] == 10
+    assert all(0.0 <= p.support <= 1.0 for p in rep.preemptions)
 
     def true(q) -> bool:
-        return any(q["victim"] == p["victim_log_id"] and abs(q["step"] - p["step"]) <= 5
+        return any(q.victim == p["victim_log_id"] and abs(q.step - p["step"]) <= 5
                    for p in truth["preemptions"])
 
-    full = [q for q in rep.preemptions if q["support"] == 1.0]
-    low = [q for q in rep.preemptions if q["support"] < 0.5]
+    full = [q for q in rep.preemptions if q.support == 1.0]
+    low = [q for q in rep.preemptions if q.support < 0.5]
     assert len(full) >= 20 and sum(map(true, full)) >= 0.9 * len(full)
     assert low and sum(map(true, low)) <= 0.6 * len(low)
     assert rep.summary()["robust_preemptions"] == len(full)
@@ -358,8 +373,8 @@ def test_no_support_for_bursts(case: str) -> None:
     """Bursts are placed by their spacing, not inside windows: jittering them says nothing
     about the log, so no support is given (and the summary says so with None)."""
     rep = _replay(case, "server.reqbody.log")
-    assert rep.support_replays == 0
-    assert all("support" not in p for p in rep.preemptions)
+    assert rep.info["support_replays"] == 0
+    assert all(p.support is None for p in rep.preemptions)
     assert rep.summary()["robust_preemptions"] is None
 
 
@@ -371,7 +386,7 @@ def test_support_flag(tmp_path: Path) -> None:
     assert subprocess.run(cmd, capture_output=True, text=True).returncode == 0
     report = json.loads(out.read_text())
     assert report["summary"]["support_replays"] == 0
-    assert all("support" not in p for p in report["preemptions"])
+    assert all(p["support"] is None for p in report["preemptions"])
     bad = subprocess.run(cmd[:-1] + ["-1"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--support" in bad.stderr and "Traceback" not in bad.stderr
     table = subprocess.run(cmd[:7] + ["--support", "3"], capture_output=True, text=True).stdout
@@ -419,7 +434,7 @@ def _facts_of(tmp_path: Path, lines: list[str], name: str = "server.log"):
 def _found_all(records, rep) -> bool:
     """Every preemption of the run found: right victim within 5 steps."""
     want = [(r["step"], p["req"]) for r in records for p in r.get("preemptions", ())]
-    got = [(p["step"], p["victim"]) for p in rep.preemptions]
+    got = [(p.step, p.victim) for p in rep.preemptions]
     return all(any(v == v2 and abs(s - s2) <= 5 for s2, v2 in got) for s, v in want)
 
 
@@ -434,10 +449,10 @@ def test_short_priority_log_with_real_step_times(tmp_path: Path, phase: float) -
     records, _ = simulate(wl)
     rep = replay_facts(_facts_of(tmp_path, _render_real(wl, records, phase)))
     want = [(r["step"], p["req"]) for r in records for p in r.get("preemptions", ())]
-    got = [(p["step"], p["victim"]) for p in rep.preemptions]
+    got = [(p.step, p.victim) for p in rep.preemptions]
     hits = sum(1 for s, v in want if any(v == v2 and abs(s - s2) <= 5 for s2, v2 in got))
     assert len(want) == 6 and hits >= 5
-    assert rep.run.arrival_step["r1"] <= 5  # arrived with r0 at step 0, not 75 steps late
+    assert _arrival(rep, "r1") <= 5  # arrived with r0 at step 0, not 75 steps late
 
 
 def test_burst_search_for_exact_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -447,7 +462,7 @@ def test_burst_search_for_exact_lines(tmp_path: Path, monkeypatch: pytest.Monkey
     of 6 preemptions; the search for exact lines (_exact_search) matches all 3 and finds all
     6 (on the truth's own arrivals all 3 are exact too). A log already matched exactly is
     left as it was."""
-    import kvreplay.replay.from_log as from_log
+    import kvreplay.inference.placement as placement
 
     wl = parse_workload(json.loads((DATA / "conformance" / "cases" / "d_priority" / "workload.json").read_text()))
     records, _ = simulate(wl)
@@ -456,18 +471,18 @@ def test_burst_search_for_exact_lines(tmp_path: Path, monkeypatch: pytest.Monkey
 
     def run() -> tuple[int, int]:
         rep = replay_facts(_facts_of(tmp_path, lines), support=0)
-        got = [(p["step"], p["victim"]) for p in rep.preemptions]
+        got = [(p.step, p.victim) for p in rep.preemptions]
         hits = sum(1 for s, v in want if any(v == v2 and abs(s - s2) <= 5 for s2, v2 in got))
         return rep.verification["exact_lines"], hits
 
     assert run() == (3, 6)
-    monkeypatch.setattr(from_log, "EXACT_SEARCH_MOVES", 0)
+    monkeypatch.setattr(placement, "EXACT_SEARCH_MOVES", 0)
     assert run() == (2, 5)
     # every line of the burst log case is matched already: the search does not run
     facts = read_facts([str(CASES / "b_fcfs_heavy" / "server.reqbody.log")], year=2026)
-    without = replay_facts(facts, support=0).run.arrival_step
-    monkeypatch.setattr(from_log, "EXACT_SEARCH_MOVES", 400)
-    assert replay_facts(facts, support=0).run.arrival_step == without
+    without = replay_facts(facts, support=0).inputs.arrival_steps
+    monkeypatch.setattr(placement, "EXACT_SEARCH_MOVES", 400)
+    assert replay_facts(facts, support=0).inputs.arrival_steps == without
 
 
 def test_closed_loop_log_with_requests_finishing_together(tmp_path: Path) -> None:
@@ -482,37 +497,41 @@ def test_closed_loop_log_with_requests_finishing_together(tmp_path: Path) -> Non
 
     from kvreplay.replay.engine import Engine
     from kvreplay.replay.profile import get_profile
+    from kvreplay.replay.records import EngineInputs
+    from kvreplay.replay.trace import conformance_record
 
     wl0 = parse_workload(json.loads((CASES / "p1_poisson_fcfs_200" / "workload.json").read_text()))
     specs = wl0.requests[:100]
-    engine = Engine(dataclasses.replace(wl0, requests=specs), get_profile("0.33"))
-    engine.by_step, engine.max_arrival = {}, 1 << 62
+    engine = Engine(dataclasses.replace(wl0, requests=specs), get_profile("0.33"),
+                    inputs=EngineInputs([-1] * len(specs)))
     rng = random.Random(5)
     placed: dict[str, object] = {}
+    due: dict[int, list[int]] = {}
 
     def send(step: int) -> None:
         spec = dataclasses.replace(specs[len(placed)], arrival_step=step)
         placed[spec.id] = spec
-        engine.by_step.setdefault(step, []).append((len(placed) - 1, spec))
+        due.setdefault(step, []).append(len(placed) - 1)
 
     for _ in range(48):
         send(0)
     records = []
     while len(engine.summary.finished_step) < len(specs):
-        rec = engine.step(trace=True)
-        records.append(rec)
-        for _ in rec["finished"]:
+        for i in due.pop(engine.step_index, ()):
+            engine.submit(i)
+        rec = engine.step()
+        records.append(conformance_record(engine, rec))
+        for _ in rec.finished:
             if len(placed) < len(specs):
-                send(rec["step"] + 2 + rng.randint(0, 2))
-        engine.done = False
+                send(rec.step + 2 + rng.randint(0, 2))
     wl = dataclasses.replace(wl0, requests=[placed[s.id] for s in specs])
     rep = replay_facts(_facts_of(tmp_path, _render_real(wl, records)), support=0)
-    assert rep.arrival_pattern == "closed-loop"
+    assert rep.info["arrival_pattern"] == "closed-loop"
     assert sum(len(r.get("preemptions", ())) for r in records) == 19 == len(rep.preemptions)
     assert _found_all(records, rep)
     # each arrival right behind the completion it answers (the client's own delay, 0-2
     # steps, is not in the log)
-    assert max(abs(rep.run.arrival_step[s.id] - placed[s.id].arrival_step) for s in specs) <= 2
+    assert max(abs(_arrival(rep, s.id) - placed[s.id].arrival_step) for s in specs) <= 2
 
 
 def _streaming(lines: list[str], bodies: bool) -> list[str]:
@@ -538,7 +557,7 @@ def test_streaming_log_access_lines_are_not_finishes(tmp_path: Path, bodies: boo
     lines, but too few generated tokens for 12 finished requests). The access lines are then
     dropped, with a note, and the replay is the non-streaming one's (without the bodies: the
     same count interval)."""
-    from kvreplay.replay.from_log import response_starts
+    from kvreplay.inference.facts import response_starts
 
     wl = parse_workload(json.loads((DATA / "conformance" / "cases" / "b_fcfs_heavy" / "workload.json").read_text()))
     records, _ = simulate(wl)
@@ -548,7 +567,7 @@ def test_streaming_log_access_lines_are_not_finishes(tmp_path: Path, bodies: boo
     reports = []
     for text in (plain_lines, _streaming(lines, bodies)):
         facts = _facts_of(tmp_path, text, f"server{len(reports)}.log")
-        reports.append((response_starts(facts), replay_facts(facts, support=0)))
+        reports.append((response_starts(facts, facts.interval_s), replay_facts(facts, support=0)))
     (plain_why, plain), (why, rep) = reports
     assert plain_why is None and why is not None
     assert ("JSON bodies" in why) == bodies
@@ -557,11 +576,12 @@ def test_streaming_log_access_lines_are_not_finishes(tmp_path: Path, bodies: boo
         # requests the line shows running or waiting have not finished, though
         log = tmp_path / "eos.log"
         log.write_text("\n".join(_streaming(lines, False)).replace("ignore_eos=True", "ignore_eos=False"))
-        why = response_starts(read_facts([str(log)], year=2026))
+        facts = read_facts([str(log)], year=2026)
+        why = response_starts(facts, facts.interval_s or 10.0)
         assert why is not None and "12 requests running or waiting of the 12 received" in why
-    assert any("access lines are not used" in n for n in rep.rebuilt.notes)
-    got = [(p["step"], p["victim"]) for p in rep.preemptions]
-    assert got == [(p["step"], p["victim"]) for p in plain.preemptions]
+    assert any("access lines are not used" in n for n in rep.notes)
+    got = [(p.step, p.victim) for p in rep.preemptions]
+    assert got == [(p.step, p.victim) for p in plain.preemptions]
     if bodies:  # prompts known: every preemption, at its step
         assert len(want) == 5 and sorted(got) == sorted(want)
     else:  # prompts estimated: the same count interval as the plain log's
@@ -611,11 +631,11 @@ def test_parallel_sampling_is_named_in_the_notes(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text(text[:first] + "SamplingParams(n=4," + text[first + len("SamplingParams(n=1,"):])
     rep = replay_logs([str(log)], year=2026)
-    assert [n for n in rep.rebuilt.notes if "n > 1" in n] == [
+    assert [n for n in rep.notes if "n > 1" in n] == [
         "1 of 12 requests ask for n > 1 samples (the first: cmpl-bench-78064ebc-0-0, n=4): vLLM runs "
         "each as n sequences sharing the prompt, this replay runs one, so it underestimates "
         "their KV load and preemptions"]
-    assert not any("n > 1" in n for n in _replay("b_fcfs_heavy", "server.reqbody.log").rebuilt.notes)
+    assert not any("n > 1" in n for n in _replay("b_fcfs_heavy", "server.reqbody.log").notes)
 
 
 @pytest.mark.parametrize("args, chunked, seqs", [
@@ -629,8 +649,7 @@ def test_max_num_seqs_default_follows_the_logged_budget(tmp_path: Path, args: st
     (EngineArgs.get_batch_defaults: 1024 / 8192 on 70 GiB or more other than an A100, else
     256 / 2048). A log whose `non-default args` names neither shows the budget in its
     chunked-prefill line, and so which default max_num_seqs has."""
-    from kvreplay.replay.from_log import scheduler_config_from
-    from kvreplay.replay.profile import get_profile
+    from kvreplay.inference.config import engine_config
 
     text = (CASES / "p1_poisson_fcfs_200" / "server.log").read_text()
     text = text.replace("'max_num_batched_tokens': 8192, 'max_num_seqs': 64, ", args)
@@ -638,7 +657,7 @@ def test_max_num_seqs_default_follows_the_logged_budget(tmp_path: Path, args: st
     log = tmp_path / "server.log"
     log.write_text(text)
     facts = read_facts([str(log)], year=2026)
-    cfg, src, notes = scheduler_config_from(facts, get_profile("0.33"))
+    cfg, src, notes = engine_config(facts, _fmt(facts))
     assert (cfg.max_num_seqs, cfg.max_num_batched_tokens) == (seqs, int(chunked))
     assert src["max_num_seqs"] == "default"
     assert any(n.startswith(f"max_num_seqs not in the log: {seqs} assumed") for n in notes) == (seqs == 1024)
@@ -661,7 +680,7 @@ def test_large_burst_sent_over_a_few_steps(tmp_path: Path) -> None:
     wl = dataclasses.replace(wl0, requests=specs)
     records, _ = simulate(wl)
     rep = replay_facts(_facts_of(tmp_path, _render_real(wl, records)), support=0)
-    assert rep.arrival_pattern == "burst" and specs[-1].arrival_step == 20
+    assert rep.info["arrival_pattern"] == "burst" and specs[-1].arrival_step == 20
     assert sum(len(r.get("preemptions", ())) for r in records) == 42 == len(rep.preemptions)
     assert _found_all(records, rep)
     assert rep.verification["exact_lines"] == 15
@@ -672,7 +691,7 @@ def test_data_parallel_log_is_refused_and_one_rank_replays(tmp_path: Path) -> No
     which request: `kvreplay replay` says so instead of replaying every request on one
     engine (it used to, finding 0 of the 2 preemptions engine 0's line counts). One rank's
     own log under external load balancing (only `Engine 001:` lines) replays as usual."""
-    from kvreplay.replay.from_log import ReplayError
+    from kvreplay.errors import ReplayError
 
     facts = read_facts([str(Path(__file__).parent.parent / "src" / "kvreplay" / "samples" / "synthetic_v022_dp2_iterations.log")],
                        year=2025)
@@ -685,8 +704,8 @@ def test_data_parallel_log_is_refused_and_one_rank_replays(tmp_path: Path) -> No
     rank1 = replay_logs([str(log)], year=2026)
     assert rank1.facts.engines == (1,) and len(rank1.facts.stats) == 6
     same = _replay("b_fcfs_heavy", "server.reqbody.log")
-    assert [(p["step"], p["victim"]) for p in rank1.preemptions] == [
-        (p["step"], p["victim"]) for p in same.preemptions]
+    assert [(p.step, p.victim) for p in rank1.preemptions] == [
+        (p.step, p.victim) for p in same.preemptions]
 
 
 def test_log_without_access_lines_places_arrivals_in_their_seconds(tmp_path: Path) -> None:
@@ -701,9 +720,9 @@ def test_log_without_access_lines_places_arrivals_in_their_seconds(tmp_path: Pat
     lines = [line for line in _render_real(wl, records) if "POST /v1/" not in line]
     rep = replay_facts(_facts_of(tmp_path, lines), support=0)
     assert not rep.facts.completions
-    assert max(abs(rep.run.arrival_step[s.id] - s.arrival_step) for s in wl.requests) <= 30
+    assert max(abs(_arrival(rep, s.id) - s.arrival_step) for s in wl.requests) <= 30
     want = [(r["step"], p["req"]) for r in records for p in r.get("preemptions", ())]
-    got = [(p["step"], p["victim"]) for p in rep.preemptions]
+    got = [(p.step, p.victim) for p in rep.preemptions]
     assert sum(1 for s, v in want if any(v == v2 and abs(s - s2) <= 5 for s2, v2 in got)) == 39
 
 
@@ -740,7 +759,7 @@ def test_container_time_stamps_give_sub_second_times(tmp_path: Path) -> None:
     def found(lines: list[str], name: str) -> int:
         rep = replay_facts(_facts_of(tmp_path, lines, name), support=0)
         want = [(r["step"], p["req"]) for r in records for p in r.get("preemptions", ())]
-        got = [(p["step"], p["victim"]) for p in rep.preemptions]
+        got = [(p.step, p.victim) for p in rep.preemptions]
         return sum(1 for s, v in want if any(v == v2 and abs(s - s2) <= 5 for s2, v2 in got))
 
     assert found(plain, "plain.log") == 4
@@ -754,7 +773,7 @@ def test_non_streaming_log_stopped_by_max_model_len_is_not_taken_for_streaming(t
     and dropped its access lines. Over 716 non-streaming renders of the bank and the
     conformance cases (8 ms and the log cases' formula, with and without prompts), 80 were
     taken for streaming; now none is."""
-    from kvreplay.replay.from_log import response_starts
+    from kvreplay.inference.facts import response_starts
 
     d = DATA / "oracle" / "0.33" / "nochunk_fcfs_bs8_poisson_async_s2"
     wl = parse_workload(json.loads((d / "workload.json").read_text()))
@@ -762,8 +781,8 @@ def test_non_streaming_log_stopped_by_max_model_len_is_not_taken_for_streaming(t
     lines = render_log(wl, records, step_time_s=0.008, stats_interval_s=1.0)
     facts = _facts_of(tmp_path, lines)
     facts.interval_s = 1.0
-    assert len(facts.completions) == 11 and response_starts(facts) is None
+    assert len(facts.completions) == 11 and response_starts(facts, 1.0) is None
     # streamed, the same run is still recognised (its access lines follow the requests)
     facts = _facts_of(tmp_path, _streaming(lines, True), "s.log")
     facts.interval_s = 1.0
-    assert response_starts(facts) is not None
+    assert response_starts(facts, 1.0) is not None

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from kvreplay.replay.from_log import StepTimeModel, replay_facts
-from kvreplay.replay.from_log import ReplayError
+from kvreplay.errors import ReplayError
+from kvreplay.inference import replay_facts
+from kvreplay.inference.clock import StepTimeModel
 from kvreplay.replay.render_v0 import render_v0_log
 from kvreplay.replay.v0 import run_workload, summarize
 from kvreplay.sources import read_facts
@@ -71,7 +72,7 @@ def _orig_preemptions(trace: list[dict]) -> list[tuple]:
 
 
 def _got(rep) -> list[tuple]:
-    return [(p["step"], p["victim"], p["mode"], p["cumulative"]) for p in rep.preemptions]
+    return [(p.step, p.victim, p.mode, p.cumulative) for p in rep.preemptions]
 
 
 WORKLOADS = _workloads()
@@ -85,19 +86,20 @@ def test_round_trip_fixed_step_time(tmp_path, d):
                        step_time=StepTimeModel(overhead_s=1.0, per_token_s=0.0, per_request_s=0.0))
     assert _got(rep) == _orig_preemptions(trace)
     s = summarize(trace)
-    assert rep.counters["prometheus_num_preemptions_total"] == s["prometheus_num_preemptions_total"]
-    assert rep.counters["num_cumulative_preemption"] == s["num_cumulative_preemption"]
-    assert (rep.counters["terminal_error"] is None) == (s["terminal_error"] is None)
+    counters = rep.summary()
+    assert counters["prometheus_num_preemptions_total"] == s["prometheus_num_preemptions_total"]
+    assert counters["num_cumulative_preemption"] == s["num_cumulative_preemption"]
+    assert (counters["terminal_error"] is None) == (s["terminal_error"] is None)
     ws = rep.warnings
     assert ws["warnings_logged"] == s["preemption_warnings_logged"]
     assert ws["warnings_matched"] == ws["warnings_logged"]
     assert not ws["replay_warnings_not_in_log"]
     v = rep.verification
     assert v["agreeing_lines"] == v["stats_lines"], v["first_divergence"]
-    # a victim named by a warning at its cumulative count is exact
+    # a victim a warning names at its cumulative count is exact by the log
     for p in rep.preemptions:
-        if p["warning_logged"]:
-            assert p["confidence"] == "exact"
+        if p.warning_logged:
+            assert p.confidence == "exact-by-log"
 
 
 FITTED = ["v0_a_recompute_basic", "v0h_parallel_n", "v0r_2142", "v0h_swap_blocks_prefill"]
@@ -112,7 +114,7 @@ def test_round_trip_fitted_step_time(tmp_path, name):
     assert _got(rep) == _orig_preemptions(trace)
     assert rep.warnings["warnings_matched"] == rep.warnings["warnings_logged"] >= 1
     assert rep.verification["agreeing_lines"] == rep.verification["stats_lines"]
-    m = rep.fit.model
+    m = rep.step_time_model
     assert abs(m.dt(100, 4) - 1.0) < 0.01, m.describe()
 
 
@@ -157,7 +159,7 @@ def test_realistic_step_times_accuracy():
     trace = run_workload(w)
     orig = [(s, v) for s, v, _, _ in _orig_preemptions(trace)]
     rep = replay_facts(read_facts([str(REALISTIC_LOG)], year=YEAR))
-    got = [(p["step"], p["victim"]) for p in rep.preemptions]
+    got = [(p.step, p.victim) for p in rep.preemptions]
     used: set[int] = set()
     found = 0
     for s, v in orig:
@@ -172,7 +174,7 @@ def test_realistic_step_times_accuracy():
           f"{ws['warnings_matched']}/{ws['warnings_logged']} (victims "
           f"{ws['victims_matched']}); stats lines agreeing "
           f"{rep.verification['agreeing_lines']}/{rep.verification['stats_lines']}; "
-          f"{rep.fit.model.describe()}")
+          f"{rep.step_time_model.describe()}")
     # At the time of writing (seed 7): 147 simulated, 142 replayed, 35 found within 5
     # steps (24%), warnings 2 of 3 matched, 5 of 14 stats lines agreeing; the fitted model
     # 17.0 ms + 51 us/token + 0.42 ms/group (true: 18 ms + 40 us + 0.3 ms). The count is
@@ -262,7 +264,7 @@ def test_streaming_access_lines_are_not_finishes(tmp_path):
     log.write_text("\n".join(out) + "\n")
     plain = replay_facts(read_facts([str(REALISTIC_LOG)], year=YEAR))
     rep = replay_facts(read_facts([str(log)], year=YEAR))
-    assert any("access lines are not used" in n for n in rep.rebuilt.notes)
+    assert any("access lines are not used" in n for n in rep.notes)
     assert len(plain.preemptions) == 142
-    assert [(p["step"], p["victim"]) for p in rep.preemptions] == [
-        (p["step"], p["victim"]) for p in plain.preemptions]
+    assert [(p.step, p.victim) for p in rep.preemptions] == [
+        (p.step, p.victim) for p in plain.preemptions]

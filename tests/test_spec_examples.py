@@ -8,6 +8,7 @@ from typing import Any
 
 from kvreplay.replay import Engine, get_profile, parse_workload
 from kvreplay.replay.request import RequestStatus
+from kvreplay.replay.trace import conformance_record
 
 
 def _workload(config: dict[str, Any], requests: list[dict[str, Any]]) -> dict[str, Any]:
@@ -32,7 +33,7 @@ class Stepper:
         self.rec: dict[str, Any] = {}
 
     def step(self) -> dict[str, Any]:
-        self.rec = next(self._it)
+        self.rec = conformance_record(self.engine, next(self._it))
         return self.rec
 
     @property

@@ -12,19 +12,20 @@ import pytest
 
 pytest.importorskip("textual")
 
-from kvreplay.replay.session import open_source  # noqa: E402
+from kvreplay.sources import open_replay as open_source  # noqa: E402
 from kvreplay.replay.timeline import CACHED, FREE, HELD, NULL, SHARED  # noqa: E402
 from kvreplay.samples import sample_path  # noqa: E402
 from kvreplay.tui import render  # noqa: E402
 from kvreplay.tui.app import KEYS, ReplayApp, parse_goto, parse_step  # noqa: E402
-from kvreplay.tui.cli import default_paths  # noqa: E402
+from kvreplay.cli.tui import default_paths  # noqa: E402
 
 CASES = Path(__file__).parent / "data" / "conformance" / "cases"
 SIZE = (150, 48)
 
 
 def records_of(path):
-    return list(open_source([path]).engine().run())
+    """The conformance trace of the replay the app shows (a checked re-run of its inputs)."""
+    return open_source([path]).trace()
 
 
 def run(coro):
@@ -294,20 +295,45 @@ def test_bad_input_is_reported_not_raised(tmp_path) -> None:
     assert app.return_code == 2  # nothing to show: the app leaves, the CLI prints the error
 
 
-def test_cli_v0_log_one_line_and_exit_2(monkeypatch, capsys) -> None:
-    """`kvreplay tui v0.log`: the terminal comes back, one line on stderr, exit 2."""
+def test_cli_data_parallel_log_one_line_and_exit_2(monkeypatch, capsys) -> None:
+    """`kvreplay tui dp.log`: a log that cannot be replayed gives the terminal back, one
+    line on stderr, exit 2."""
     from textual.app import App
 
     from kvreplay.cli import main
 
     monkeypatch.setattr(ReplayApp, "run", lambda self, **kw: App.run(self, headless=True))
-    log = Path(__file__).parent / "data" / "v0_logs" / "v066_recompute_basic_1s.log"
-    assert main(["tui", str(log)]) == 2
+    assert main(["tui", str(sample_path("synthetic_v022_dp2_iterations.log"))]) == 2
     out, err = capsys.readouterr()
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1, err
-    assert lines[0].startswith("kvreplay tui: error: this is a V0-engine log")
+    assert lines[0].startswith("kvreplay tui: error: this is a data-parallel log")
     assert "Traceback" not in out + err
+
+
+def test_v0_log_opens_on_the_replays_preemptions() -> None:
+    """A V0-engine log (swap and recompute): the timeline, the why panel and the step view
+    show the replay's own records (the same as `kvreplay replay`)."""
+    log = Path(__file__).parent / "data" / "v0_logs" / "v066_swap_1s.log"
+    rep = open_source([str(log)], year=2025)
+
+    async def body():
+        app = ReplayApp([str(log)])
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(app, pilot)
+            tl = app.tl
+            assert [(p.step, p.victim, p.mode) for p in tl.preemptions] == [
+                (p.step, p.victim, p.mode) for p in rep.preemptions]
+            await pilot.press("n")
+            await pilot.pause()
+            first = rep.preemptions[0]
+            assert app.cursor == first.step
+            why = text(app, "#why-panel")
+            assert first.victim in why and "swapped out to CPU memory" in why
+            step = text(app, "#step")
+            assert f"step {first.step}" in step.lower()
+
+    run(body())
 
 
 def test_parse_step() -> None:
@@ -438,18 +464,17 @@ def test_goto_prompt_on_a_workload_says_it_has_no_times() -> None:
 
 
 def test_why_panel_shows_each_preemptions_own_confidence(monkeypatch) -> None:
-    import kvreplay.tui.app as app_mod
+    import kvreplay.sources as sources
+
+    real = sources.open_replay
 
     def patched(paths, **kw):
-        src = open_source(paths, **kw)
-        per = src.extra["preemption_confidence"]
-        steps = sorted(per)
-        per[steps[0]] = "inferred"
-        per[steps[1]] = "exact"
-        del per[steps[2]]  # falls back to the source's confidence
+        src = real(paths, **kw)
+        src.preemptions[0].confidence = "inferred"
+        src.preemptions[1].confidence = "exact"
         return src
 
-    monkeypatch.setattr(app_mod, "open_source", patched)
+    monkeypatch.setattr(sources, "open_replay", patched)
 
     async def body():
         app = ReplayApp(default_paths())
@@ -461,8 +486,7 @@ def test_why_panel_shows_each_preemptions_own_confidence(monkeypatch) -> None:
                 await pilot.pause()
                 why = text(app, "#why-panel")
                 shown.append(why.split("confidence: ")[1].split()[0])
-            assert shown == ["inferred", "exact", app.tl.source.confidence]
-            assert app.tl.source.confidence == "consistent"
+            assert shown == ["inferred", "exact", "consistent"]
             await pilot.press("N", "N")
             await pilot.pause()
             assert "(reconstructed: the stats lines around it disagree" in text(app, "#why-panel")
@@ -507,7 +531,7 @@ def test_log_tab_shows_the_nearest_lines_around_a_quiet_step() -> None:
 def test_cli_import_path_does_not_import_textual() -> None:
     code = ("import sys\nfrom kvreplay.cli import build_parser\n"
             "a = build_parser().parse_args(['tui'])\n"
-            "assert a._module.__name__ == 'kvreplay.tui.cli', a._module\n"
+            "assert a._module.__name__ == 'kvreplay.cli.tui', a._module\n"
             "print(','.join(m for m in sys.modules if m.startswith('textual')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

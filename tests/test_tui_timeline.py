@@ -11,13 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from kvreplay.replay.engine import Engine
-from kvreplay.replay.session import open_source
 from kvreplay.replay.timeline import (
     CACHED, FREE, HELD, NULL, SHARED, EngineState, Timeline, diff_states,
 )
 from kvreplay.replay.workload import parse_workload
 from kvreplay.samples import sample_path
+from kvreplay.sources import open_replay as _open
+
+
+def open_source(paths):
+    return _open([str(p) for p in paths], year=2026)
 
 CASES = Path(__file__).parent / "data" / "conformance" / "cases"
 SOURCES = [
@@ -31,9 +34,10 @@ SOURCES = [
 
 
 def straight(src):
-    engine = src.engine()
-    records = list(engine.run())
-    return records, engine
+    """The replay's conformance trace, and an engine run straight through its inputs."""
+    engine = src.new_engine()
+    assert list(engine.run()) == src.steps
+    return src.trace(), engine
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: Path(p).parent.name)
@@ -44,7 +48,7 @@ def test_views_equal_the_straight_run(path, every) -> None:
     tl = Timeline(src, snapshot_every=every)
     tl.build()
     assert tl.done and tl.num_steps == len(records)
-    assert tl.summary.to_dict() == engine.summary.to_dict()
+    assert tl.engine.summary.to_dict() == engine.summary.to_dict()
     rng = random.Random(len(records))
     steps = rng.sample(range(len(records)), 25) + [0, len(records) - 1]
     # random order: backwards, forwards, far jumps
@@ -90,7 +94,7 @@ def test_snapshot_resumes_to_identical_trace_and_summary() -> None:
     tl.build()
     for snap in tl.snapshots:
         e = tl.codec.restore(snap)
-        assert list(e.run()) == records[snap.step:]
+        assert list(e.run()) == src.steps[snap.step:]
         assert e.summary.to_dict() == engine.summary.to_dict()
 
 
@@ -138,13 +142,13 @@ def test_navigation_and_preemption_details() -> None:
     assert tl.next_event("preemption", pre_steps[0], forward=False) is None
     first = tl.preemptions_at(pre_steps[0])
     p = records[pre_steps[0]]["preemptions"][0]
-    assert (first[0].victim, first[0].trigger, first[0].computed_lost) == (
+    assert (first[0].victim, first[0].trigger, first[0].computed_tokens_lost) == (
         p["req"], p["trigger"], p["num_computed_tokens_before"])
     assert first[0].blocks_needed == p["blocks_needed"]
     assert first[0].free_blocks_at_failure == p["free_blocks_at_failure"]
     # readmission: the first later step that resumed the victim
     resumed = next(r for r in records[pre_steps[0]:] if first[0].victim in r.get("resumed", ()))
-    assert first[0].readmitted_step == resumed["step"]
+    assert first[0].readmission_step == resumed["step"]
     assert first[0].prefix_hit_at_readmission == resumed["prefix_hit_tokens"][first[0].victim]
     # request life is in step order and ends with its finish
     for rid, events in tl.life.items():
@@ -158,12 +162,12 @@ def test_scheduled_kinds() -> None:
     tl = Timeline(src)
     tl.build()
     p = tl.preemptions[1]
-    v = tl.view(p.readmitted_step)
+    v = tl.view(p.readmission_step)
     kinds = {s.rid: s.kind for s in v.scheduled}
     assert kinds[p.victim] == "recompute"
     v0 = tl.view(0)
     assert {s.kind for s in v0.scheduled} == {"prefill"}
-    late = tl.view(p.readmitted_step + 40)
+    late = tl.view(p.readmission_step + 40)
     assert "decode" in {s.kind for s in late.scheduled}
 
 
@@ -225,15 +229,10 @@ def test_log_source_times_confidence_and_log_neighbours() -> None:
     assert tl.step_at_time(times[0] - 60) == 0
     assert tl.step_at_time(times[-1] + 60) == tl.num_steps - 1
     assert tl.step_time(tl.num_steps) is None
-    # per-preemption confidence: the replay's own word, else the source's
-    per = src.extra["preemption_confidence"]
-    assert [p.step for p in tl.preemptions] == sorted(per)  # same steps as the log replay
-    for p in tl.preemptions:
-        assert tl.preemption_confidence(p) == per[p.step]
-    per[tl.preemptions[0].step] = "inferred"
-    del per[tl.preemptions[1].step]
-    assert tl.preemption_confidence(tl.preemptions[0]) == "inferred"
-    assert tl.preemption_confidence(tl.preemptions[1]) == src.confidence
+    # the preemptions and their confidence are the log replay's own records
+    assert tl.preemptions is src.preemptions
+    assert [tl.preemption_confidence(p) for p in tl.preemptions] == [
+        p.confidence for p in src.preemptions] == ["consistent"] * 5
     # nearest log lines around a step without any
     logged = sorted(src.log_lines)
     gap = next(s for s in range(tl.num_steps) if s not in src.log_lines)
@@ -261,8 +260,8 @@ def test_preemption_support_comes_from_the_log_replay() -> None:
     tl.build()
     p = tl.preemptions[0]
     assert tl.preemption_support(p) is None  # a burst log: no support measured
-    src.extra["support_replays"] = 10
-    src.extra["preemption_support"] = {(p.step, p.victim): 0.7}
+    src.info["support_replays"] = 10
+    p.support = 0.7
     assert tl.preemption_support(p) == (0.7, 10)
     assert tl.preemption_support(tl.preemptions[1]) is None
     from rich.text import Text

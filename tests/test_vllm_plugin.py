@@ -21,7 +21,7 @@ import pytest
 
 from kvreplay.events import Log, RequestTrace, StepTrace, TraceConfig, Unparsed
 from kvreplay.parsers import parse_files
-from kvreplay.replay.from_trace import exact_replay, has_step_trace
+from kvreplay.inference.step_trace import has_step_trace, replay_step_trace
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tracecmp import CONFORMANCE_FIELDS, first_difference, read_trace  # noqa: E402
@@ -131,17 +131,20 @@ def test_log_lines_parse(vllm_runs, parsed, case):
 
 @pytest.mark.parametrize("case", [c.name for c in CASES])
 def test_exact_replay_every_step_equal(vllm_runs, parsed, case):
-    res = exact_replay(parsed[case])
+    rep = replay_step_trace(parsed[case])
+    res = rep.step_check
     steps = [e for e in parsed[case] if isinstance(e, StepTrace)]
     assert res["first_divergence"] is None, res["first_divergence"]
     assert res["steps_checked"] == len(steps) > 0
     # the vLLM-side facts agree with what the harness recorded independently
     summary = json.loads((vllm_runs[case] / "summary.json").read_text())
     want = [(p["step"], p["req"], p["trigger"], p["self_preempt"]) for p in summary["preemption_events"]]
-    got = [(p["step"], p["victim"], p["trigger"], p["self_preemption"]) for p in res["preemptions"]]
+    got = [(p.step, p.victim, p.trigger, p.self_preemption) for p in rep.preemptions]
     assert got == want
-    assert all(p["confidence"] == "exact" for p in res["preemptions"])
-    assert len(res["records"]) == len(steps)
+    assert all(p.confidence == "exact" for p in rep.preemptions)
+    assert len(rep.steps) == len(steps)
+    # the Replay re-runs from its inputs to exactly its records (what the TUI does)
+    assert [r for _, r in rep.rerun()] == rep.steps
 
 
 def _alter(log: Path, out: Path, step: int, old: str, new: str) -> int:
@@ -201,7 +204,7 @@ def test_altered_line_is_a_divergence_at_that_step(vllm_runs, parsed, tmp_path, 
         old, new, field = f"f={h}:{n}", f"f={other}:{n}", "finished"
     bad = tmp_path / "altered.log"
     lineno = _alter(log, bad, st.step, old, new)
-    res = exact_replay(list(parse_files([str(bad)], year=2026)))
+    res = replay_step_trace(list(parse_files([str(bad)], year=2026))).step_check
     div = res["first_divergence"]
     assert div is not None
     assert (div["step"], div["line"], div["file"], div["field"]) == (st.step, lineno, str(bad), field)

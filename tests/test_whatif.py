@@ -11,7 +11,7 @@ from kvreplay.audit import whatif as W
 from kvreplay.audit.synth import make_workload, render_log
 from kvreplay.cli import main
 from kvreplay.replay import get_profile, simulate
-from kvreplay.replay.from_log import StepTimeModel
+from kvreplay.inference.clock import StepTimeModel
 
 CASE = dict(seed=11, rate=10, prompt=(200, 700), output=(80, 250), num_gpu_blocks=300,
             max_num_seqs=32, max_model_len=2048)
@@ -41,22 +41,25 @@ def test_plan_one_at_a_time_and_grid():
 
 
 def test_closed_loop_with_every_client_equals_simulate():
-    """N >= requests clients all send at step 0: exactly the simulate() run, and the same
-    preemption cost as the record-based computation the audit uses."""
-    from kvreplay.audit.metrics import recompute_from_records
+    """N >= requests clients all send at step 0: exactly the simulate() run, with the same
+    preemption figures as that run's records (kvreplay.replay.records)."""
+    from kvreplay.replay.result import replay_workload
 
     wl, _ = make_workload(30, **CASE)
     prof = get_profile("0.33")
     records, summary = simulate(wl, prof)
     model = StepTimeModel(0.008, 3e-5, 0.0)
     res = W.drive(wl, prof, model, clients=30)
-    truth = recompute_from_records(records)
+    data = {"config": {**dataclasses.asdict(wl.config), "max_steps": 10**6},
+            "requests": [{"id": s.id, "arrival_step": 0, "prompt_token_ids": s.prompt_token_ids,
+                          "max_tokens": s.max_tokens} for s in wl.requests]}
+    truth = replay_workload(data, profile="0.33").totals()
     assert res["completed"] == 30 and res["steps"] == len(records)
-    assert res["preemptions"] == summary.total_preemptions == truth["preemptions"] > 0
+    assert res["preemptions"] == summary.total_preemptions == truth.preemptions > 0
     assert res["self_preemptions"] == summary.self_preemptions
-    assert res["processed_tokens"] == truth["processed_tokens"]
-    assert res["recomputed_tokens"] == truth["recomputed_tokens"]
-    assert res["recompute_ratio"] == pytest.approx(truth["recompute_ratio"], abs=1e-6)
+    assert res["processed_tokens"] == truth.processed_tokens
+    assert res["recomputed_tokens"] == truth.tokens_recomputed
+    assert res["recompute_ratio"] == pytest.approx(truth.recompute_ratio, abs=1e-6)
     assert res["output_tokens"] == sum(len(r.get("sampled", ())) for r in records)
     makespan = sum(model.dt(r.get("num_scheduled_tokens", 0), len(r.get("scheduled", ())))
                    if r.get("scheduled") else model.overhead_s for r in records)

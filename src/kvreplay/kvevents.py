@@ -20,9 +20,9 @@ nothing published before the subscription is lost), then writes one JSON object 
 Block hashes are 16 hex digits, the same names the step trace uses. Token ids are never
 written (BlockStored carries them; only their count is kept).
 
-Such a file is replay input: `exact_replay(events, kv_events=read_kv_events(path))` checks,
-after every step, that the set of blocks vLLM announced as cached equals the set of cached
-blocks in kvreplay's block pool.
+Such a file is replay input (kvreplay.parsers.kvevents reads it; the step-trace replay,
+kvreplay.inference.step_trace, checks after every step that the set of blocks vLLM
+announced as cached equals the set of cached blocks in kvreplay's block pool).
 """
 
 from __future__ import annotations
@@ -195,63 +195,6 @@ def record(
         if dealer is not None:
             dealer.close(linger=0)
     return written
-
-
-def read_kv_events(path: str) -> list[dict[str, Any]]:
-    """A file written by record-kv-events (JSON Lines; `.gz` ok), in seq order."""
-    import gzip
-
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        recs = [json.loads(line) for line in f if line.strip()]
-    recs.sort(key=lambda r: r.get("seq", 0))
-    return recs
-
-
-def is_kv_events_file(path: str) -> bool:
-    """Cheap sniff: the first line is a JSON object with "seq" and "events"."""
-    import gzip
-
-    opener = gzip.open if str(path).endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            first = f.readline()
-        d = json.loads(first)
-    except (OSError, ValueError, UnicodeDecodeError):
-        return False
-    return isinstance(d, dict) and "seq" in d and "events" in d
-
-
-class CacheState:
-    """The set of cached blocks (by 16-hex hash) that the events announce."""
-
-    def __init__(self) -> None:
-        self.cached: set[str] = set()
-        self.batches = 0
-
-    def apply(self, record: dict[str, Any]) -> None:
-        self.batches += 1
-        for e in record.get("events", ()):
-            t = e.get("type")
-            if e.get("medium") not in (None, "GPU"):
-                continue  # offloaded tiers are not the GPU block pool
-            if t == "BlockStored":
-                self.cached.update(e["block_hashes"])
-            elif t == "BlockRemoved":
-                self.cached.difference_update(e["block_hashes"])
-            elif t == "AllBlocksCleared":
-                self.cached.clear()
-
-    @property
-    def num_cached(self) -> int:
-        return len(self.cached)
-
-
-def apply_all(records: Iterable[dict[str, Any]]) -> CacheState:
-    s = CacheState()
-    for r in records:
-        s.apply(r)
-    return s
 
 
 # ------------------------------------------------------------------ CLI

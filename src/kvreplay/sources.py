@@ -1,101 +1,127 @@
-"""Glue between the parsers and the replay: log files -> events -> facts -> replay.
+"""The one join of parsing and replay: input files -> events -> facts -> one `Replay`.
 
-The only module (with the CLIs) that imports both kvreplay.parsers and kvreplay.replay:
-parsers -> events <- replay.
+Every front end (the `replay`, `tui`, `audit` and `whatif` commands, the golden-log
+plugin) opens its input here, so that each computes the same replay from the same bytes:
+
+    open_replay(paths)   # a workload JSON, vLLM log file(s), a step-trace log (+ KV events)
+
+The only module (with the CLIs) that imports both kvreplay.parsers and the inference:
+parsers -> events <- model <- inference <- front ends.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from kvreplay.errors import UserError
 
 
-def read_facts(paths: Sequence[str], *, vllm_version: str | None = None, year: int | None = None):
-    """Parse log files into `LogFacts`."""
-    from kvreplay.parsers import detect_version, merge_config, parse_files
-    from kvreplay.inference.facts import collect
+@dataclass(slots=True)
+class LogInput:
+    """Log files read once: their events, the release they come from, the merged config."""
 
+    paths: list[str]
+    events: list[Any]
+    dialect: Any
+    config: Any
+    _facts: Any = field(default=None, repr=False)
+
+    @property
+    def facts(self):
+        """What the log says (kvreplay.inference.facts.LogFacts), collected on first use."""
+        if self._facts is None:
+            from kvreplay.inference.facts import collect
+
+            self._facts = collect(self.events, list(self.paths), config=self.config,
+                                  vllm_version=self.dialect.vllm_version,
+                                  engine_version=self.dialect.engine_version)
+        return self._facts
+
+
+def read_log(paths: Sequence[str], *, vllm_version: str | None = None,
+             year: int | None = None) -> LogInput:
+    """Parse log files (merged by time) into events, once."""
+    from kvreplay.parsers import detect_version, merge_config, parse_files
+
+    _check_exist(paths)
     events = list(parse_files(list(paths), year=year, vllm_version=vllm_version))
     if not events:
         raise UserError(f"{', '.join(paths)}: empty log")
-    dialect = detect_version(events, vllm_version)
-    config = merge_config(events)
-    return collect(
-        events,
-        list(paths),
-        config=config,
-        vllm_version=dialect.vllm_version,
-        engine_version=dialect.engine_version,
-    )
+    return LogInput(list(paths), events, detect_version(events, vllm_version), merge_config(events))
 
 
-def replay_logs(paths: Sequence[str], *, profile: str | None = None,
+def read_facts(paths: Sequence[str], *, vllm_version: str | None = None, year: int | None = None):
+    """Parse log files into `LogFacts`."""
+    return read_log(paths, vllm_version=vllm_version, year=year).facts
+
+
+def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
                 vllm_version: str | None = None, year: int | None = None,
-                support: int | None = None):
-    """Parse, rebuild, fit and replay: a `LogReplay` (`support`: see from_log.replay_facts)."""
+                support: int | None = None, step_time: Any = None,
+                log: LogInput | None = None, check_capacity: bool = True):
+    """The `Replay` of a workload JSON (conformance format, V1 or V0), of vLLM log files,
+    or of a log written with kvreplay's step-trace scheduler (with KV-event files beside
+    it, checked block by block). `log`: the same files already read (read_log)."""
+    paths = [str(p) for p in paths]
+    if not paths:
+        raise UserError("nothing to open: give a workload JSON or vLLM log files")
+    _check_exist(paths)
+    profile = None if profile in (None, "auto") else profile
+    if len(paths) == 1 and looks_like_workload(paths[0]):
+        from kvreplay.replay.result import replay_workload
+        from kvreplay.replay.workload import load_workload
+
+        return replay_workload(load_workload(paths[0]), profile=profile,
+                               label=f"workload {Path(paths[0]).name}", paths=paths,
+                               check_capacity=check_capacity)
+    from kvreplay.parsers.kvevents import is_kv_events_file, read_kv_events
+
+    kv_paths = [p for p in paths if p != "-" and is_kv_events_file(p)]
+    logs = [p for p in paths if p not in kv_paths]
+    if kv_paths and not logs:
+        raise UserError("a KV-event file is checked against a server log: give the log too")
+    if log is None:
+        log = read_log(logs, vllm_version=vllm_version, year=year)
+    label = f"log {', '.join(Path(p).name for p in logs)}"
+    from kvreplay.inference.step_trace import has_step_trace, replay_step_trace
+
+    if has_step_trace(log.events):
+        kv = [r for p in kv_paths for r in read_kv_events(p)] if kv_paths else None
+        rep = replay_step_trace(log.events, profile=profile, kv_events=kv,
+                                label=label + " (step trace)")
+        rep.paths = logs
+        return rep
+    if kv_paths:
+        raise UserError(
+            "KV-event files are checked against a log written with kvreplay's step-trace "
+            "scheduler (--scheduler-cls kvreplay.vllm_plugin.StepTraceScheduler); this log "
+            "has no kvtrace lines")
     from kvreplay.inference import replay_log
 
-    facts = read_facts(paths, vllm_version=vllm_version, year=year)
-    return replay_log(facts, profile=profile, support=support)
+    rep = replay_log(log.facts, profile=profile, step_time=step_time, support=support)
+    rep.label = f"{label} (vLLM {rep.info.get('vllm_version') or '?'}, replayed)"
+    return rep
 
 
-def source_from_logs(paths: Sequence[str], *, profile: str | None = None,
-                     vllm_version: str | None = None, year: int | None = None):
-    """A `ReplaySource` for the TUI and the pytest plugin: the log's rebuilt workload with
-    every request entering at the step the log replay placed it, so a plain `Engine` run of
-    it is the log replay."""
-    from kvreplay.replay.session import ReplaySource
+def replay_logs(paths: Sequence[str], **kw: Any):
+    """The `Replay` of vLLM log files (see open_replay)."""
+    return open_replay(paths, **kw)
 
-    from kvreplay.replay.from_log import ReplayError, finish_steps, replay_facts
 
-    facts = read_facts(paths, vllm_version=vllm_version, year=year)
-    if facts.engine_version == "V0":  # known from the startup lines: fail before replaying
-        raise UserError(
-            "this is a V0-engine log: `kvreplay replay` reports its preemptions; stepping "
-            "through it needs the V1 engine's step view, which V0 does not have yet"
-        )
+def looks_like_workload(path: str) -> bool:
+    if path.endswith(".json"):
+        return True
     try:
-        rep = replay_facts(facts, profile=None if profile in (None, "auto") else profile)
-    except ReplayError as exc:
-        raise UserError(str(exc)) from None
-    if type(rep).__name__ == "V0LogReplay":
-        raise UserError(
-            "this is a V0-engine log: `kvreplay replay` reports its preemptions; stepping "
-            "through it needs the V1 engine's step view, which V0 does not have yet"
-        )
-    arrival = rep.run.arrival_step
-    workload = rep.workload()
-    log_lines: dict[int, list[tuple[str, int]]] = {}
-    for r in rep.facts.requests:
-        log_lines.setdefault(arrival.get(r.log_id, 0), []).append((r.file, r.line))
-    finishes = finish_steps(rep.run.records)
-    for (file, line, _, _), step in zip(rep.facts.completions, finishes):
-        log_lines.setdefault(step, []).append((file, line))
-    for row in rep.verification["lines"]:
-        if row.get("step") is not None:
-            log_lines.setdefault(row["step"], []).append((row["file"], row["line"]))
-    for lines in log_lines.values():
-        lines.sort(key=lambda x: (x[0], x[1]))
-    confidence = "consistent" if all(
-        p.get("confidence") == "consistent" for p in rep.preemptions) else "inferred"
-    summary = rep.summary()
-    return ReplaySource(
-        workload=workload,
-        profile=rep.profile,
-        label=f"log {', '.join(Path(p).name for p in paths)} "
-        f"(vLLM {summary['vllm_version'] or '?'}, replayed)",
-        kind="log",
-        paths=list(paths),
-        confidence=confidence,
-        log_lines=log_lines,
-        notes=[summary["step_time_model"], f"arrivals: {summary['arrival_pattern']}"]
-        + rep.rebuilt.notes + rep.facts.missing,
-        extra={"step_times": rep.run.step_start, "replay": rep,
-               "preemption_confidence": {p["step"]: p.get("confidence") for p in rep.preemptions},
-               # (step, victim) -> share of the alternative replays that find it too
-               "preemption_support": {(p["step"], p["victim"]): p["support"]
-                                      for p in rep.preemptions if p.get("support") is not None},
-               "support_replays": getattr(rep, "support_replays", 0)},
-    )
+        with open(path, "rb") as f:
+            head = f.read(64).lstrip()
+    except OSError:
+        return False
+    return head.startswith(b"{") and b'"config"' in head or head.startswith(b'{"name"')
+
+
+def _check_exist(paths: Sequence[str]) -> None:
+    for p in paths:
+        if p != "-" and not Path(p).exists():
+            raise UserError(f"{p}: no such file")

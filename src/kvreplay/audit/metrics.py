@@ -1,13 +1,9 @@
-"""Pure computations shared by `audit` and `whatif`: from per-step records, stats points
+"""Pure computations shared by `audit` and `whatif`: from a replay's records, stats points
 or scrapes to numbers. No I/O, no parsing, no polars.
 
-Definitions (the README repeats them):
-* processed tokens: every token the engine computed, i.e. the sum over steps of the
-  scheduled tokens (prefill chunks, decode tokens and recomputation alike);
-* recomputed tokens: for each preemption, the tokens the victim had computed before it
-  (num_computed_tokens) minus the prefix-cache hit it got back at readmission: work done
-  twice. A victim never readmitted (log cut short) adds nothing;
-* recompute ratio: recomputed tokens / processed tokens.
+The preemption figures (computed tokens lost, tokens recomputed, processed tokens, the
+recompute ratio) are defined once, in kvreplay.replay.records; this module only
+aggregates them (storm windows, the requests hurt most).
 """
 
 from __future__ import annotations
@@ -39,54 +35,19 @@ def rnd(x: float | None, nd: int = 4) -> float | None:
 
 
 # ---------------------------------------------------------------- preemption cost
-def recompute_from_records(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Preemptions and what they cost, from per-step records (full or compact traces of
-    `Engine.step`, as `simulate` and the log replay produce them)."""
-    resumed: dict[str, list[tuple[int, int]]] = {}
-    processed = 0
-    for rec in records:
-        processed += rec.get("num_scheduled_tokens", 0) or 0
-        for rid in rec.get("resumed", ()):
-            resumed.setdefault(rid, []).append((rec["step"], rec.get("prefix_hit_tokens", {}).get(rid, 0)))
-    items = []
-    for rec in records:
-        for p in rec.get("preemptions", ()):
-            victim = p["req"]
-            # a V0 swap keeps the KV (copied to CPU): nothing is thrown away or recomputed
-            lost = 0 if p.get("mode") == "swap" else p["num_computed_tokens_before"]
-            back = next((x for x in resumed.get(victim, ()) if x[0] > rec["step"]), None)
-            recomputed = max(0, lost - back[1]) if back else 0
-            items.append({
-                "step": rec["step"], "victim": victim, "self_preemption": bool(p.get("self_preempt")),
-                "computed_tokens_lost": lost, "recomputed_tokens": recomputed,
-                "readmission_step": back[0] if back else None,
-            })
-    recomputed = sum(i["recomputed_tokens"] for i in items)
-    return {
-        "preemptions": len(items),
-        "self_preemptions": sum(1 for i in items if i["self_preemption"]),
-        "requests_preempted": len({i["victim"] for i in items}),
-        "computed_tokens_lost": sum(i["computed_tokens_lost"] for i in items),
-        "recomputed_tokens": recomputed,
-        "processed_tokens": processed,
-        "recompute_ratio": (recomputed / processed) if processed else None,
-        "items": items,
-    }
-
-
-def worst_requests(items: Sequence[dict[str, Any]], step_time: Sequence[float] | None = None,
+def worst_requests(preemptions: Sequence[Any], step_time: Sequence[float] | None = None,
                    top: int = 5) -> list[dict[str, Any]]:
-    """The requests hurt most: most recomputed tokens, then most time waiting to get back."""
+    """The requests hurt most: most tokens recomputed, then most time waiting to get back
+    (`preemptions`: the replay's PreemptionRecords)."""
     per: dict[str, dict[str, Any]] = {}
-    for it in items:
-        d = per.setdefault(it["victim"], {"request": it["victim"], "preemptions": 0,
-                                          "recomputed_tokens": 0, "time_lost_s": 0.0})
+    for p in preemptions:
+        d = per.setdefault(p.victim, {"request": p.victim, "preemptions": 0,
+                                      "recomputed_tokens": 0, "time_lost_s": 0.0})
         d["preemptions"] += 1
-        d["recomputed_tokens"] += it["recomputed_tokens"]
-        if step_time is not None and it.get("readmission_step") is not None:
-            a, b = it["step"], it["readmission_step"]
-            if b < len(step_time):
-                d["time_lost_s"] += step_time[b] - step_time[a]
+        d["recomputed_tokens"] += p.tokens_recomputed or 0
+        if step_time is not None and p.readmission_step is not None:
+            if p.readmission_step < len(step_time):
+                d["time_lost_s"] += step_time[p.readmission_step] - step_time[p.step]
     rows = sorted(per.values(), key=lambda d: (-d["recomputed_tokens"], -d["time_lost_s"], d["request"]))
     for d in rows:
         d["time_lost_s"] = round(d["time_lost_s"], 3)
@@ -124,27 +85,21 @@ def storm_windows(events: Sequence[tuple[float, int, int]], window_s: float, top
 
 
 # ---------------------------------------------------------------- latency
-def latency_from_steps(
-    records: Sequence[dict[str, Any]],
-    step_end: Sequence[float],
-    arrival: dict[str, float],
-) -> dict[str, list[float]]:
-    """TTFT and mean ITL per finished request: a token is out at the end of the step that
-    sampled it (times in seconds, same clock as `arrival`)."""
+def latency_from_records(steps: Sequence[Any], step_end: Sequence[float],
+                         arrival: dict[str, float]) -> dict[str, list[float]]:
+    """TTFT of every request with a first token, and mean ITL of every finished request
+    with more than one: a token is out at the end of the step that sampled it (times in
+    seconds, same clock as `arrival`; a request's last token is out at its finish)."""
     first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    count: dict[str, int] = {}
-    for rec, end in zip(records, step_end):
-        for rid in rec.get("sampled", ()):
-            first.setdefault(rid, end)
-            last[rid] = end
-            count[rid] = count.get(rid, 0) + 1
     ttft, itl = [], []
-    for rid, t in first.items():
-        if rid in arrival:
-            ttft.append(max(0.0, t - arrival[rid]))
-        if count[rid] > 1:
-            itl.append((last[rid] - t) / (count[rid] - 1))
+    for rec, end in zip(steps, step_end):
+        for rid in rec.first_tokens:
+            first.setdefault(rid, end)
+            if rid in arrival:
+                ttft.append(max(0.0, end - arrival[rid]))
+        for rid, n in zip(rec.finished, rec.finished_output_tokens):
+            if n > 1 and rid in first:
+                itl.append((end - first[rid]) / (n - 1))
     return {"ttft": ttft, "itl": itl}
 
 
@@ -216,15 +171,3 @@ def knee(points: Sequence[tuple[float, float]], share: float = 0.9) -> dict[str,
     k = next(c for c, t in pts if t >= share * peak_t)
     falls = next((c for c, t in pts if c > peak_c and t < 0.95 * peak_t), None)
     return {"knee": k, "peak": peak_c, "peak_throughput": peak_t, "falls_after": falls}
-
-
-def step_dt(model: Any, rec: dict[str, Any]) -> float:
-    """Seconds a step takes under a fitted `StepTimeModel` (uses the model's own record
-    features when it has them)."""
-    f = getattr(model, "dt_record", None)
-    if f is not None:
-        return float(f(rec))
-    sched = rec.get("scheduled", ())
-    if not sched:
-        return float(model.overhead_s)
-    return float(model.dt(rec.get("num_scheduled_tokens", 0), len(sched)))

@@ -123,13 +123,10 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
                    year: int | None) -> list[dict[str, Any]]:
     from kvreplay import events as ev
     from kvreplay.errors import UserError
-    from kvreplay.parsers import detect_version, merge_config, parse_files
+    from kvreplay.sources import open_replay, read_log
 
-    events = list(parse_files(paths, year=year))
-    if not events:
-        raise UserError(f"{label}: empty log")
-    dialect = detect_version(events)
-    config = merge_config(events)
+    log = read_log(paths, year=year)
+    events, dialect, config = log.events, log.dialect, log.config
     by_engine: dict[int | None, list[ev.Stats]] = {}
     for e in events:
         if isinstance(e, ev.Stats) and e.time is not None:
@@ -143,18 +140,11 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
 
     rp = None
     replay_reason = None
-    facts = None
     if replay and not dp:
-        from kvreplay.replay.from_log import ReplayError, replay_facts
-        from kvreplay.replay.logfacts import collect
-
-        facts = collect(events, paths, config=config, vllm_version=dialect.vllm_version,
-                        engine_version=dialect.engine_version)
         try:
             # support=0: the audit reports counts, not single preemptions (saves 10 replays)
-            rp = replay_facts(facts, profile=None if profile in (None, "auto") else profile,
-                              support=0)
-        except (ReplayError, UserError) as exc:
+            rp = open_replay(paths, profile=profile, year=year, support=0, log=log)
+        except UserError as exc:
             replay_reason = str(exc)
         except KeyError as exc:  # an unknown release in get_profile
             replay_reason = f"no scheduler profile for this release: {exc}"
@@ -180,13 +170,8 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
             rec["replay"] = "skipped"
             rec["null_reasons"].append("replay fields (preemptions_replayed, recomputed_tokens, "
                                        f"recompute_ratio, latency): {replay_reason}")
-            if facts is None and not dp:
-                from kvreplay.replay.logfacts import collect
-
-                facts = collect(events, paths, config=config, vllm_version=dialect.vllm_version,
-                                engine_version=dialect.engine_version)
-            if facts is not None:
-                _fill_workload_from_facts(rec, facts)
+            if not dp:
+                _fill_workload_from_facts(rec, log.facts)
         if iterations and (eng in (None, 0) or not dp):
             _fill_iterations(rec, [i for i in iterations if i.engine in (None, eng)] or iterations)
         if rec["step_spike_ratio"] is None and rp is None:
@@ -371,40 +356,45 @@ def _lengths(rec, ins, outs) -> None:
 
 
 def _fill_replay(rec, rp, origin: float) -> None:
-    run = rp.run
-    records = run.records
-    cost = M.recompute_from_records(records)
+    """The replay's figures: every one read from the Replay (its totals and records)."""
+    steps = rp.steps
+    cost = rp.totals()
+    info = rp.info
+    estimated = info.get("prompts") == "estimated"
     rec["profile"] = rp.profile.name
-    rec["preemptions_replayed"] = cost["preemptions"]
+    rec["preemptions_replayed"] = cost.preemptions
     if rp.estimate:
         rec["preemptions_replayed_low"] = rp.estimate.get("preemptions_low")
         rec["preemptions_replayed_high"] = rp.estimate.get("preemptions_high")
-    rec["self_preemptions"] = cost["self_preemptions"]
-    rec["requests_preempted"] = cost["requests_preempted"]
-    rec["computed_tokens_lost"] = cost["computed_tokens_lost"]
-    rec["recomputed_tokens"] = cost["recomputed_tokens"]
-    rec["processed_tokens"] = cost["processed_tokens"]
-    rec["recompute_ratio"] = M.rnd(cost["recompute_ratio"], 6)
-    rec["recompute_source"] = "replay" + (" (prompt lengths estimated)" if any(rp.rebuilt.prompt_estimated) else "")
+    rec["self_preemptions"] = cost.self_preemptions
+    rec["requests_preempted"] = cost.requests_preempted
+    rec["computed_tokens_lost"] = cost.computed_tokens_lost
+    rec["recomputed_tokens"] = cost.tokens_recomputed
+    rec["processed_tokens"] = cost.processed_tokens
+    rec["recompute_ratio"] = M.rnd(cost.recompute_ratio, 6)
+    rec["recompute_source"] = "replay" + (" (prompt lengths estimated)" if estimated else "")
     ver = rp.verification or {}
     if ver.get("stats_lines"):
         rec["replay_agreement"] = round(ver["agreeing_lines"] / ver["stats_lines"], 4)
         if "exact_lines" in ver:  # matched without tolerance at the step each line saw
             rec["replay_exact"] = round(ver["exact_lines"] / ver["stats_lines"], 4)
-    model = run.model
-    rec["step_time_model"] = f"{model.describe()} (fit loss {rp.fit.loss:.3g})"
+    model = rp.step_time_model
+    if model is not None:
+        rec["step_time_model"] = f"{model.describe()} (fit loss {info.get('fit_loss', 0.0):.3g})"
 
-    # workload from the rebuilt requests (exact or estimated lengths)
-    wl = rp.rebuilt.workload
+    # workload from the replayed requests (exact or estimated lengths)
+    wl = rp.workload
     ins = [len(s.prompt_token_ids) for s in wl.requests]
     outs = [s.max_tokens for s in wl.requests]
-    rec["requests"] = len(wl.requests)
-    times = [r.time for r in rp.facts.requests if r.time is not None]
+    rec["requests"] = info.get("requests", len(wl.requests))
+    facts = rp.facts
+    times = [r.time for r in facts.requests if r.time is not None] if facts is not None else []
     if len(times) > 1 and times[-1] > times[0]:
         rec["arrival_rate_rps"] = round((len(times) - 1) / (times[-1] - times[0]), 4)
     _lengths(rec, ins, outs)
-    rec["lengths_source"] = ("input " + ("estimated" if any(rp.rebuilt.prompt_estimated) else "logged")
-                             + ", output " + ("estimated (max_tokens)" if any(rp.rebuilt.output_estimated)
+    rec["lengths_source"] = ("input " + ("estimated" if estimated else "logged")
+                             + ", output " + ("estimated (max_tokens)"
+                                              if info.get("output_lengths") == "estimated"
                                               else "logged"))
     cfg = wl.config
     usable = (cfg.num_gpu_blocks - 1) * cfg.block_size
@@ -417,22 +407,19 @@ def _fill_replay(rec, rp, origin: float) -> None:
         rec["block_size"] = cfg.block_size
     if rec["num_gpu_blocks"] is None:
         rec["num_gpu_blocks"] = cfg.num_gpu_blocks
+    if rp.clock is None or model is None:
+        return
 
     # step times (estimated) -> latency and decode spikes
-    starts = run.step_start
+    starts = rp.clock
     ends = []
     rows = []
-    for i, r in enumerate(records):
-        sched = r.get("scheduled", ())
-        dt = M.step_dt(model, r)
+    for i, r in enumerate(steps):
+        dt = model.dt_record(r)
         ends.append(starts[i] + dt)
-        if sched:
-            new = set(r.get("new", ())) | set(r.get("resumed", ()))
-            prefill = sum(n for rid, n in sched if n > 1 or rid in new)
-            has_dec = any(n == 1 and rid not in new for rid, n in sched)
-            rows.append((dt, prefill, has_dec))
-    arrival = {rid: starts[s] for rid, s in run.arrival_step.items() if s < len(starts)}
-    lat = M.latency_from_steps(records, ends, arrival)
+        if r.num_scheduled:
+            rows.append((dt, r.prefill_tokens, r.decode_tokens > 0))
+    lat = M.latency_from_records(steps, ends, _arrival_times(rp, starts))
     rec["ttft_p50_s"] = M.rnd(M.quantile(lat["ttft"], 0.5))
     rec["ttft_p95_s"] = M.rnd(M.quantile(lat["ttft"], 0.95))
     rec["itl_p50_s"] = M.rnd(M.quantile(lat["itl"], 0.5), 5)
@@ -446,16 +433,28 @@ def _fill_replay(rec, rp, origin: float) -> None:
 
     # storms and the requests hurt most
     window = rec["interval_s"] or 10.0
-    ev_ = [(starts[it["step"]] - origin, 1, it["recomputed_tokens"]) for it in cost["items"]]
+    ev_ = [(starts[p.step] - origin, 1, p.tokens_recomputed or 0) for p in rp.preemptions]
 
     def kv_at(a, b):
-        xs = [records[i].get("kv_usage") for i in range(len(records))
-              if a <= starts[i] - origin < b and records[i].get("kv_usage") is not None]
+        xs = [steps[i].kv_usage for i in range(len(steps)) if a <= starts[i] - origin < b]
         return M.mean(xs)
 
     rec["storms"] = M.storm_windows(ev_, window, kv_at=kv_at)
-    rec["worst_requests"] = M.worst_requests(cost["items"], starts)
-    rec["replay_timeline"] = _replay_timeline(records, starts, origin)
+    rec["worst_requests"] = M.worst_requests(rp.preemptions, starts)
+    rec["replay_timeline"] = _replay_timeline(steps, starts, origin)
+
+
+def _arrival_times(rp, starts) -> dict[str, float]:
+    """Request (or V0 sequence group) id -> the wall-clock start of its arrival step."""
+    parent = getattr(rp.workload, "parent", {})
+    logged = list(dict.fromkeys(parent.get(s.id, s.id) for s in rp.workload.requests))
+    at = {rid: a for rid, a in zip(logged, rp.inputs.arrival_steps)}
+    out = {}
+    for s in rp.workload.requests:
+        a = at.get(parent.get(s.id, s.id), -1)
+        if 0 <= a < len(starts):
+            out[s.id] = starts[a]
+    return out
 
 
 def _replay_timeline(records, starts, origin, buckets: int = 300) -> list[dict[str, Any]]:
@@ -471,10 +470,10 @@ def _replay_timeline(records, starts, origin, buckets: int = 300) -> list[dict[s
         if b is None:
             b = out[k] = {"t": round(t0 + k * width, 3), "kv_usage": 0.0, "running": 0,
                           "waiting": 0, "preemptions": 0}
-        b["kv_usage"] = max(b["kv_usage"], round(r.get("kv_usage", 0.0), 4))
-        b["running"] = max(b["running"], r.get("num_running", len(r.get("running", ()))))
-        b["waiting"] = max(b["waiting"], r.get("num_waiting", len(r.get("waiting", ()))))
-        b["preemptions"] += len(r.get("preemptions", ()))
+        b["kv_usage"] = max(b["kv_usage"], round(r.kv_usage, 4))
+        b["running"] = max(b["running"], r.num_running)
+        b["waiting"] = max(b["waiting"], r.num_waiting)
+        b["preemptions"] += len(r.preemptions)
     return [out[k] for k in sorted(out)]
 
 

@@ -17,9 +17,10 @@ import time as _time
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvreplay.inference.clock import StepTimeModel
 from kvreplay.replay.engine import Engine
-from kvreplay.replay.from_log import StepTimeModel
 from kvreplay.replay.profile import get_profile
+from kvreplay.replay.records import EngineInputs, StepRecord, preemption_records, totals
 from kvreplay.replay.scheduler import SchedulerConfig
 from kvreplay.replay.workload import RequestSpec, Workload
 
@@ -31,7 +32,7 @@ EPOCH = 1778148000.0  # 2026-05-07 10:00:00, read as UTC like the parser does
 class SynthRun:
     """A simulated serving run: per-step records on a wall clock plus the totals."""
 
-    records: list[dict[str, Any]]
+    records: list[StepRecord]
     step_start: list[float]
     step_end: list[float]
     arrival_time: dict[str, float]
@@ -84,49 +85,42 @@ def run_on_clock(
     """Run the scheduler model; a request enters at the first step starting at or after its
     arrival; each step takes `step_time.dt(tokens, requests)` seconds."""
     model = step_time or StepTimeModel(0.008, 3e-5, 0.0)
-    engine = Engine(workload, get_profile(profile))
-    engine.by_step = {}
-    engine.max_arrival = 1 << 62
-    sched = engine.scheduler
     specs = workload.requests
+    engine = Engine(workload, get_profile(profile), inputs=EngineInputs([-1] * len(specs)))
     order = sorted(range(len(specs)), key=lambda i: (arrivals[i], i))
     k = 0
     clock = 0.0
-    records, starts, ends = [], [], []
+    records: list[StepRecord] = []
+    starts: list[float] = []
+    ends: list[float] = []
     arrival_time: dict[str, float] = {}
-    while k < len(order) or sched.has_requests() or engine.batch_queue:
-        if not (sched.has_requests() or engine.batch_queue) and k < len(order):
+    while not engine.done and (k < len(order) or engine.has_work()):
+        if not engine.has_work() and k < len(order):
             clock = max(clock, arrivals[order[k]])
-        batch = []
         while k < len(order) and arrivals[order[k]] <= clock:
             i = order[k]
-            batch.append((i, specs[i]))
+            engine.submit(i)
             arrival_time[specs[i].id] = arrivals[i]
             k += 1
-        if batch:
-            engine.by_step[engine.step_index] = batch
-        rec = engine.step(trace=True)
-        n_req = len(rec.get("scheduled", ()))
+        rec = engine.step()
         starts.append(clock)
-        clock += model.dt(rec.get("num_scheduled_tokens", 0), n_req) if n_req else model.overhead_s
+        clock += model.dt_record(rec)
         ends.append(clock)
         records.append(rec)
-        engine.done = False
     run = SynthRun(records, starts, ends, arrival_time)
-    run.truth = truth_of(records, engine.summary, workload)
+    run.truth = truth_of(records, workload)
     run.truth["step_time_model"] = model.describe()
     return run
 
 
-def truth_of(records: list[dict[str, Any]], summary: Any, workload: Workload) -> dict[str, Any]:
-    """The answers an audit should find, computed from the step records."""
-    from kvreplay.audit.metrics import recompute_from_records
-
-    r = recompute_from_records(records)
-    r["requests"] = len(workload.requests)
-    r["self_preemptions"] = summary.self_preemptions
-    assert r["preemptions"] == summary.total_preemptions
-    return r
+def truth_of(records: list[StepRecord], workload: Workload) -> dict[str, Any]:
+    """The answers an audit should find: the run's own totals (kvreplay.replay.records)."""
+    t = totals(records, preemption_records(records))
+    return {"preemptions": t.preemptions, "self_preemptions": t.self_preemptions,
+            "requests_preempted": t.requests_preempted,
+            "computed_tokens_lost": t.computed_tokens_lost,
+            "recomputed_tokens": t.tokens_recomputed, "processed_tokens": t.processed_tokens,
+            "recompute_ratio": t.recompute_ratio, "requests": len(workload.requests)}
 
 
 # ---------------------------------------------------------------- rendering
@@ -210,7 +204,7 @@ def render_log(
 
     port = 40000
     for rec, end in zip(run.records, run.step_end):
-        for rid in rec.get("finished", ()):
+        for rid in rec.finished:
             port += 1
             add(start + end, f'INFO:     127.0.0.1:{port} - "POST /v1/completions HTTP/1.1" 200 OK')
 
@@ -225,15 +219,14 @@ def render_log(
         prompt = gen = pre = 0
         while si < n_steps and run.step_end[si] <= tick:
             rec = run.records[si]
-            new = set(rec.get("new", ())) | set(rec.get("resumed", ()))
-            prompt += sum(n for rid, n in rec.get("scheduled", ()) if n > 1 or rid in new)
-            gen += len(rec.get("sampled", ()))
-            pre += len(rec.get("preempted", ()))
+            prompt += rec.prefill_tokens
+            gen += rec.generated_tokens
+            pre += len(rec.preemptions)
             si += 1
         snap = run.records[si - 1] if si else None
-        running = len(snap["running"]) if snap else 0
-        waiting = len(snap["waiting"]) if snap else 0
-        usage = 100.0 * snap["kv_usage"] if snap else 0.0
+        running = snap.num_running if snap else 0
+        waiting = snap.num_waiting if snap else 0
+        usage = 100.0 * snap.kv_usage if snap else 0.0
         idle = prompt == 0 and gen == 0
         if not (idle and prev_idle):
             parts = [f"Avg prompt throughput: {prompt / interval_s:.1f} tokens/s",

@@ -66,36 +66,43 @@ def plan(knobs: dict[str, list[Any]], *, grid: bool = False) -> list[Setting]:
 
 @dataclass(slots=True)
 class Context:
-    """What every what-if run shares: the rebuilt workload and the fitted model."""
+    """What every what-if run shares: the replay's workload, facts and step-time model."""
 
     log: str
-    rebuilt: Any
+    workload: Any
     facts: Any
     profile: Any
     model: Any
-    spread: float
+    placement: tuple[float, float]
     fit_text: str
     notes: list[str]
 
 
 def load(paths: Sequence[str], *, profile: str | None = None, year: int | None = None) -> Context:
-    from kvreplay.sources import replay_logs
+    """The log's replay (kvreplay.sources.open_replay): its workload and clock."""
+    from kvreplay.errors import UserError
+    from kvreplay.sources import open_replay
 
-    rp = replay_logs(list(paths), profile=profile, year=year, support=0)  # needs the workload only
+    rp = open_replay(list(paths), profile=profile, year=year, support=0)
+    if rp.facts is None or rp.step_time_model is None:
+        raise UserError("what-if replays a server log's requests at their logged times: give "
+                        "a vLLM log (a workload or a step trace has no logged times)")
+    if rp.engine_name != "V1":
+        raise UserError("what-if runs the V1 scheduler; this log comes from the V0 engine")
     ver = rp.verification or {}
-    fit_text = f"loss {rp.fit.loss:.3g}"
+    fit_text = f"loss {rp.info.get('fit_loss', 0.0):.3g}"
     if ver.get("stats_lines"):
         fit_text += f", {ver['agreeing_lines']}/{ver['stats_lines']} stats lines agree with the replay"
-    notes = list(rp.rebuilt.notes)
-    if any(rp.rebuilt.prompt_estimated):
+    notes = list(rp.notes[: len(rp.notes) - len(rp.facts.notes)] if rp.facts.notes else rp.notes)
+    if rp.info.get("prompts") == "estimated":
         notes.append("prompt lengths are estimated (not in the log): prefix caching cannot be judged")
-    return Context("+".join(paths), rp.rebuilt, rp.facts, rp.profile, rp.fit.model,
-                   getattr(rp.fit, "spread", 0.0) or 0.0, fit_text, notes)
+    return Context("+".join(paths), rp.workload, rp.facts, rp.profile, rp.step_time_model,
+                   tuple(rp.info.get("placement", (0.0, 0.0))), fit_text, notes)  # type: ignore[arg-type]
 
 
 def configure(ctx: Context, setting: Setting):
-    """(rebuilt, facts, notes) for a setting, or raise ValueError with vLLM's reason."""
-    base = ctx.rebuilt.workload.config
+    """(workload, facts, notes) for a setting, or raise ValueError with vLLM's reason."""
+    base = ctx.workload.config
     cfg = dataclasses.replace(base, **{KNOBS[k]: v for k, v in setting.overrides.items()})
     need = -(-cfg.max_model_len // cfg.block_size)
     if need > cfg.num_gpu_blocks - 1:
@@ -105,14 +112,14 @@ def configure(ctx: Context, setting: Setting):
         raise ValueError(f"vLLM would not start: chunked prefill off needs max_num_batched_tokens "
                          f"({cfg.max_num_batched_tokens}) >= max_model_len ({cfg.max_model_len})")
     notes: list[str] = []
-    rb = ctx.rebuilt
-    specs = rb.workload.requests
+    specs = ctx.workload.requests
+    logged = ctx.facts.requests
     keep: list[int] = []
     new_specs = []
     rejected = clamped = 0
     for i, s in enumerate(specs):
         p = len(s.prompt_token_ids)
-        asked = rb.requests[i].max_tokens if i < len(rb.requests) else s.max_tokens
+        asked = logged[i].max_tokens if i < len(logged) else s.max_tokens
         if p >= cfg.max_model_len or (asked is not None and p + asked > cfg.max_model_len):
             rejected += 1
             continue
@@ -128,25 +135,11 @@ def configure(ctx: Context, setting: Setting):
         notes.append(f"{clamped} requests' default max_tokens cut to max_model_len")
     if not new_specs:
         raise ValueError("every request is rejected under this max_model_len")
-    wl = dataclasses.replace(rb.workload, config=cfg, requests=new_specs)
-    if len(keep) == len(specs):
-        rb2 = dataclasses.replace(rb, workload=wl)
-        facts2 = ctx.facts
-    else:
-        rb2 = dataclasses.replace(
-            rb, workload=wl, requests=[rb.requests[i] for i in keep],
-            prompt_estimated=[rb.prompt_estimated[i] for i in keep],
-            output_estimated=[rb.output_estimated[i] for i in keep])
-        facts2 = dataclasses.replace(ctx.facts, requests=[ctx.facts.requests[i] for i in keep])
-    return rb2, facts2, notes
-
-
-def _dt(model, tokens: int, reqs: int, ctx_tokens: int) -> float:
-    if not reqs:
-        return float(model.overhead_s)
-    if getattr(model, "per_context_token_s", 0.0):
-        return float(model.dt(tokens, reqs, ctx_tokens))
-    return float(model.dt(tokens, reqs))
+    wl = dataclasses.replace(ctx.workload, config=cfg, requests=new_specs)
+    facts = ctx.facts
+    if len(keep) != len(specs):
+        facts = dataclasses.replace(facts, requests=[facts.requests[i] for i in keep])
+    return wl, facts, notes
 
 
 def drive(workload, profile, model, *, arrivals: Sequence[float] | None = None,
@@ -156,125 +149,91 @@ def drive(workload, profile, model, *, arrivals: Sequence[float] | None = None,
     Open loop: request i enters at the first step starting at or after `arrivals[i]`.
     Closed loop: `clients` requests in flight; a finished one is replaced by the next
     request of the workload at the next step (vllm bench serve --max-concurrency).
-    The engine runs untraced; what the metrics need is read from each SchedulerOutput.
-    Recomputed tokens are defined as in `kvreplay.audit.metrics`."""
+    The preemption figures are the run's own records (kvreplay.replay.records)."""
     from kvreplay.replay.engine import Engine
+    from kvreplay.replay.records import EngineInputs, preemption_records, totals
 
     if (arrivals is None) == (clients is None):
         raise ValueError("give arrivals (open loop) or clients (closed loop)")
-    engine = Engine(workload, profile)
-    engine.by_step = {}
-    engine.max_arrival = 1 << 62
-    sched = engine.scheduler
-    summary = engine.summary
     specs = workload.requests
     n = len(specs)
+    engine = Engine(workload, profile, inputs=EngineInputs([-1] * n))
     order = sorted(range(n), key=lambda i: (arrivals[i], i)) if arrivals is not None else list(range(n))
     total = sum(len(s.prompt_token_ids) + s.max_tokens for s in specs)
     cap = max_steps or (50 * total + 10_000)
-    use_ctx = bool(getattr(model, "per_context_token_s", 0.0))
     k = inflight = 0
     clock = float(arrivals[order[0]]) if arrivals is not None and n else 0.0
     t_first = clock
     issued: dict[str, float] = {}
     first_tok: dict[str, float] = {}
-    last_tok: dict[str, float] = {}
-    n_tok: dict[str, int] = {}
-    lost_pending: dict[str, int] = {}
-    pre = self_pre = recomputed = processed = steps = 0
-    victims: set[str] = set()
+    steps = []
+    itl: list[float] = []
+    out_tokens = done = 0
     kv_area = busy_time = 0.0
-    prev_fin = 0
-    while not engine.done and steps < cap:
-        idle = not (sched.has_requests() or engine.batch_queue)
-        if idle:
+    while not engine.done and len(steps) < cap:
+        if not engine.has_work():
             if k >= n:
                 break
             if arrivals is not None:
                 clock = max(clock, float(arrivals[order[k]]))
-        batch = []
         if arrivals is not None:
             while k < n and arrivals[order[k]] <= clock:
                 i = order[k]
-                batch.append((i, specs[i]))
+                engine.submit(i)
                 issued[specs[i].id] = float(arrivals[i])
                 k += 1
         else:
-            while inflight < clients and k < n:
-                batch.append((k, specs[k]))
+            while inflight < clients and k < n:  # type: ignore[operator]
+                engine.submit(k)
                 issued[specs[k].id] = clock
                 k += 1
                 inflight += 1
-        if batch:
-            engine.by_step[engine.step_index] = batch
-        engine.step(trace=False)
-        steps += 1
-        out = engine.last_output
-        if out is None:
-            dt = float(model.overhead_s)
-        else:
-            ns = out.num_scheduled_tokens
-            tokens = sum(ns.values())
-            processed += tokens
-            for p in out.preemptions:
-                pre += 1
-                self_pre += bool(p.get("self_preempt"))
-                victims.add(p["req"])
-                lost_pending[p["req"]] = p["num_computed_tokens_before"]
-            for rid in out.resumed_req_ids:
-                lost = lost_pending.pop(rid, None)
-                if lost is not None:
-                    recomputed += max(0, lost - out.prefix_hit_tokens.get(rid, 0))
-            ctx_tokens = 0
-            if use_ctx:
-                live = sched.requests
-                ctx_tokens = sum(live[r].num_computed_tokens for r in ns if r in live)
-            dt = _dt(model, tokens, len(ns), ctx_tokens)
-            end = clock + dt
-            for rid, w in zip(ns, out.will_sample):
-                if w:
-                    if rid not in first_tok:
-                        first_tok[rid] = end
-                    last_tok[rid] = end
-                    n_tok[rid] = n_tok.get(rid, 0) + 1
+        rec = engine.step()
+        steps.append(rec)
+        dt = model.dt_record(rec)
+        end = clock + dt
+        if rec.num_scheduled:
             busy_time += dt
-            kv_area += dt * sched.kv_cache_usage
-        clock += dt
-        fin = len(summary.finished_step)
-        inflight -= fin - prev_fin
-        prev_fin = fin
+            kv_area += dt * rec.kv_usage
+        for rid in rec.first_tokens:
+            first_tok.setdefault(rid, end)
+        out_tokens += rec.generated_tokens
+        for rid, m in zip(rec.finished, rec.finished_output_tokens):
+            if m > 1 and rid in first_tok:
+                itl.append((end - first_tok[rid]) / (m - 1))
+        done += len(rec.finished)
+        inflight -= len(rec.finished)
+        clock = end
+    t = totals(steps, preemption_records(steps))
     span = max(1e-9, clock - t_first)
     ttft = [first_tok[r] - issued[r] for r in first_tok if r in issued]
-    itl = [(last_tok[r] - first_tok[r]) / (n_tok[r] - 1) for r in first_tok if n_tok[r] > 1]
-    out_tokens = sum(n_tok.values())
-    done = len(summary.finished_step)
     return {
-        "preemptions": pre, "self_preemptions": self_pre, "requests_preempted": len(victims),
-        "recomputed_tokens": recomputed, "processed_tokens": processed,
-        "recompute_ratio": M.rnd(recomputed / processed, 6) if processed else None,
+        "preemptions": t.preemptions, "self_preemptions": t.self_preemptions,
+        "requests_preempted": t.requests_preempted,
+        "recomputed_tokens": t.tokens_recomputed, "processed_tokens": t.processed_tokens,
+        "recompute_ratio": M.rnd(t.recompute_ratio, 6) if t.processed_tokens else None,
         "output_tokens": out_tokens, "makespan_s": round(span, 3),
         "output_tput": round(out_tokens / span, 2), "requests_per_s": round(done / span, 4),
         "ttft_p50_s": M.rnd(M.quantile(ttft, 0.5)), "ttft_p95_s": M.rnd(M.quantile(ttft, 0.95)),
         "itl_p50_s": M.rnd(M.quantile(itl, 0.5), 5), "itl_p95_s": M.rnd(M.quantile(itl, 0.95), 5),
         "kv_usage_mean": M.rnd(kv_area / busy_time) if busy_time > 0 else None,
-        "completed": done, "requests": n, "steps": steps,
+        "completed": done, "requests": n, "steps": len(steps),
     }
 
 
 def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, Any]:
     """One row: the setting replayed open loop (clients None) or closed loop."""
-    from kvreplay.replay.from_log import arrival_times
+    from kvreplay.inference.runs import arrival_times
 
     row: dict[str, Any] = {"setting": setting.label, "concurrency": clients}
     row.update({k: setting.overrides.get(k) for k in KNOBS})
     try:
-        rb, facts, notes = configure(ctx, setting)
+        wl, facts, notes = configure(ctx, setting)
     except ValueError as exc:
         row["note"] = str(exc)
         return row
-    wl = rb.workload
     if clients is None:
-        res = drive(wl, ctx.profile, ctx.model, arrivals=arrival_times(facts, ctx.spread))
+        res = drive(wl, ctx.profile, ctx.model, arrivals=arrival_times(facts, *ctx.placement))
     else:
         res = drive(wl, ctx.profile, ctx.model, clients=clients)
     row.update(res)
@@ -302,7 +261,7 @@ def _init(ctx: Context) -> None:
 def sweep(ctx: Context, settings: list[Setting], concurrency: Sequence[int] | None = None,
           *, jobs: int | None = None) -> dict[str, Any]:
     """Every setting (x every concurrency); rows in a fixed order whatever the jobs."""
-    base = ctx.rebuilt.workload.config
+    base = ctx.workload.config
     settings = [s if not s.overrides or any(getattr(base, KNOBS[k]) != v for k, v in s.overrides.items())
                 else Setting(s.label + " (= logged)", s.overrides) for s in settings]
     conc: list[int | None] = list(concurrency) if concurrency else [None]
@@ -323,9 +282,9 @@ def sweep(ctx: Context, settings: list[Setting], concurrency: Sequence[int] | No
     if concurrency:
         mode = ("closed loop: N clients, each sending the log's next request as soon as its "
                 "previous one finished (vllm bench serve --max-concurrency N); "
-                f"{len(ctx.rebuilt.workload.requests)} requests")
+                f"{len(ctx.workload.requests)} requests")
     else:
-        mode = (f"open loop: the log's {len(ctx.rebuilt.workload.requests)} requests at their "
+        mode = (f"open loop: the log's {len(ctx.workload.requests)} requests at their "
                 "logged arrival times; times simulated with the step-time model")
     return {"log": ctx.log, "model": ctx.model.describe(), "fit": ctx.fit_text, "mode": mode,
             "notes": ctx.notes, "rows": rows, "knees": knees}

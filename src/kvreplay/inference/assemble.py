@@ -107,8 +107,8 @@ def log_lines(facts: LogFacts, run: Run, check: dict[str, Any]) -> dict[int, lis
 
 def make_replay(facts: LogFacts, fmt: LogFormat, prof: Any, rebuilt: Rebuilt, run: Run,
                 pre: list[PreemptionRecord], check: dict[str, Any], *, loss: float,
-                pattern: str, phase: float, estimate: dict | None, warnings: dict | None,
-                support: int) -> Replay:
+                pattern: str, phase: float, placement: tuple[float, float],
+                estimate: dict | None, warnings: dict | None, support: int) -> Replay:
     notes = list(rebuilt.notes)
     if fmt.placement != "anchored":
         phase, spread = run.placement
@@ -148,10 +148,11 @@ def make_replay(facts: LogFacts, fmt: LogFormat, prof: Any, rebuilt: Rebuilt, ru
         log_lines=log_lines(facts, run, check), estimate=estimate,
         notes=notes + facts.notes, missing=list(facts.missing), facts=facts,
         unfinished=run.unfinished, confidence="consistent" if sure else "inferred",
+        step_time_model=run.model,
         info={"vllm_version": facts.vllm_version, "requests": len(facts.requests),
               "step_time_model": run.model.describe(), "arrival_pattern": pattern,
               "fit_loss": round(loss, 4), "support_replays": support if pre else 0,
               "prompts": "estimated" if rebuilt.prompts_estimated else "exact",
               "output_lengths": "estimated" if any(rebuilt.output_estimated) else "exact",
               "config_sources": rebuilt.config_sources, "log_format": fmt.name,
-              "stats_phase": phase})
+              "stats_phase": phase, "placement": list(placement)})

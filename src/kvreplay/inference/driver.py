@@ -63,7 +63,8 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
     if k > 0 and pre:
         add_support(pre, rebuilt, facts, fmt, prof, run, k)
     return make_replay(facts, fmt, prof, rebuilt, run, pre, check, loss=loss, pattern=pattern,
-                       phase=phase, estimate=estimate, warnings=warnings, support=k)
+                       phase=phase, placement=f.placement, estimate=estimate,
+                       warnings=warnings, support=k)
 
 
 def replay_facts(facts: LogFacts, **kw: Any) -> Replay:

@@ -1,4 +1,5 @@
-"""Exact replay of a vLLM log written with kvreplay's step-trace plugin.
+"""Exact replay of a vLLM log written with kvreplay's step-trace plugin (an input the
+inference needs no guessing for).
 
 The plugin (kvreplay.vllm_plugin) logs every engine iteration of vLLM's scheduler: what it
 scheduled, admitted, preempted (victim and trigger) and finished, and the KV pool's free
@@ -7,9 +8,9 @@ request, prompt length, output length, priority, prompt block-hash chain), repla
 through kvreplay's scheduler, and checks every logged field of every step. The first
 difference is reported with the log line that shows it.
 
-    from kvreplay.replay.from_trace import exact_replay, has_step_trace
+    from kvreplay.inference.step_trace import has_step_trace, replay_step_trace
     if has_step_trace(events):
-        result = exact_replay(events)      # events from kvreplay.parsers
+        rep = replay_step_trace(events)    # a Replay; rep.step_check says what was checked
 
 Prefix caching: the log carries each request's prompt block-hash chain (and the hashes of
 blocks completed by output tokens). The rebuilt workload gets synthetic prompt tokens in
@@ -18,7 +19,7 @@ reproduces the prompt-sharing pattern); the exact replay itself goes further and
 every block, output blocks included, the identity the log recorded.
 
 KV-cache event files (`kvreplay record-kv-events`) can be checked too:
-`exact_replay(events, kv_events=records)` compares vLLM's BlockStored / BlockRemoved /
+`replay_step_trace(events, kv_events=records)` compares vLLM's BlockStored / BlockRemoved /
 AllBlocksCleared stream with the set of cached blocks in the replay's block pool.
 """
 
@@ -30,11 +31,14 @@ from kvreplay import events as ev
 from kvreplay.errors import UserError
 from kvreplay.replay.engine import Engine
 from kvreplay.replay.profile import get_profile
-from kvreplay.replay.request import RequestStatus
+from kvreplay.replay.records import EngineInputs, preemption_records
+from kvreplay.replay.result import Replay
 from kvreplay.replay.scheduler import SchedulerConfig
+from kvreplay.replay.trace import conformance_record
 from kvreplay.replay.workload import RequestSpec, Workload
 
-__all__ = ["exact_replay", "has_step_trace", "rebuild_workload", "TraceSession", "sessions"]
+__all__ = ["replay_step_trace", "has_step_trace", "rebuild_workload", "TraceSession", "sessions",
+           "CacheState", "apply_all"]
 
 # Synthetic token ranges: full prompt blocks from the hash map; everything else per request.
 _BLOCK_TOKEN_BASE = 1_000_000
@@ -200,19 +204,6 @@ class _LoggedHasher:
                 hashes.append(self._fresh)
 
 
-class _TraceEngine(Engine):
-    """kvreplay's engine loop, with the log's aborts put where vLLM had them: before an
-    iteration, or between its schedule() and update_from_output()."""
-
-    mid_aborts: dict[int, list[str]]
-
-    def _update(self, step, batch_queue, rec, light=False):  # same contract as Engine._update
-        ids = self.mid_aborts.pop(step, None)
-        if ids:
-            self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
-        return super()._update(step, batch_queue, rec, light)
-
-
 def _close(a: float | None, b: float | None) -> bool:
     return a is None or b is None or abs(a - b) <= 6e-5
 
@@ -259,25 +250,25 @@ def _replay_session(session: TraceSession, profile, kv_events) -> dict[str, Any]
     cfg = wl.config
     facts = _Facts(session)
     name = names.get
-    engine = _TraceEngine(wl, profile)
-    engine.mid_aborts = {}
+    hasher = None
     if cfg.enable_prefix_caching:
         chains = {}
         for h, r in session.requests.items():
             chains[r.request_id] = list(r.block_hashes or ()) + facts.output_hashes.get(h, [])
-        engine.block_hasher = _LoggedHasher(cfg.block_size, chains)
-    before: dict[int, list[str]] = {}
+        hasher = lambda: _LoggedHasher(cfg.block_size, chains)  # noqa: E731
     dropped_set = set(dropped)
-    for h, (step, mid, _out) in facts.aborted.items():
-        if h in dropped_set:
-            continue
-        (engine.mid_aborts if mid else before).setdefault(step, []).append(names[h])
+    before: list[tuple[int, str]] = []
+    mid: list[tuple[int, str]] = []
+    for h, (step, is_mid, _out) in sorted(facts.aborted.items(), key=lambda x: x[1][0]):
+        if h not in dropped_set:
+            (mid if is_mid else before).append((step, names[h]))
+    inputs = EngineInputs([s.arrival_step for s in wl.requests], before, wl.max_steps, mid)
+    engine = Engine(wl, profile, inputs=inputs,
+                    block_hasher=hasher() if hasher is not None else None)
     kv_check = None
     if kv_events is not None:
-        hasher = engine.block_hasher if isinstance(engine.block_hasher, _LoggedHasher) else None
-        kv_check = _KvEventCheck(kv_events, hasher)
-
-    records: list[dict[str, Any]] = []
+        kv_check = _KvEventCheck(kv_events, engine.block_hasher if hasher is not None else None)
+    steps = []
     divergence = None
     checked = 0
     for st in session.steps:
@@ -285,51 +276,38 @@ def _replay_session(session: TraceSession, profile, kv_events) -> dict[str, Any]
             if divergence is None:
                 divergence = _div(st, "step", st.step, engine.step_index if not engine.done else "replay ended")
             break
-        ids = before.pop(st.step, None)
-        if ids:
-            engine.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
         rec = engine.step()
-        records.append(rec)
+        steps.append(rec)
         if divergence is None:
-            diff = _compare(st, rec, lambda h: name(h, f"#{h}"))
+            diff = _compare(st, conformance_record(engine, rec), lambda h: name(h, f"#{h}"))
             if diff is None and kv_check is not None:
                 diff = kv_check.check(st, engine.scheduler.pool)
             if diff is not None:
                 divergence = _div(st, *diff)
             else:
                 checked += 1
-    preemptions = []
-    by_step = {r["step"]: r for r in records}
-    for st in session.steps:
-        rec = by_step.get(st.step, {})
-        rp = rec.get("preemptions", [])
-        for i, (v, t, lost) in enumerate(st.preempted or ()):
-            victim = name(v, f"#{v}")
-            trigger = name(t, f"#{t}") if t is not None else None
-            p = {
-                "step": st.step,
-                "victim": victim,
-                "trigger": trigger,
-                "self_preemption": trigger == victim,
-                "computed_tokens_lost": lost,
-                "file": st.file,
-                "line": st.line,
-                "confidence": "exact",
-            }
-            if i < len(rp) and rp[i]["req"] == victim:
-                for k in ("num_tokens", "num_output_tokens", "blocks_held_before", "free_blocks_before", "free_blocks_after", "victim_rule"):
-                    if k in rp[i]:
-                        p[k] = rp[i][k]
-            preemptions.append(p)
+    # every preemption of the replay; those the log's step lines show, before any
+    # divergence, are exact, with the line that shows them
+    pre = preemption_records(steps)
+    lines = {st.step: st for st in session.steps}
+    first_bad = divergence["step"] if divergence else None
+    for p in pre:
+        st = lines.get(p.step)
+        if st is not None:
+            p.file, p.line = st.file, st.line
+        p.confidence = "exact" if first_bad is None or p.step < first_bad else "inferred"
     return {
         "steps_logged": len(session.steps),
         "steps_checked": checked,
         "first_divergence": divergence,
-        "preemptions": preemptions,
         "workload": wl,
-        "records": records,
+        "steps": steps,
+        "preemptions": pre,
+        "inputs": EngineInputs(inputs.arrival_steps, before, len(steps), mid),
+        "hasher": hasher,
         "requests_left_out": [names[h] for h in dropped],
         "kv_events_checked": kv_check.checked if kv_check is not None else None,
+        "log_lines": {st.step: [(st.file, st.line)] for st in session.steps if st.file},
     }
 
 
@@ -345,8 +323,6 @@ class _KvEventCheck:
 
     def __init__(self, records: list[dict[str, Any]], hasher: "_LoggedHasher | None") -> None:
         from collections import deque
-
-        from kvreplay.kvevents import CacheState
 
         self.state = CacheState()
         self.pending = deque(sorted(records, key=lambda r: r.get("seq", 0)))
@@ -374,14 +350,15 @@ class _KvEventCheck:
         return None
 
 
-def exact_replay(events: list, *, profile: str | None = None, kv_events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def replay_step_trace(events: list, *, profile: str | None = None,
+                      kv_events: list[dict[str, Any]] | None = None,
+                      label: str = "step trace") -> Replay:
     """Replay a step-traced log through kvreplay's scheduler and check every step.
 
-    Returns {"steps_checked", "first_divergence": None | {"step", "file", "line", "field",
-    "logged", "replayed"}, "preemptions": [{step, victim, trigger, self_preemption,
-    computed_tokens_lost, ..., "confidence": "exact"}], "workload", "records"}, plus
-    "sessions" (one such dict per scheduler instance when the log has several; the top
-    level is the first session with a divergence, else the first).
+    The `Replay`'s `step_check` says how many logged steps were checked and where vLLM and
+    kvreplay first differ (None: nowhere); with several scheduler instances in the log, the
+    Replay is the first instance with a difference (else the first) and `step_check`
+    lists them all under "sessions".
     """
     sess = [s for s in sessions(events) if s.steps]
     if not sess:
@@ -389,9 +366,58 @@ def exact_replay(events: list, *, profile: str | None = None, kv_events: list[di
     results = []
     for s in sess:
         prof = get_profile(profile if profile is not None else (s.config.vllm_version if s.config else None))
-        results.append(_replay_session(s, prof, kv_events))
-    top = next((r for r in results if r["first_divergence"] is not None), results[0])
-    out = dict(top)
-    out["sessions"] = results
-    out["steps_checked"] = sum(r["steps_checked"] for r in results)
-    return out
+        results.append((prof, _replay_session(s, prof, kv_events)))
+    prof, top = next((x for x in results if x[1]["first_divergence"] is not None), results[0])
+    check = {k: top[k] for k in ("steps_logged", "steps_checked", "first_divergence",
+                                 "requests_left_out", "kv_events_checked")}
+    check["steps_checked"] = sum(r["steps_checked"] for _, r in results)
+    check["sessions"] = [{k: r[k] for k in ("steps_logged", "steps_checked", "first_divergence")}
+                         for _, r in results]
+    wl = top["workload"]
+    notes = []
+    if len(results) > 1:
+        notes.append(f"{len(results)} scheduler instances in the log; this replay is one of them")
+    if top["requests_left_out"]:
+        notes.append(f"{len(top['requests_left_out'])} requests aborted before any schedule() "
+                     "saw them are left out")
+    exact = top["first_divergence"] is None
+    return Replay(
+        kind="step-trace", label=label, paths=[], workload=wl, profile=prof,
+        inputs=top["inputs"], steps=top["steps"], preemptions=top["preemptions"],
+        step_check=check, log_lines=top["log_lines"], notes=notes, hasher=top["hasher"],
+        confidence="exact" if exact else "inferred",
+        info={"vllm_version": getattr(sess[0].config, "vllm_version", None),
+              "requests": len(wl.requests), "prompts": "exact", "output_lengths": "exact"},
+    )
+
+
+class CacheState:
+    """The set of cached blocks (by 16-hex hash) that vLLM's KV-cache events announce."""
+
+    def __init__(self) -> None:
+        self.cached: set[str] = set()
+        self.batches = 0
+
+    def apply(self, record: dict[str, Any]) -> None:
+        self.batches += 1
+        for e in record.get("events", ()):
+            t = e.get("type")
+            if e.get("medium") not in (None, "GPU"):
+                continue  # offloaded tiers are not the GPU block pool
+            if t == "BlockStored":
+                self.cached.update(e["block_hashes"])
+            elif t == "BlockRemoved":
+                self.cached.difference_update(e["block_hashes"])
+            elif t == "AllBlocksCleared":
+                self.cached.clear()
+
+    @property
+    def num_cached(self) -> int:
+        return len(self.cached)
+
+
+def apply_all(records: Iterable[dict[str, Any]]) -> CacheState:
+    s = CacheState()
+    for r in records:
+        s.apply(r)
+    return s

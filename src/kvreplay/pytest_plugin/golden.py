@@ -159,9 +159,10 @@ def _build_log(paths: list[str], *, profile: str | None, vllm_version: str | Non
     import msgspec
 
     from kvreplay.errors import UserError
-    from kvreplay.parsers import detect_version, merge_config, parse_files
+    from kvreplay.sources import open_replay, read_log
 
-    events = list(parse_files(paths, year=year, vllm_version=vllm_version))
+    log = read_log(paths, year=year, vllm_version=vllm_version)
+    events = log.events
     kinds = Counter(type(e).__struct_config__.tag for e in events)
     doc: Doc = {
         "input": {
@@ -174,31 +175,26 @@ def _build_log(paths: list[str], *, profile: str | None, vllm_version: str | Non
         },
         "events": dict(kinds),
     }
-    dialect = detect_version(events, vllm_version)
+    dialect = log.dialect
     doc["version"] = {
         "vllm_version": dialect.vllm_version,
         "how": dialect.how,
         "engine_version": dialect.engine_version,
     }
-    cfg = merge_config(events)
     doc["config"] = {
-        k: v for k, v in msgspec.structs.asdict(cfg).items()
+        k: v for k, v in msgspec.structs.asdict(log.config).items()
         if k not in _LOCATION_FIELDS and v is not None
     }
-    del events
-    from kvreplay.sources import replay_logs
-
     try:
-        rep = replay_logs(paths, profile=profile, vllm_version=vllm_version, year=year)
+        rep = open_replay(paths, profile=profile, vllm_version=vllm_version, year=year, log=log)
     except UserError as exc:
         doc["replay"] = {"error": str(exc)}
         doc["preemptions"] = []
         return Golden(doc, "log", from_log_replay=True)
     summary = rep.summary()
     replay = {k: summary[k] for k in _SUMMARY_KEYS if k in summary}
-    if "unfinished_requests" in summary:
-        replay["unfinished_requests"] = len(summary["unfinished_requests"] or ())
-    ver = getattr(rep, "verification", None) or {}
+    replay["unfinished_requests"] = len(summary["unfinished_requests"] or ())
+    ver = rep.verification or {}
     if "stats_lines" in ver:
         replay["stats_lines"] = ver["stats_lines"]
         replay["stats_lines_agreeing"] = ver.get("agreeing_lines")
@@ -207,31 +203,19 @@ def _build_log(paths: list[str], *, profile: str | None, vllm_version: str | Non
     stats = getattr(rep.facts, "stats", None) or []
     logged = [s.preemptions for s in stats if getattr(s, "preemptions", None) is not None]
     replay["logged_preemptions"] = sum(logged) if logged else None
-    est = getattr(rep, "estimate", None)
-    if est:
-        replay["preemptions_low"] = est.get("preemptions_low")
-        replay["preemptions_high"] = est.get("preemptions_high")
+    if rep.estimate:
+        replay["preemptions_low"] = rep.estimate.get("preemptions_low")
+        replay["preemptions_high"] = rep.estimate.get("preemptions_high")
     doc["replay"] = replay
-    doc["preemptions"] = [
-        _record(
-            step=p.get("step"),
-            victim=p.get("victim"),
-            trigger=p.get("trigger"),
-            self=p.get("self_preemption"),
-            rule=p.get("victim_rule"),
-            lost=p.get("computed_tokens_lost"),
-            recompute=p.get("tokens_recomputed"),
-            prefix_hit=p.get("prefix_hit_at_readmission"),
-            readmitted=p.get("readmission_step"),
-            confidence=p.get("confidence"),
-        )
-        for p in rep.preemptions
-    ]
-    return Golden(doc, "log", from_log_replay=True)
+    doc["preemptions"] = preemption_rows(rep.preemptions, confidence=True)
+    return Golden(doc, "log", from_log_replay=rep.kind == "log")
 
 
 def _build_workload(data: dict[str, Any], label: str, profile: str | None) -> Golden:
+    from dataclasses import asdict, is_dataclass
+
     from kvreplay.errors import UserError
+    from kvreplay.replay.result import replay_workload
 
     engine = "v0" if data.get("engine") == "v0" else "v1"
     doc: Doc = {
@@ -242,95 +226,45 @@ def _build_workload(data: dict[str, Any], label: str, profile: str | None) -> Go
         },
     }
     try:
-        if engine == "v0":
-            from kvreplay.replay import v0
-
-            records = v0.run_workload(data)
-            summary = v0.summarize(records, data)
-            doc["config"] = {k: v for k, v in (data.get("config") or {}).items()}
-            replay = {
-                "profile": "v0",
-                "completed": bool(summary.get("completed", True)),
-                "steps": len(records),
-            }
-        else:
-            from dataclasses import asdict
-
-            from kvreplay.replay import get_profile, parse_workload, simulate
-            from kvreplay.replay.profile import DEFAULT_PROFILE
-
-            wl = parse_workload(data)
-            prof = get_profile(profile) if profile else DEFAULT_PROFILE
-            records, run = simulate(wl, prof)
-            doc["config"] = asdict(wl.config)
-            replay = {
-                "profile": prof.name,
-                "completed": run.completed,
-                "steps": run.num_steps,
-                "prefix_hit_tokens": run.total_prefix_hit_tokens,
-            }
+        rep = replay_workload(data, profile=profile, label=label)
     except UserError as exc:
         doc["replay"] = {"error": str(exc)}
         doc["preemptions"] = []
         return Golden(doc, "workload")
-    pre = trace_preemptions(records)
-    replay.update(
-        preemptions=len(pre),
-        self_preemptions=sum(1 for p in pre if p["self"]),
-        requests_preempted=len({p["victim"] for p in pre}),
-        computed_tokens_lost=sum(p["lost"] or 0 for p in pre),
-        tokens_recomputed=sum(p["recompute"] or 0 for p in pre),
-    )
+    cfg = rep.workload.config
+    if engine == "v0":
+        doc["config"] = {k: v for k, v in (data.get("config") or {}).items()}
+        replay: dict[str, Any] = {"profile": "v0", "completed": not rep.unfinished and not any(
+            r.terminal_error for r in rep.steps), "steps": rep.num_steps}
+    else:
+        doc["config"] = asdict(cfg) if is_dataclass(cfg) else dict(cfg)
+        replay = {"profile": rep.profile.name, "completed": not rep.unfinished,
+                  "steps": rep.num_steps,
+                  "prefix_hit_tokens": sum(a.prefix_hit for r in rep.steps for a in r.admitted)}
+    t = rep.totals()
+    replay.update(preemptions=t.preemptions, self_preemptions=t.self_preemptions,
+                  requests_preempted=t.requests_preempted,
+                  computed_tokens_lost=t.computed_tokens_lost,
+                  tokens_recomputed=t.tokens_recomputed)
     doc["replay"] = replay
-    doc["preemptions"] = pre
+    doc["preemptions"] = preemption_rows(rep.preemptions, confidence=False)
     return Golden(doc, "workload")
 
 
-def trace_preemptions(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Preemption rows from trace records (V1 `simulate` and V0 `run_workload` alike)."""
-    records = list(records)
-    back: dict[str, list[tuple[int, int]]] = {}
-    for r in records:
-        hits = r.get("prefix_hit_tokens") or r.get("cached_tokens") or {}
-        for rid in list(r.get("resumed", ())) + list(r.get("swapped_in", ())):
-            back.setdefault(rid, []).append((r["step"], int(hits.get(rid, 0) or 0)))
+def preemption_rows(preemptions: Iterable[Any], *, confidence: bool) -> list[dict[str, Any]]:
+    """One golden row per preemption, from the replay's own records."""
     out = []
-    for r in records:
-        step = r["step"]
-        for p in r.get("preemptions", ()):
-            rid = p["req"]
-            again = next((b for b in back.get(rid, ()) if b[0] > step), None)
-            mode = p.get("mode")
-            lost = p.get("num_computed_tokens_before")
-            if mode == "swap":
-                lost = 0  # V0 swap: the KV blocks go to CPU memory, nothing is recomputed
-            if again is None:
-                recompute = None
-            elif mode == "swap":
-                recompute = 0
-            else:
-                recompute = p.get("num_tokens", 0) - again[1]
-            rec = _record(
-                step=step,
-                victim=rid,
-                trigger=p.get("trigger"),
-                self=bool(p.get("self_preempt")),
-                rule=p.get("victim_rule"),
-                lost=lost,
-                recompute=recompute,
-                prefix_hit=again[1] if again else None,
-                readmitted=again[0] if again else None,
-            )
-            if mode is not None:
-                rec["mode"] = mode
-                if rec["rule"] is None:
-                    del rec["rule"]  # V0 has one victim rule: the lowest-priority running
-            out.append(rec)
+    for p in preemptions:
+        row = {"step": p.step, "victim": p.victim, "trigger": p.trigger, "self": p.self_preemption,
+               "rule": p.victim_rule, "lost": p.computed_tokens_lost,
+               "recompute": p.tokens_recomputed, "prefix_hit": p.prefix_hit_at_readmission,
+               "readmitted": p.readmission_step}
+        if p.mode != "recompute" or p.cumulative is not None:  # a V0 run
+            row["mode"] = p.mode
+        if confidence:
+            row["confidence"] = p.confidence
+        out.append(row)
     return out
-
-
-def _record(**kw: Any) -> dict[str, Any]:
-    return {k: v for k, v in kw.items() if not (k == "confidence" and v is None)}
 
 
 # ---------------------------------------------------------------- render / parse

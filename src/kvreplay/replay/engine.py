@@ -361,7 +361,9 @@ class Engine:
             rec.stats_prompt_tokens = prompt
             rec.stats_prompt_cached = cached
         if result.finished:
-            rec.finished = [r.request_id for r in sorted(result.finished, key=_by_index)]
+            done = sorted(result.finished, key=_by_index)
+            rec.finished = [r.request_id for r in done]
+            rec.finished_output_tokens = [r.num_output_tokens for r in done]
         if self.record_sampled:
             rec.sampled = [r.request_id for r in result.sampled]
 

@@ -95,6 +95,7 @@ class StepRecord(msgspec.Struct, gc=False):
     stats_prompt_cached: int = 0  # ... of which the first admission's prefix-cache hit
     first_tokens: list[str] = []  # requests whose first output token came out
     finished: list[str] = []
+    finished_output_tokens: list[int] = []  # output tokens of each finished request
     num_running: int = 0
     num_waiting: int = 0
     free_blocks: int = 0

@@ -49,6 +49,7 @@ class Replay:
     unfinished: list[str] = field(default_factory=list)
     confidence: str = "exact"  # the replay as a whole: exact | consistent | inferred
     hasher: Callable[[], Any] | None = None  # block identities of a step-trace log
+    step_time_model: Any = None  # the clock's model of a step's duration (log replays)
 
     @property
     def engine_name(self) -> str:
@@ -150,8 +151,10 @@ class Replay:
                   "support_replays"):
             if k in info:
                 out[k] = info[k]
-        if info.get("support_replays"):
-            out["robust_preemptions"] = sum(1 for p in self.preemptions if p.support == 1.0)
+        if "support_replays" in info:
+            # preemptions every alternative replay finds too (None: support not measured)
+            out["robust_preemptions"] = sum(1 for p in self.preemptions if p.support == 1.0) \
+                if info["support_replays"] else None
         if self.engine_name == "V0":
             out["swap_preemptions"] = sum(1 for p in self.preemptions if p.mode == "swap")
             w = self.warnings or {}
@@ -164,3 +167,41 @@ class Replay:
             out["terminal_error"] = next(
                 (r.terminal_error for r in reversed(self.steps) if r.terminal_error), None)
         return out
+
+
+@without_cyclic_gc
+def replay_workload(data: dict[str, Any], *, profile: Any = None, label: str = "workload",
+                    paths: list[str] | None = None, check_capacity: bool = True,
+                    check_invariants: bool = False) -> Replay:
+    """A workload (conformance format, V1 or `"engine": "v0"`) run through the model: every
+    step and preemption exact, no clock."""
+    from kvreplay.replay.profile import DEFAULT_PROFILE, get_profile
+    from kvreplay.replay.records import preemption_records
+    from kvreplay.replay.v0.steps import V0ProfileRef, v0_workload
+    from kvreplay.replay.workload import parse_workload
+
+    if data.get("engine") == "v0":
+        wl, arrivals = v0_workload(data)
+        prof: Any = V0ProfileRef()
+        eng: Any = V0Steps(wl, inputs=EngineInputs(arrivals))
+    else:
+        wl = parse_workload(data, check_capacity=check_capacity)
+        prof = get_profile(profile) if profile else DEFAULT_PROFILE
+        arrivals = [s.arrival_step for s in wl.requests]
+        eng = Engine(wl, prof, inputs=EngineInputs(arrivals), check_invariants=check_invariants)
+    steps = list(eng.run()) if hasattr(eng, "run") else _steps(eng)
+    ended = {rid for rec in steps for rid in (*rec.finished, *rec.aborted)}
+    parent = getattr(wl, "parent", {})
+    unfinished = list(dict.fromkeys(parent.get(s.id, s.id) for s in wl.requests
+                                    if s.id not in ended))
+    return Replay(kind="workload", label=label, paths=list(paths or []), workload=wl,
+                  profile=prof, inputs=eng.inputs(), steps=steps,
+                  preemptions=preemption_records(steps), unfinished=unfinished,
+                  info={"requests": len(arrivals), "prompts": "exact", "output_lengths": "exact"})
+
+
+def _steps(eng: Any) -> list[StepRecord]:
+    out = []
+    while not eng.done:
+        out.append(eng.step())
+    return out

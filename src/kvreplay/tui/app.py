@@ -29,7 +29,6 @@ from textual.widgets.option_list import Option
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from kvreplay.errors import UserError
-from kvreplay.replay.session import open_source
 from kvreplay.replay.timeline import StepView, Timeline, diff_states
 from kvreplay.tui import render
 
@@ -309,11 +308,13 @@ class ReplayApp(App[None]):
     def load(self) -> None:
         worker = get_current_worker()
         try:
-            src = open_source(self.paths, profile=self.profile_name)
+            from kvreplay.sources import open_replay
+
+            rep = open_replay(self.paths, profile=self.profile_name)
         except UserError as exc:
             self.post_message(Loaded(error=str(exc)))
             return
-        tl = Timeline(src, snapshot_every=self.snapshot_every)
+        tl = Timeline(rep, snapshot_every=self.snapshot_every)
         self.post_message(SourceReady(tl))
         tl.build(progress=lambda _tl: self.post_message(Progress()),
                  cancelled=lambda: worker.is_cancelled, progress_every_s=0.25)
@@ -328,7 +329,7 @@ class ReplayApp(App[None]):
         tl = self.tl
         if tl is None:
             return
-        self.query_one("#progress", ProgressBar).update(progress=len(tl.summary.finished_step))
+        self.query_one("#progress", ProgressBar).update(progress=len(tl.finished_step))
         if self.view is None and tl.num_steps:
             self.show_step()
         else:

@@ -23,7 +23,7 @@ SPARK = " ▁▂▃▄▅▆▇█"
 
 def request_colour(tl: Timeline, rid: str) -> str:
     try:
-        return PALETTE[tl.engine.order[rid] % len(PALETTE)]
+        return PALETTE[tl.order[rid] % len(PALETTE)]
     except KeyError:
         return "white"
 
@@ -112,7 +112,7 @@ def step_text(tl: Timeline, v: StepView, selected: str | None) -> Text:
     for p in v.preemptions:
         t.append("Preempted: ", style="bold red")
         t.append(p.victim, style=request_colour(tl, p.victim))
-        t.append(f" by {p.trigger}, {p.computed_lost} tokens lost\n")
+        t.append(f" by {p.trigger}, {p.computed_tokens_lost} tokens lost\n")
     if rec.get("finished"):
         t.append("Finished: ", style="bold").append_text(ids_text(tl, rec["finished"], selected))
         t.append("\n")
@@ -157,12 +157,13 @@ def why_text(tl: Timeline, v: StepView) -> Text:
     for p in v.preemptions:
         r = v.before.requests.get(p.victim)
         why_one(t, tl, p, tl.preemption_confidence(p),
-                r.blocks if r is not None and len(r.blocks) == p.blocks_held_before else ())
+                r.blocks if r is not None and len(r.blocks) == p.blocks_held else ())
         t.append("\n")
     return t
 
 
 CONFIDENCE_MEANING = {
+    "exact-by-log": "(a log line names it: the every-50th preemption warning of a V0 engine)",
     "consistent": "(not in the log; the stats lines either side agree exactly with the replay)",
     "inferred": "(reconstructed: the stats lines around it disagree with the replay, or "
                 "prompt lengths were estimated)",
@@ -178,7 +179,8 @@ def why_one(t: Text, tl: Timeline, p: Preemption, confidence: str,
     total = len(tl.preemptions)
     t.append(f"Preemption {p.index + 1} of {total}{'' if tl.done else '+'} at step {p.step}",
              style="bold")
-    conf_style = {"exact": "green", "consistent": "yellow"}.get(confidence, "red")
+    conf_style = {"exact": "green", "exact-by-log": "green",
+                  "consistent": "yellow"}.get(confidence, "red")
     t.append("   confidence: ").append(confidence, style=conf_style).append("\n")
     if confidence in CONFIDENCE_MEANING:
         t.append(CONFIDENCE_MEANING[confidence] + "\n", style="dim")
@@ -192,7 +194,7 @@ def why_one(t: Text, tl: Timeline, p: Preemption, confidence: str,
     t.append("Victim   ").append(p.victim, style=f"bold {request_colour(tl, p.victim)}")
     t.append(f"  ({_ordinal(p.nth_of_victim)} preemption of it)\n")
     t.append("Trigger  ").append(p.trigger, style=f"bold {request_colour(tl, p.trigger)}")
-    if p.self_preempt:
+    if p.self_preemption:
         t.append("  (self-preemption: nothing else left to preempt)", style="yellow")
     t.append("\n")
     if p.blocks_needed is not None:
@@ -200,24 +202,31 @@ def why_one(t: Text, tl: Timeline, p: Preemption, confidence: str,
                  f"{p.free_blocks_at_failure} free at that moment\n")
     t.append("Rule     ").append(p.victim_rule or "?", style="bold")
     t.append("\n")
-    t.append(f"Victim held {_n(p.blocks_held_before, 'block')}")
+    t.append(f"Victim held {_n(p.blocks_held, 'block')}")
     if held_blocks:
         t.append(f" {_ranges(held_blocks)}")
-    t.append(f"; free {p.free_blocks_before} → {p.free_blocks_after} after freeing them\n")
+    if p.mode == "swap":
+        t.append(f"; swapped out to CPU memory ({_n(p.blocks_swapped_out, 'block')})\n")
+    else:
+        t.append(f"; free {p.free_blocks_before} → {p.free_blocks_after} after freeing them\n")
     prompt = tl.prompt_len.get(p.victim, 0)
     t.append("Thrown away: ", style="bold red")
-    t.append(f"{p.computed_lost} computed tokens", style="bold red")
+    t.append(f"{p.computed_tokens_lost} computed tokens", style="bold red")
     t.append(f" (sequence {p.num_tokens} = prompt {prompt} + {p.num_output_tokens} output)\n")
     if p.was_scheduled_this_step:
         t.append(f"It was already scheduled this step: {p.rolled_back_tokens} tokens rolled back\n")
-    if p.readmitted_step is None:
-        t.append("Not readmitted before the end of the loaded run\n", style="yellow")
+    if p.readmission_step is None:
+        t.append("Not readmitted before the end of the run\n", style="yellow")
+    elif p.mode == "swap":
+        t.append(f"Swapped back in at step {p.readmission_step} ({p.waited_steps} steps "
+                 "later): nothing to recompute\n")
     else:
-        t.append(f"Readmitted at step {p.readmitted_step} ({p.waited_steps} steps later); "
+        t.append(f"Readmitted at step {p.readmission_step} ({p.waited_steps} steps later); "
                  f"prefix hit {p.prefix_hit_at_readmission} tokens\n")
         t.append("Recompute cost: ", style="bold")
-        t.append(f"{p.recompute_tokens} tokens computed again", style="bold")
-        t.append(f" (re-prefill {p.reprefill_tokens} tokens)\n")
+        t.append(f"{p.tokens_recomputed} tokens prefilled again", style="bold")
+        t.append(f" (its {p.num_tokens} tokens less the {p.prefix_hit_at_readmission} still "
+                 "cached)\n")
 
 
 def block_cells(state: EngineState) -> list[tuple[int, int, list[str]]]:
@@ -294,22 +303,24 @@ LIFE_STYLE = {"preempted": "bold red", "resumed": "yellow", "finished": "green",
 
 
 def request_header(tl: Timeline, rid: str, v: StepView | None) -> Text:
-    spec = tl.engine.workload.requests[tl.engine.order[rid]]
+    spec = tl.workload.requests[tl.order[rid]]
+    arrives = tl.arrival_step(rid)
     t = Text()
     t.append("Request ").append(rid, style=f"bold {request_colour(tl, rid)}")
     t.append(f"  prompt {len(spec.prompt_token_ids)}, max_tokens {spec.max_tokens}, "
-             f"priority {spec.priority}, arrives at step {spec.arrival_step}\n")
+             f"priority {spec.priority}, "
+             + (f"arrives at step {arrives}\n" if arrives is not None else "never arrives\n"))
     if v is not None:
         r = v.after.requests.get(rid)
         if r is None:
-            done = tl.summary.finished_step.get(rid)
+            done = tl.finished_step.get(rid)
             state = "finished" if done is not None and done <= v.step else "not arrived"
             t.append(f"at step {v.step}: {state}\n")
         else:
             t.append(f"at step {v.step}: {r.status}, computed {r.num_computed_tokens}/{r.num_tokens}, "
                      f"{_n(len(r.blocks), 'block')}, {_n(r.num_preemptions, 'preemption')}\n")
     n = sum(1 for e in tl.life.get(rid, []) if e.kind == "preempted")
-    lost = sum(tl.preemptions[e.preemption].computed_lost for e in tl.life.get(rid, [])
+    lost = sum(tl.preemptions[e.preemption].computed_tokens_lost for e in tl.life.get(rid, [])
                if e.kind == "preempted" and e.preemption is not None)
     t.append(f"preempted {_n(n, 'time')}, {lost} computed tokens thrown away in all\n")
     return t
@@ -324,7 +335,7 @@ def life_line(tl: Timeline, e: Any, current: int) -> Text:
         t.append(f" {e.detail}")
     if e.kind == "preempted" and e.preemption is not None:
         p = tl.preemptions[e.preemption]
-        t.append(f"  [{p.computed_lost} tokens lost]", style="red")
+        t.append(f"  [{p.computed_tokens_lost} tokens lost]", style="red")
     return t
 
 

@@ -34,14 +34,39 @@ class V0Config:
     policy: str
     preemption_mode: str | None
     watermark: float = 0.01
+    fake_token_mode: str = "index"
+    fixed_token: int = 42
 
     def engine_dict(self) -> dict[str, Any]:
         d = dict(DEFAULTS)
         for k in ("num_gpu_blocks", "num_cpu_blocks", "block_size", "max_num_seqs",
                   "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill",
-                  "enable_prefix_caching", "policy", "preemption_mode", "watermark"):
+                  "enable_prefix_caching", "policy", "preemption_mode", "watermark",
+                  "fake_token_mode", "fixed_token"):
             d[k] = getattr(self, k)
         return d
+
+
+def v0_workload(data: dict[str, Any], name: str = "") -> tuple["V0Workload", list[int]]:
+    """A V0 workload JSON (`"engine": "v0"`, replay/v0/engine.py) as a `V0Workload` and
+    the arrival step of each of its requests."""
+    from kvreplay.replay.v0.engine import parse_workload
+
+    cfg, reqs, _profile = parse_workload(data)
+    config = V0Config(**{k: cfg[k] for k in V0Config.__dataclass_fields__})  # type: ignore[attr-defined]
+    specs: list[RequestSpec] = []
+    parent: dict[str, str] = {}
+    arrivals: list[int] = []
+    for r in reqs:
+        n = int(r.get("n", 1))
+        ids = [r["id"]] if n == 1 else [f"{r['id']}_parallel_sample_{i}" for i in range(n)]
+        for gid in ids:
+            specs.append(RequestSpec(gid, int(r.get("arrival_step", 0)), r["prompt_token_ids"],
+                                     int(r["max_tokens"]), int(r.get("priority", 0))))
+            parent[gid] = r["id"]
+        arrivals.append(int(r.get("arrival_step", 0)))
+    return V0Workload(name or str(data.get("name", "")), str(data.get("description", "")),
+                      config, specs, int(cfg["max_steps"]), parent), arrivals
 
 
 @dataclass(slots=True)
@@ -261,6 +286,8 @@ class V0Steps:
             if self.record_sampled:
                 rec.sampled = list(r.get("sampled", ()))
         rec.finished = list(r.get("finished", ()))
+        if rec.finished:
+            rec.finished_output_tokens = [eng.groups[rid].num_output_tokens for rid in rec.finished]
         rec.prometheus_preemptions = r.get("so_preempted", 0)
         rec.num_running = len(sched.running)
         rec.num_waiting = len(sched.waiting)

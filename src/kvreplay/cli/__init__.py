@@ -1,4 +1,4 @@
-"""The `kvreplay` console script.
+"""The `kvreplay` console script: one module per command in this package.
 
 Each subcommand lives in its own module, imported only when it runs, so `kvreplay parse`
 never pays for the TUI or polars. A subcommand module provides
@@ -17,13 +17,13 @@ from kvreplay.errors import UserError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "parse": ("kvreplay.parsers.cli", "parse vLLM logs into typed events"),
-    "replay": ("kvreplay.replay_cli", "reconstruct every preemption from a vLLM server log"),
-    "simulate": ("kvreplay.replay.cli", "run a workload through the faithful vLLM scheduler"),
+    "parse": ("kvreplay.cli.parse", "parse vLLM logs into typed events"),
+    "replay": ("kvreplay.cli.replay", "reconstruct every preemption from a vLLM server log"),
+    "simulate": ("kvreplay.cli.simulate", "run a workload through the faithful vLLM scheduler"),
     "record-kv-events": ("kvreplay.kvevents", "record vLLM's KV-cache events (ZMQ, --kv-events-config) to a file"),
-    "tui": ("kvreplay.tui.cli", "step through every scheduling decision in a terminal debugger"),
-    "audit": ("kvreplay.audit.audit_cli", "audit logs or Prometheus scrapes: one record per log, status, storms, CI gates"),
-    "whatif": ("kvreplay.audit.whatif_cli", "replay a log's workload under other settings or concurrencies"),
+    "tui": ("kvreplay.cli.tui", "step through every scheduling decision in a terminal debugger"),
+    "audit": ("kvreplay.cli.audit", "audit logs or Prometheus scrapes: one record per log, status, storms, CI gates"),
+    "whatif": ("kvreplay.cli.whatif", "replay a log's workload under other settings or concurrencies"),
 }
 
 

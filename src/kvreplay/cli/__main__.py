@@ -1,0 +1,3 @@
+from kvreplay.cli import main
+
+raise SystemExit(main())

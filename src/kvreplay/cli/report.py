@@ -1,0 +1,151 @@
+"""A `Replay` as the `kvreplay replay` report: a table for people, JSON for programs.
+
+Every figure comes from the Replay (its records and totals: kvreplay.replay.records);
+nothing is recomputed here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+import msgspec
+
+from kvreplay.replay.result import Replay
+
+
+def preemption_json(p: Any) -> dict[str, Any]:
+    d = msgspec.to_builtins(p)
+    d["blocks_freed"] = p.blocks_freed
+    return d
+
+
+def to_json(rep: Replay) -> dict[str, Any]:
+    """The report as plain data: summary, preemptions, storms, verification, provenance."""
+    facts = rep.facts
+    cfg = rep.workload.config
+    out: dict[str, Any] = {
+        "kind": rep.kind,
+        "summary": rep.summary(),
+        "preemptions": [preemption_json(p) for p in rep.preemptions],
+        "storms": rep.storms(),
+        "verification": rep.verification,
+        "estimate": rep.estimate,
+        "config": {"values": asdict(cfg) if is_dataclass(cfg) else dict(cfg),
+                   "sources": rep.info.get("config_sources", {})},
+        "notes": rep.notes,
+        "missing": rep.missing,
+    }
+    if rep.warnings is not None:
+        out["warnings"] = rep.warnings
+    if rep.step_check is not None:
+        out["step_check"] = rep.step_check
+    if facts is not None:
+        out["inputs"] = {"files": facts.files, "lines": facts.num_events,
+                         "unparsed": facts.num_unparsed, "requests": len(facts.requests),
+                         "stats_lines": len(facts.stats)}
+    else:
+        out["inputs"] = {"files": rep.paths}
+    return out
+
+
+def render_table(rep: Replay, report: dict[str, Any], elapsed: float) -> str:
+    s = report["summary"]
+    lines = [f"kvreplay replay: {', '.join(rep.paths) or rep.label}"]
+    if rep.kind == "step-trace":
+        lines.append(f"  (exact: the log has kvreplay's step trace) {s['requests']} requests, "
+                     f"{s['steps']} engine steps replayed in {elapsed:.1f} s")
+        lines += _step_check_lines(rep.step_check or {})
+    else:
+        lines.append(f"  vLLM {s['vllm_version'] or '?'} (profile {s['profile']}), "
+                     f"{s['requests']} requests, {s['steps']} engine steps replayed in "
+                     f"{elapsed:.1f} s")
+        if "step_time_model" in s:
+            lines.append(f"  {s['step_time_model']}; arrivals: {s['arrival_pattern']}; prompts "
+                         f"{s['prompts']}; output lengths {s['output_lengths']}")
+    v = report.get("verification")
+    if v:
+        lines.append(
+            f"  verification: {v['agreeing_lines']} of {v['stats_lines']} stats lines agree "
+            "(running, waiting, KV usage)"
+            + (f"; {v['exact_lines']} exactly, at the step each had seen (also generated and "
+               "prompt tokens)" if "exact_lines" in v else ""))
+        div = v.get("first_divergence")
+        if div:
+            lines.append(f"    first disagreement: {div['file']}:{div['line']} (step {div['step']}): "
+                         + "; ".join(div["differences"]))
+        inexact = v.get("first_inexact")
+        if inexact and inexact != div:
+            lines.append(f"    first line not matched exactly: {inexact['file']}:{inexact['line']}: "
+                         + "; ".join(inexact["differences"]))
+    lines.append(
+        f"  preemptions: {s['preemptions']} ({s['self_preemptions']} self-preemptions), "
+        f"{s['requests_preempted']} requests preempted, {s['computed_tokens_lost']:,} computed "
+        f"tokens thrown away, {s['tokens_recomputed']:,} recomputed at readmission")
+    est = report.get("estimate")
+    if est:
+        lines.append(
+            f"  ESTIMATE: {est['preemptions_low']}-{est['preemptions_high']} preemptions "
+            f"(median {est.get('preemptions_median', '?')}): {est['why']}")
+        lines.append(f"  to make it exact: {est['make_it_exact']}")
+    if s.get("cut_short"):
+        lines.append(f"  the log ends while requests were still running (server killed?): "
+                     f"{len(s['unfinished_requests'])} unfinished at the cut")
+    k = s.get("support_replays") or 0
+    if k:
+        from kvreplay.inference.confidence import SUPPORT_JITTER
+
+        lines.append(
+            f"  support: {s['robust_preemptions']} of {s['preemptions']} preemptions are found "
+            f"by all {k} replays with each arrival moved up to {SUPPORT_JITTER} steps within "
+            "what the log allows; lower support = the log cannot pin that one down")
+    lines += preemption_table(rep.preemptions, k)
+    storms = report["storms"]
+    if storms and len(rep.preemptions) > 1:
+        lines.append("")
+        lines.append("  storms (preemptions <= 50 steps apart):")
+        for st in sorted(storms, key=lambda x: -x["tokens_lost"])[:5]:
+            lines.append(f"    steps {st['first_step']}-{st['last_step']}: {st['preemptions']} "
+                         f"preemptions, {st['tokens_lost']:,} tokens lost, "
+                         f"{len(st['victims'])} victims")
+    if report["notes"] or report["missing"]:
+        lines.append("")
+        for n in report["notes"]:
+            lines.append(f"  note: {n}")
+        for m in report["missing"]:
+            lines.append(f"  missing: {m}")
+    return "\n".join(lines) + "\n"
+
+
+def _step_check_lines(c: dict[str, Any]) -> list[str]:
+    out = [f"  steps checked: {c.get('steps_checked')}"]
+    if c.get("kv_events_checked") is not None:
+        out.append(f"  KV-cache block state checked against vLLM's events after "
+                   f"{c['kv_events_checked']} steps")
+    div = c.get("first_divergence")
+    out.append("  every step agrees with the log" if not div else
+               f"  FIRST DIVERGENCE at step {div.get('step')} ({div.get('file')}:{div.get('line')}): "
+               f"{div.get('field')}: logged {div.get('logged')} vs replayed {div.get('replayed')}")
+    return out
+
+
+def preemption_table(pre: list[Any], support_replays: int = 0) -> list[str]:
+    if not pre:
+        return ["  no preemption in the replay"]
+    out = ["", "   step      time  victim                          trigger                         "
+               "rule      lost  recompute   hit  back at  confidence"
+               + ("  support" if support_replays else "")]
+    for p in pre:
+        t = p.time
+        ts = time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}" if t else "-"
+        rule = (p.victim_rule or "").split(":")[0] + (" self" if p.self_preemption else "")
+        hit = p.prefix_hit_at_readmission
+        out.append(
+            f"  {p.step:>5}  {ts:>12}  {str(p.victim)[:30]:<30}  {str(p.trigger)[:30]:<30}  "
+            f"{rule:<8} {p.computed_tokens_lost:>5}  {str(p.tokens_recomputed if p.tokens_recomputed is not None else '-'):>9}  "
+            f"{str(hit if hit is not None else '-'):>4}  "
+            f"{str(p.readmission_step if p.readmission_step is not None else '-'):>7}  {p.confidence:<10}"
+            + (f"  {round(p.support * support_replays)}/{support_replays}"
+               if support_replays and p.support is not None else ""))
+    return out

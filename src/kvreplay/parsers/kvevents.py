@@ -1,0 +1,49 @@
+"""Files of vLLM's KV-cache events written by `kvreplay record-kv-events` (JSON Lines, one
+batch per line: {"seq", "ts", "rank", "events": [BlockStored | BlockRemoved |
+AllBlocksCleared ...]}; `.gz` ok)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from typing import Any
+
+from kvreplay.errors import UserError
+
+
+def _open(path: str):
+    return gzip.open(path, "rt", encoding="utf-8") if str(path).endswith(".gz") else \
+        open(path, "rt", encoding="utf-8")
+
+
+def read_kv_events(path: str) -> list[dict[str, Any]]:
+    """The batches of a KV-events file, in seq order. A line that is not a batch is a
+    `UserError` naming the file and line."""
+    recs = []
+    try:
+        with _open(path) as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    d = json.loads(line)
+                except ValueError as exc:
+                    raise UserError(f"{path}:{n}: not a KV-event batch (JSON: {exc})") from None
+                if not isinstance(d, dict) or "events" not in d:
+                    raise UserError(f"{path}:{n}: not a KV-event batch (no 'events')")
+                recs.append(d)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    recs.sort(key=lambda r: r.get("seq", 0))
+    return recs
+
+
+def is_kv_events_file(path: str) -> bool:
+    """Cheap sniff: the first line is a JSON object with "seq" and "events"."""
+    try:
+        with _open(path) as f:
+            first = f.readline()
+        d = json.loads(first)
+    except (OSError, ValueError, UnicodeDecodeError, EOFError):
+        return False
+    return isinstance(d, dict) and "seq" in d and "events" in d
