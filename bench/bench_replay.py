@@ -49,7 +49,7 @@ def main() -> int:
     wl = parse_workload(data)
     t0 = time.perf_counter()
     e = Engine(wl)
-    for _ in e.run(trace=False):
+    for _ in e.run():
         pass
     floor = time.perf_counter() - t0
     records, summary = simulate(wl)

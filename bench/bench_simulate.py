@@ -31,7 +31,7 @@ def run_kvreplay(data: dict, repeat: int) -> dict:
     for _ in range(repeat):
         engine = Engine(parse_workload(data), get_profile("0.33"))
         t0 = time.perf_counter()
-        for _ in engine.run(trace=False):
+        for _ in engine.run():
             pass
         dt = time.perf_counter() - t0
         s = engine.summary
@@ -49,7 +49,7 @@ def memory_per_request(make, sizes: tuple[int, ...]) -> list[tuple[int, float]]:
         data = make(seed=1, n_requests=n)
         tracemalloc.start()
         engine = Engine(parse_workload(data), get_profile("0.33"))
-        for _ in engine.run(trace=False):
+        for _ in engine.run():
             pass
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()

@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 from kvreplay.replay.engine import Engine
-from kvreplay.replay.session import open_source
+from kvreplay.replay.trace import conformance_record
+from kvreplay.sources import open_replay as open_source
 from kvreplay.replay.timeline import Timeline
 
 
@@ -163,10 +164,10 @@ def main() -> int:
     base = []
     for s in starts[: args.baseline]:
         def resim() -> None:
-            e = src.engine()
+            e = src.new_engine()
             while e.step_index < s - 1:
-                e.step(trace=False)
-            e.step(trace=True)
+                e.step()
+            conformance_record(e, e.step())
         base.append(timed(resim))
     base_p50 = statistics.median(base)
     print(f"\n{'operation':<18}{'p50 ms':>9}{'p95 ms':>9}{'max ms':>9}   baseline p50 ratio")

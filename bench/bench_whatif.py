@@ -25,7 +25,6 @@ import time
 
 from kvreplay.audit import whatif as W
 from kvreplay.audit.synth import make_workload, render_log
-from kvreplay.replay.from_log import timed_replay
 
 
 def main(argv=None) -> int:
@@ -45,8 +44,10 @@ def main(argv=None) -> int:
         fit_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    base = timed_replay(ctx.rebuilt, ctx.facts, ctx.profile, ctx.model, ctx.spread, trace=False,
-                        use_completion_order=False)
+    from kvreplay.inference.runs import arrival_times
+
+    base = W.drive(ctx.workload, ctx.profile, ctx.model,
+                   arrivals=arrival_times(ctx.facts, *ctx.placement))
     baseline_s = time.perf_counter() - t0
 
     settings = W.plan({"max_num_seqs": [16, 32, 128], "num_gpu_blocks": [1000, 3000]})[1:]

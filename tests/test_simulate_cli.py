@@ -50,7 +50,7 @@ def test_report_on_embedded_sample() -> None:
     assert proc.returncode == 0, proc.stderr
     # The sample is b_fcfs_heavy: 5 preemptions, the first a self-preemption of r3 at step 41.
     assert "5 preemptions (1 self-preemptions)" in proc.stdout
-    assert "    41  r3          r3          fcfs (self)" in proc.stdout
+    assert "     41  r3       r3       fcfs self    240        241      0      150  exact" in proc.stdout
 
 
 def test_summary_file(tmp_path: Path) -> None:
@@ -115,4 +115,4 @@ def test_v0_workload_through_the_cli_is_byte_identical(tmp_path: Path) -> None:
     proc = run_cli("simulate", str(case / "workload.json"), "--format", "report")
     assert proc.returncode == 0
     assert "14 preemptions (2 self-preemptions)" in proc.stdout
-    assert "     5  r6          r1          v0 swap" in proc.stdout
+    assert "      5  r6       r1       last running  swap           0          0      -       17" in proc.stdout

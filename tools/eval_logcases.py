@@ -28,14 +28,14 @@ def score(case: Path, log_name: str, tol: int = 5) -> dict:
     true = truth["preemptions"]
     found = list(rep.preemptions)
     hits = len(match_preemptions([(p["step"], p["victim_log_id"]) for p in true],
-                                 [(q["step"], q["victim"]) for q in found], tol))
+                                 [(q.step, q.victim) for q in found], tol))
     n_true, n_found = len(true), len(found)
     out = {
         "case": case.name, "log": log_name, "true": n_true, "found": n_found,
         "matched": hits, "recall": hits / n_true if n_true else 1.0,
         "count_error": (n_found - n_true) / n_true if n_true else float(n_found),
-        "seconds": round(dt, 2), "model": rep.fit.model.describe(), "spread": rep.fit.spread,
-        "loss": round(rep.fit.loss, 3),
+        "seconds": round(dt, 2), "model": rep.info["step_time_model"], "placement": rep.info["placement"],
+        "loss": rep.info["fit_loss"],
         "agreeing_stats": f"{rep.verification['agreeing_lines']}/{rep.verification['stats_lines']}",
     }
     if rep.estimate:

@@ -22,7 +22,7 @@ import random
 import tempfile
 
 from kvreplay.replay import parse_workload, simulate
-from kvreplay.replay.from_log import replay_facts
+from kvreplay.inference import replay_facts
 from kvreplay.replay.render import formula_step_time, render_log
 from kvreplay.sources import read_facts
 from matching import match_preemptions
@@ -75,25 +75,25 @@ def main() -> int:
             facts = read_facts([path], year=2026)
             facts.interval_s = args.stats_s
             rep = replay_facts(facts)
-        found = [(q["step"], q["victim"]) for q in rep.preemptions]
+        found = [(q.step, q.victim) for q in rep.preemptions]
         used = match_preemptions(true, found)
         hit = len(used)
         hit15 = len(match_preemptions(true, found, 15))
         # a replay that fails usually has (nearly) every arrival off by the same few steps:
         # the victims are right, their steps shifted
-        offsets = sorted(rep.run.arrival_step[s.id] - s.arrival_step for s in wl.requests)
+        offsets = sorted(a - s.arrival_step for a, s in zip(rep.inputs.arrival_steps, wl.requests))
         median_offset = offsets[len(offsets) // 2]
         for j, q in enumerate(rep.preemptions):
-            conf[q["confidence"]][0] += j in used
-            conf[q["confidence"]][1] += 1
-            if q.get("support") is not None:
-                calib[q["support"]][0] += j in used
-                calib[q["support"]][1] += 1
+            conf[q.confidence][0] += j in used
+            conf[q.confidence][1] += 1
+            if q.support is not None:
+                calib[q.support][0] += j in used
+                calib[q.support][1] += 1
         tot_true += len(true)
         tot_hit += hit
         tot_found += len(rep.preemptions)
         est = rep.estimate
-        print(f"seed {seed}: pattern {rep.arrival_pattern}, true {len(true)}, found "
+        print(f"seed {seed}: pattern {rep.info["arrival_pattern"]}, true {len(true)}, found "
               f"{len(rep.preemptions)}, matched {hit} (within 15 steps {hit15}), median "
               f"arrival offset {median_offset:+d} steps, exact stats lines "
               f"{rep.verification['exact_lines']}/{rep.verification['stats_lines']}"

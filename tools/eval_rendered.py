@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 from kvreplay.replay import parse_workload, simulate
-from kvreplay.replay.from_log import replay_facts
+from kvreplay.inference import replay_facts
 from kvreplay.replay.render import render_log
 from kvreplay.sources import read_facts
 from matching import match_preemptions
@@ -36,12 +36,12 @@ def main() -> int:
                 f.write("\n".join(lines) + "\n")
             rep = replay_facts(read_facts([p], year=2026))
         true = [(r["step"], p["req"]) for r in recs for p in r.get("preemptions", ())]
-        found = [(p["step"], p["victim"]) for p in rep.preemptions]
+        found = [(p.step, p.victim) for p in rep.preemptions]
         hits = len(match_preemptions(true, found))
         tot_true += len(true)
         tot_hit += hits
         tot_found += len(found)
-        print(os.path.basename(d.rstrip("/")), len(true), len(found), hits, rep.arrival_pattern)
+        print(os.path.basename(d.rstrip("/")), len(true), len(found), hits, rep.info["arrival_pattern"])
     print("TOTAL true", tot_true, "found", tot_found, "hit", tot_hit,
           round(tot_hit / max(1, tot_true), 3))
     return 0

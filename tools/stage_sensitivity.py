@@ -27,7 +27,13 @@ import statistics
 import sys
 from pathlib import Path
 
-from kvreplay.replay import from_log as FL
+from kvreplay.inference import replay_facts
+from kvreplay.inference.clock import clocked
+from kvreplay.inference.formats import log_format
+from kvreplay.inference.lines import phase_estimate
+from kvreplay.inference.rebuild import rebuild_workload
+from kvreplay.inference.runs import step_replay
+from kvreplay.inference.verify import verify
 from kvreplay.sources import read_facts
 from matching import match_preemptions
 
@@ -41,27 +47,25 @@ def main() -> int:
     case = Path(args.case)
     truth = json.loads((case / "truth.json").read_text())
     facts = read_facts([str(case / "server.reqbody.log")], year=2026)
-    rep = FL.replay_facts(facts, support=0)
+    rep = replay_facts(facts, support=0)
+    fmt = log_format(facts.vllm_version, facts.engine_version)
+    rebuilt = rebuild_workload(facts, fmt, rep.profile)
     by_log_id = {v["log_request_id"]: k for k, v in truth["requests"].items()}
-    ids = [s.id for s in rep.rebuilt.workload.requests]
+    ids = [s.id for s in rep.workload.requests]
     true_arrival = [truth["requests"][by_log_id[i]]["arrival_step"] for i in ids]
-    ours = [rep.run.arrival_step[i] for i in ids]
+    ours = list(rep.inputs.arrival_steps)
     stage = [r.stats_before for r in facts.requests]
     true = [(p["step"], p["victim"]) for p in truth["preemptions"]]
-    phase = FL.phase_estimate(facts) or 0.5
-    prompt_len = {s.id: len(s.prompt_token_ids) for s in rep.rebuilt.workload.requests}
+    phase = phase_estimate(facts) or 0.5
 
     def score(arrival: list[int]) -> tuple[int, int, int]:
         arrival = list(arrival)
         for i in range(1, len(arrival)):
             arrival[i] = max(arrival[i], arrival[i - 1])  # file order is arrival order
-        run = FL.step_replay(rep.rebuilt, facts, rep.profile, arrival, rep.run.model,
-                             trace=False)
-        anchors = FL._anchors(run, facts)
-        run.step_start = FL._clock(run, facts, anchors, phase)[: len(run.records)]
-        exact = FL.verify(run, facts, phase=phase, prompt_len=prompt_len).get("exact_lines", 0)
-        found = [(rec["step"], by_log_id[v]) for rec in run.records
-                 for v in rec.get("preempted", ())]
+        run = step_replay(rebuilt, facts, rep.profile, arrival, rep.step_time_model)
+        clocked(run, facts, fmt, phase)
+        exact = verify(run, facts, fmt, phase, prompts_known=True).get("exact_lines", 0)
+        found = [(rec.step, by_log_id[p.victim]) for rec in run.steps for p in rec.preemptions]
         return len(match_preemptions(true, found)), len(found), exact
 
     stages = sorted(set(stage))

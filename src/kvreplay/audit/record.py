@@ -140,7 +140,7 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
 
     rp = None
     replay_reason = None
-    if replay and not dp:
+    if replay:  # (a data-parallel log is refused by the replay, with its reason)
         try:
             # support=0: the audit reports counts, not single preemptions (saves 10 replays)
             rp = open_replay(paths, profile=profile, year=year, support=0, log=log)
@@ -148,9 +148,6 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
             replay_reason = str(exc)
         except KeyError as exc:  # an unknown release in get_profile
             replay_reason = f"no scheduler profile for this release: {exc}"
-    elif dp:
-        replay_reason = ("data-parallel log: the request lines do not say which engine served "
-                         "each request, so the workload cannot be split per engine for a replay")
     else:
         replay_reason = "replay not requested (--no-replay)"
 

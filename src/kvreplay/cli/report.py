@@ -21,6 +21,11 @@ def preemption_json(p: Any) -> dict[str, Any]:
     return d
 
 
+def _request_ids(rep: Replay) -> list[str]:
+    parent = getattr(rep.workload, "parent", {})
+    return list(dict.fromkeys(parent.get(s.id, s.id) for s in rep.workload.requests))
+
+
 def to_json(rep: Replay) -> dict[str, Any]:
     """The report as plain data: summary, preemptions, storms, verification, provenance."""
     facts = rep.facts
@@ -36,6 +41,11 @@ def to_json(rep: Replay) -> dict[str, Any]:
                    "sources": rep.info.get("config_sources", {})},
         "notes": rep.notes,
         "missing": rep.missing,
+        # what the run is made of (re-run these to get every step again)
+        "run": {"arrival_steps": dict(zip(_request_ids(rep), rep.inputs.arrival_steps)),
+                "prompt_tokens": {s.id: len(s.prompt_token_ids) for s in rep.workload.requests},
+                "aborts": [list(a) for a in rep.inputs.aborts],
+                "cut_after_steps": rep.inputs.max_steps},
     }
     if rep.warnings is not None:
         out["warnings"] = rep.warnings
@@ -131,21 +141,40 @@ def _step_check_lines(c: dict[str, Any]) -> list[str]:
 
 
 def preemption_table(pre: list[Any], support_replays: int = 0) -> list[str]:
+    """One line per preemption: step (and wall time, for a log), victim, trigger, rule,
+    (V0: recompute or swap), tokens lost and recomputed, prefix hit and step at
+    readmission, confidence (and support)."""
     if not pre:
         return ["  no preemption in the replay"]
-    out = ["", "   step      time  victim                          trigger                         "
-               "rule      lost  recompute   hit  back at  confidence"
-               + ("  support" if support_replays else "")]
+    timed = any(p.time is not None for p in pre)
+    v0 = any(p.mode != "recompute" or p.cumulative is not None for p in pre)
+    w = min(30, max(7, *(len(str(p.victim)) for p in pre), *(len(str(p.trigger)) for p in pre)))
+    rw = max(4, *(len(_rule(p)) for p in pre))
+    head = f"   step{'          time' if timed else ''}  {'victim':<{w}}  {'trigger':<{w}}  {'rule':<{rw}}"
+    head += ("  mode     " if v0 else "") + "   lost  recompute    hit  back at  confidence"
+    out = ["", head + ("  support" if support_replays else "")]
     for p in pre:
-        t = p.time
-        ts = time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}" if t else "-"
-        rule = (p.victim_rule or "").split(":")[0] + (" self" if p.self_preemption else "")
+        row = f"  {p.step:>5}"
+        if timed:
+            t = p.time
+            row += "  " + (time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}"
+                           if t is not None else "-").rjust(12)
+        row += f"  {str(p.victim)[:w]:<{w}}  {str(p.trigger)[:w]:<{w}}  {_rule(p):<{rw}}"
+        if v0:
+            row += f"  {p.mode:<9}"
         hit = p.prefix_hit_at_readmission
-        out.append(
-            f"  {p.step:>5}  {ts:>12}  {str(p.victim)[:30]:<30}  {str(p.trigger)[:30]:<30}  "
-            f"{rule:<8} {p.computed_tokens_lost:>5}  {str(p.tokens_recomputed if p.tokens_recomputed is not None else '-'):>9}  "
-            f"{str(hit if hit is not None else '-'):>4}  "
-            f"{str(p.readmission_step if p.readmission_step is not None else '-'):>7}  {p.confidence:<10}"
-            + (f"  {round(p.support * support_replays)}/{support_replays}"
-               if support_replays and p.support is not None else ""))
+        row += (f"  {p.computed_tokens_lost:>5}  {_dash(p.tokens_recomputed):>9}  {_dash(hit):>5}  "
+                f"{_dash(p.readmission_step):>7}  {p.confidence:<10}")
+        if support_replays and p.support is not None:
+            row += f"  {round(p.support * support_replays)}/{support_replays}"
+        out.append(row.rstrip())
     return out
+
+
+def _rule(p: Any) -> str:
+    return (p.victim_rule or "").split(":")[0] + (" self" if p.self_preemption and
+                                                  p.victim_rule != "self" else "")
+
+
+def _dash(x: Any) -> str:
+    return "-" if x is None else str(x)

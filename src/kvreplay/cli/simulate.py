@@ -78,7 +78,11 @@ def run(args: argparse.Namespace) -> int:
     elif args.format == "summary":
         _write(args.output, lambda f: f.write(_json_pretty(summary)))
     else:
-        _write(args.output, lambda f: f.write(render_report(path, label, summary, records)))
+        from kvreplay.replay.result import replay_workload
+
+        rep = replay_workload(data, profile=args.profile, label=label,
+                              check_capacity=not args.allow_unfinishable)
+        _write(args.output, lambda f: f.write(render_report(path, label, rep)))
     if not completed:
         print(
             f"kvreplay simulate: not every request finished within max_steps "
@@ -120,38 +124,16 @@ def _json_pretty(obj: Any) -> str:
 _write = write_output
 
 
-def render_report(path: str, label: str, summary: dict[str, Any], records: list[dict]) -> str:
-    """A plain-text account of every preemption, for a person at a terminal (V1 and V0
-    traces: both carry a `preemptions` list per step)."""
-    events = [(r["step"], p) for r in records for p in r.get("preemptions", ())]
-    lines = [f"kvreplay simulate: {path}", f"  {label}"]
-    n_self = sum(1 for _, p in events if p.get("self_preempt"))
-    victims = {p["req"] for _, p in events}
-    lines.append(
-        f"  {len(records)} engine steps, {len(events)} preemptions ({n_self} self-preemptions), "
-        f"{len(victims)} requests preempted"
-    )
-    resumed_at: dict[str, list[int]] = {}
-    for r in records:
-        for rid in list(r.get("resumed", ())) + list(r.get("swapped_in", ())):
-            resumed_at.setdefault(rid, []).append(r["step"])
-    if events:
-        lines.append("")
-        lines.append(
-            "  step  victim      trigger     rule                         lost  blocks freed  readmitted"
-        )
-    for step, p in events:
-        before = p.get("free_blocks_before", p.get("free_gpu_before", 0))
-        after = p.get("free_blocks_after", p.get("free_gpu_after", 0))
-        rule = p.get("victim_rule") or (f"v0 {p.get('mode', '')}" if "mode" in p else "")
-        rule = rule.split(":")[0] + (" (self)" if p.get("self_preempt") else "")
-        back = next((s for s in resumed_at.get(p["req"], ()) if s > step), None)
-        lines.append(
-            f"  {step:>4}  {p['req']:<10}  {str(p.get('trigger')):<10}  {rule:<27}"
-            f"  {p.get('num_computed_tokens_before', 0):>4}  {after - before:>12}  "
-            + (f"step {back}" if back is not None else "-")
-        )
-    total_lost = sum(p.get("num_computed_tokens_before", 0) for _, p in events)
-    lines.append("")
-    lines.append(f"  computed tokens thrown away by preemption: {total_lost}")
+def render_report(path: str, label: str, rep: Any) -> str:
+    """A plain-text account of every preemption of the workload's replay (the table and
+    totals of `kvreplay replay`: kvreplay.cli.report)."""
+    from kvreplay.cli.report import preemption_table
+
+    t = rep.totals()
+    lines = [f"kvreplay simulate: {path}", f"  {label}",
+             f"  {rep.num_steps} engine steps, {t.preemptions} preemptions "
+             f"({t.self_preemptions} self-preemptions), {t.requests_preempted} requests preempted, "
+             f"{t.computed_tokens_lost:,} computed tokens thrown away, "
+             f"{t.tokens_recomputed:,} recomputed at readmission"]
+    lines += preemption_table(rep.preemptions)
     return "\n".join(lines) + "\n"

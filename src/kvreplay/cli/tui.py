@@ -20,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--profile", default=None,
                         help="vLLM version profile (default: from the log, else 0.33)")
+    parser.add_argument("--year", type=int,
+                        help="year of the log's time stamps (default: the file's mtime)")
 
 
 def default_paths() -> list[str]:
@@ -31,7 +33,7 @@ def default_paths() -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from kvreplay.tui.app import ReplayApp
 
-    app = ReplayApp(args.paths or default_paths(), profile=args.profile)
+    app = ReplayApp(args.paths or default_paths(), profile=args.profile, year=args.year)
     app.run()
     # The app has left the screen and restored the terminal by now.
     if app.load_exception is not None:

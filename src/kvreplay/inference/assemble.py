@@ -1,16 +1,15 @@
-"""The last steps of a log replay: the profile it runs under, the arrival placement chain
-of formats that anchor arrivals to the stats lines, and the `Replay` the views read.
+"""The last steps of a log replay: the arrival placement chain of formats that anchor
+arrivals to the stats lines, and the `Replay` the views read.
 
-Consumes: the stages' results. Produces: the scheduler profile (`scheduler_profile`), the
-placed and clocked final run (`place_arrivals`), and the `Replay` with its notes and its
-step -> log lines map (`make_replay`).
+Consumes: the stages' results. Produces: the placed and clocked final run
+(`place_arrivals`), and the `Replay` with its notes and its step -> log lines map
+(`make_replay`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvreplay.errors import ReplayError
 from kvreplay.inference.clock import clocked, finish_steps
 from kvreplay.inference.facts import LogFacts, aborts, cut_time
 from kvreplay.inference.fit import Fit, fit
@@ -20,27 +19,8 @@ from kvreplay.inference.placement import (Anchored, anchored_replay, burst_spaci
                                           exact_search)
 from kvreplay.inference.rebuild import Rebuilt
 from kvreplay.inference.runs import Run, step_replay, timed_replay
-from kvreplay.replay.profile import get_profile
 from kvreplay.replay.records import PreemptionRecord
 from kvreplay.replay.result import Replay
-from kvreplay.replay.v0.steps import V0_PROFILE, V0ProfileRef
-
-V0_PROFILE_NAMES = (None, "auto", "v0", "0.6.6", "0.6.6.post1", V0ProfileRef().name)
-
-
-def scheduler_profile(facts: LogFacts, fmt: LogFormat, profile: str | None) -> Any:
-    """The scheduler rules: the profile asked for, else the log's release's."""
-    if fmt.engine == "V1":
-        return get_profile(profile or facts.vllm_version)
-    if facts.engine_version == "V1":
-        raise ReplayError(f"this vLLM {facts.vllm_version} log comes from the V1 engine, which "
-                          "has no profile before 0.8.5: pass --profile 0.8.5 to replay it with "
-                          "the oldest V1 rules")
-    if profile not in V0_PROFILE_NAMES:
-        raise ReplayError(f"profile {profile!r} is a V1 release, but this log comes from the V0 "
-                          f"engine: the V0 replay follows vLLM {V0_PROFILE} (omit --profile)")
-    return V0ProfileRef()
-
 
 def fit_placements(fmt: LogFormat, pattern: str) -> tuple[tuple[float, float], ...]:
     """Where in its second each request may have arrived, as the fit tries it: the
@@ -124,7 +104,7 @@ def make_replay(facts: LogFacts, fmt: LogFormat, prof: Any, rebuilt: Rebuilt, ru
     if warnings is not None and warnings["replay_warnings_not_in_log"]:
         notes.append(f"{len(warnings['replay_warnings_not_in_log'])} warning(s) the replay "
                      "would have printed are not in the log")
-    if fmt.engine == "V0":
+    if fmt.preemption_warnings:  # the log's own counters are the V0 engine's
         prom = sum(r.prometheus_preemptions for r in run.steps)
         notes.append(f"Prometheus vllm:num_preemptions_total (replayed): {prom}; scheduler "
                      f"cumulative count: {max((p.cumulative or 0 for p in pre), default=0)}")

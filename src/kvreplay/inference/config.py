@@ -43,10 +43,6 @@ def check_replayable(facts: LogFacts, fmt: LogFormat) -> None:
     """Raise `ReplayError` naming what the log lacks for a replay."""
     c = facts.config
     if fmt.engine == "V1":
-        if not facts.requests:
-            raise ReplayError(
-                "the log has no request lines, so there is no workload to replay: start vLLM "
-                "with --enable-log-requests (and VLLM_REQUEST_BODY_LOG_LEVEL=INFO for prompts)")
         if len(facts.engines) > 1:
             raise ReplayError(
                 f"this is a data-parallel log ({len(facts.engines)} engines write stats "
@@ -55,6 +51,10 @@ def check_replayable(facts: LogFacts, fmt: LogFormat) -> None:
                 "engine would overload it. Replay the step trace of kvreplay's vLLM plugin "
                 "instead (it traces each engine process on its own), or the log of a "
                 "single-engine server (one rank under external load balancing writes one)")
+        if not facts.requests:
+            raise ReplayError(
+                "the log has no request lines, so there is no workload to replay: start vLLM "
+                "with --enable-log-requests (and VLLM_REQUEST_BODY_LOG_LEVEL=INFO for prompts)")
         return
     missing = []
     if c is None or c.num_gpu_blocks is None:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvreplay.inference.assemble import (fit_placements, make_replay, place_arrivals,
-                                         scheduler_profile)
+from kvreplay.inference.assemble import fit_placements, make_replay, place_arrivals
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.confidence import (SUPPORT_MAX_REQUESTS, add_support, set_confidence,
                                            support_wanted)
 from kvreplay.inference.config import check_replayable
+from kvreplay.inference.engines import scheduler_profile
 from kvreplay.inference.facts import (LogFacts, arrival_pattern, response_starts,
                                       without_access_lines)
 from kvreplay.inference.formats import interval_of, log_format

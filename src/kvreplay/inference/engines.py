@@ -3,17 +3,20 @@
 Consumes: a rebuilt workload (stage 3) and its scheduler profile. Produces: an engine with
 the input API of `kvreplay.replay.engine.Engine` (`submit`, `abort`, `stop`, `inputs`,
 `has_work`, `finish_imminent`, `step() -> StepRecord`); the V0 engine is wrapped by
-`kvreplay.replay.v0.steps.V0Steps` to the same contract. This module is the only place
-that picks one engine or the other.
+`kvreplay.replay.v0.steps.V0Steps` to the same contract. Here the log format picks the
+engine, its workload type and its scheduler profile; every other stage drives whichever it
+gets through this protocol (only the engine config differs too: config.py).
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+from kvreplay.errors import ReplayError
 from kvreplay.replay.engine import Engine
+from kvreplay.replay.profile import get_profile
 from kvreplay.replay.records import EngineInputs, StepRecord
-from kvreplay.replay.v0.steps import V0ProfileRef, V0Steps, V0Workload
+from kvreplay.replay.v0.steps import V0_PROFILE, V0ProfileRef, V0Steps, V0Workload
 from kvreplay.replay.workload import RequestSpec, Workload
 
 
@@ -49,9 +52,22 @@ def make_engine(workload: Workload | V0Workload, profile: Any, *,
     return Engine(workload, profile, inputs=inputs, record_sampled=record_sampled)
 
 
-def engine_profile(fmt: Any, profile: Any) -> Any:
-    """The rules the engine follows: the V1 scheduler profile, or V0's one."""
-    return V0ProfileRef() if fmt.engine == "V0" else profile
+V0_PROFILE_NAMES = (None, "auto", "v0", "0.6.6", "0.6.6.post1", V0ProfileRef().name)
+
+
+def scheduler_profile(facts: Any, fmt: Any, profile: str | None) -> Any:
+    """The scheduler rules the engine follows: the profile asked for, else the log's
+    release's (V1); V0 has one, 0.6.6.post1's."""
+    if fmt.engine == "V1":
+        return get_profile(profile or facts.vllm_version)
+    if facts.engine_version == "V1":
+        raise ReplayError(f"this vLLM {facts.vllm_version} log comes from the V1 engine, which "
+                          "has no profile before 0.8.5: pass --profile 0.8.5 to replay it with "
+                          "the oldest V1 rules")
+    if profile not in V0_PROFILE_NAMES:
+        raise ReplayError(f"profile {profile!r} is a V1 release, but this log comes from the V0 "
+                          f"engine: the V0 replay follows vLLM {V0_PROFILE} (omit --profile)")
+    return V0ProfileRef()
 
 
 def num_requests(workload: Workload | V0Workload) -> int:

@@ -262,7 +262,7 @@ def _replay_session(session: TraceSession, profile, kv_events) -> dict[str, Any]
     for h, (step, is_mid, _out) in sorted(facts.aborted.items(), key=lambda x: x[1][0]):
         if h not in dropped_set:
             (mid if is_mid else before).append((step, names[h]))
-    inputs = EngineInputs([s.arrival_step for s in wl.requests], before, wl.max_steps, mid)
+    inputs = EngineInputs([s.arrival_step for s in wl.requests], before, None, mid)
     engine = Engine(wl, profile, inputs=inputs,
                     block_hasher=hasher() if hasher is not None else None)
     kv_check = None
@@ -303,7 +303,7 @@ def _replay_session(session: TraceSession, profile, kv_events) -> dict[str, Any]
         "workload": wl,
         "steps": steps,
         "preemptions": pre,
-        "inputs": EngineInputs(inputs.arrival_steps, before, len(steps), mid),
+        "inputs": inputs,  # the workload's max_steps ends the run where the log ends
         "hasher": hasher,
         "requests_left_out": [names[h] for h in dropped],
         "kv_events_checked": kv_check.checked if kv_check is not None else None,

@@ -2,6 +2,8 @@
 
 A builder raises ValueError (or returns None) when the fields are not usable; the caller then
 emits an Unparsed event. Builders never see the envelope: `base` carries file/line/time/...
+The configuration builders are in build_config.py, the step-trace ones in build_trace.py and
+the shared field-value readers in build_values.py; `BUILDERS` maps every kind.
 """
 
 from __future__ import annotations
@@ -13,60 +15,11 @@ from typing import Any, Callable
 import msgspec
 
 from kvreplay import events as ev
-
-Fields = list[tuple[str, str]]
-
-
-def _int(s: str) -> int:
-    return int(s.replace(",", ""))
-
-
-def _float(s: str) -> float:
-    return float(s)
-
-
-def _bool(s: str | None) -> bool | None:
-    if s == "True" or s == "true":
-        return True
-    if s == "False" or s == "false":
-        return False
-    return None
-
-
-_ids_decode = msgspec.json.Decoder(list[int]).decode
-
-
-def _ids(text: str | None) -> list[int] | None:
-    """`[1, 2, 3]` -> ints; None for `None`; a list cut by --max-log-len keeps its ints."""
-    if text is None or text == "None" or not text.startswith("["):
-        return None
-    if text[-1] == "]":  # a well-formed JSON list of ints means the same here, decoded in C
-        try:
-            return _ids_decode(text)
-        except msgspec.DecodeError:
-            pass
-    inner = text[1:-1].strip()
-    if not inner:
-        return []
-    out = []
-    for p in inner.split(","):
-        p = p.strip()
-        if p.lstrip("-").isdigit():
-            out.append(int(p))
-    return out
-
-
-def _pystr(text: str | None) -> str | None:
-    if text is None or text == "None":
-        return None
-    q = text[:1]
-    if (q == "'" or q == '"') and "\\" not in text and text.find(q, 1) == len(text) - 1:
-        return text[1:-1]  # what literal_eval gives (or its fallback) without escapes inside
-    try:
-        v = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return text[1:-1]
-    return v if isinstance(v, str) else str(v)
+from kvreplay.parsers.build_config import (  # noqa: F401
+    b_chunked, b_init, b_namespace, b_non_default, config_from_mapping, config_line, split_kwargs,
+)
+from kvreplay.parsers.build_trace import b_trace_config, b_trace_request, b_trace_step
+from kvreplay.parsers.build_values import Fields, _bool, _float, _ids, _ids_decode, _int, _pystr  # noqa: F401
 
 
 # ------------------------------------------------------------------ SamplingParams repr
@@ -363,178 +316,6 @@ def b_kv(f: Fields, base: dict) -> ev.Event:
     return ev.KvCapacity(**base, **kw)
 
 
-# ---- configuration
-
-_CONFIG_KEYS = {
-    # log key -> EngineConfig field
-    "model": "model",
-    "max_seq_len": "max_model_len",
-    "max_model_len": "max_model_len",
-    "block_size": "block_size",
-    "num_gpu_blocks_override": "num_gpu_blocks_override",
-    "max_num_seqs": "max_num_seqs",
-    "max_num_batched_tokens": "max_num_batched_tokens",
-    "enable_chunked_prefill": "enable_chunked_prefill",
-    "chunked_prefill_enabled": "enable_chunked_prefill",
-    "enable_prefix_caching": "enable_prefix_caching",
-    "scheduling_policy": "scheduling_policy",
-    "scheduler_policy": "scheduling_policy",
-    "gpu_memory_utilization": "gpu_memory_utilization",
-    "async_scheduling": "async_scheduling",
-    "data_parallel_size": "data_parallel_size",
-    "data_parallel_rank": "data_parallel_rank",
-    "tensor_parallel_size": "tensor_parallel_size",
-    "pipeline_parallel_size": "pipeline_parallel_size",
-    "swap_space": "swap_space",
-    "preemption_mode": "preemption_mode",
-    "num_scheduler_steps": "num_scheduler_steps",
-    "kv_cache_dtype": "kv_cache_dtype",
-    "long_prefill_token_threshold": "long_prefill_token_threshold",
-    "max_num_partial_prefills": "max_num_partial_prefills",
-    "watermark": "watermark",
-    "scheduler_reserve_full_isl": "scheduler_reserve_full_isl",
-}
-_INT_FIELDS = {"block_size", "num_gpu_blocks_override", "max_num_seqs", "max_num_batched_tokens", "data_parallel_size", "data_parallel_rank",
-               "tensor_parallel_size", "pipeline_parallel_size", "num_scheduler_steps", "max_model_len", "long_prefill_token_threshold",
-               "max_num_partial_prefills"}
-_FLOAT_FIELDS = {"gpu_memory_utilization", "swap_space", "watermark"}
-_BOOL_FIELDS = {"enable_chunked_prefill", "enable_prefix_caching", "async_scheduling",
-                "scheduler_reserve_full_isl"}
-
-
-def config_from_mapping(values: dict[str, Any]) -> dict[str, Any]:
-    """Known keys of an args/config mapping -> EngineConfig keyword arguments (typed)."""
-    kw: dict[str, Any] = {}
-    for key, raw in values.items():
-        name = _CONFIG_KEYS.get(key)
-        if name is None:
-            continue
-        v = raw
-        if isinstance(v, str):
-            v = _scalar(v)
-        if v is None:
-            continue
-        try:
-            if name in _INT_FIELDS:
-                if isinstance(v, bool):
-                    continue
-                v = int(v)
-            elif name in _FLOAT_FIELDS:
-                v = float(v)
-            elif name in _BOOL_FIELDS:
-                if not isinstance(v, bool):
-                    continue
-            else:
-                v = str(v)
-        except (TypeError, ValueError):
-            continue
-        kw[name] = v
-    if "speculative_config" in values and values["speculative_config"] not in (None, "None"):
-        kw["speculative"] = str(values["speculative_config"])[:200]
-    return kw
-
-
-def _scalar(s: str) -> Any:
-    s = s.strip()
-    if s in ("None", ""):
-        return None
-    if s in ("True", "False"):
-        return s == "True"
-    if s[:1] in "'\"":
-        return _pystr(s)
-    try:
-        return int(s)
-    except ValueError:
-        pass
-    try:
-        return float(s)
-    except ValueError:
-        return s
-
-
-def split_kwargs(text: str) -> dict[str, str]:
-    """Bracket/quote-aware `k=v, k=v` scanner; tolerant of truncation (keeps what it saw).
-
-    Returns raw value text per key (top level only).
-    """
-    out: dict[str, str] = {}
-    i, n = 0, len(text)
-    while i < n:
-        while i < n and text[i] in " ,":
-            i += 1
-        j = text.find("=", i)
-        if j < 0:
-            break
-        key = text[i:j].strip()
-        k = j + 1
-        depth = 0
-        quote = ""
-        start = k
-        while k < n:
-            c = text[k]
-            if quote:
-                if c == "\\":
-                    k += 2
-                    continue
-                if c == quote:
-                    quote = ""
-            elif c in "'\"":
-                quote = c
-            elif c in "([{<":
-                depth += 1
-            elif c in ")]}>":
-                if depth == 0:
-                    break
-                depth -= 1
-            elif c == "," and depth == 0:
-                break
-            k += 1
-        if key.isidentifier():
-            out[key] = text[start:k].strip()
-        i = k + 1
-    return out
-
-
-def b_init(f: Fields, base: dict) -> ev.Event:
-    d = dict(f)
-    cfg = d["config"]
-    values = split_kwargs(cfg)
-    kw = config_from_mapping(values)
-    ver = d.get("vllm_version")
-    return ev.EngineConfig(origin="init", vllm_version=ver[1:] if ver else None, engine_version=d.get("engine_version") or ("V0" if ver else None), **kw, **base)
-
-
-def b_chunked(f: Fields, base: dict) -> ev.Event:
-    d = dict(f)
-    mnbt = d.get("max_num_batched_tokens")
-    return ev.EngineConfig(origin="chunked_prefill", enable_chunked_prefill=True, max_num_batched_tokens=int(mnbt) if mnbt else None, **base)
-
-
-def b_non_default(f: Fields, base: dict) -> ev.Event:
-    text = dict(f)["args"]
-    try:
-        values = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        from kvreplay.parsers.grammar import parse_pyrepr
-
-        values = parse_pyrepr(text)  # LarkError -> Unparsed by the caller
-    if not isinstance(values, dict):
-        raise ValueError("non-default args is not a dict")
-    return ev.EngineConfig(origin="non_default_args", **config_from_mapping(values), **base)
-
-
-def b_namespace(f: Fields, base: dict) -> ev.Event:
-    text = dict(f)["namespace"]
-    values: dict[str, Any]
-    try:
-        from kvreplay.parsers.grammar import parse_pyrepr
-
-        values = parse_pyrepr(text)
-    except Exception:  # Lark could not parse it: fall back to the scanner
-        values = split_kwargs(text[len("Namespace("):])
-    return ev.EngineConfig(origin="args", **config_from_mapping(values), **base)
-
-
 def b_spec(f: Fields, base: dict) -> ev.Event:
     kw: dict[str, Any] = {}
     for k, v in f:
@@ -545,98 +326,6 @@ def b_spec(f: Fields, base: dict) -> ev.Event:
         else:
             kw[k] = float(v)
     return ev.SpecDecode(**kw, **base)
-
-
-# ------------------------------------------------------------------ kvreplay step trace
-
-_TRACE_CONFIG_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "v": ("vllm_version", str),
-    "sched": ("scheduler", str),
-    "blocks": ("num_gpu_blocks", int),
-    "bs": ("block_size", int),
-    "hbs": ("hash_block_size", int),
-    "seqs": ("max_num_seqs", int),
-    "tokens": ("max_num_batched_tokens", int),
-    "len": ("max_model_len", int),
-    "chunked": ("enable_chunked_prefill", lambda v: v == "1"),
-    "prefix": ("enable_prefix_caching", lambda v: v == "1"),
-    "policy": ("policy", str),
-    "lpt": ("long_prefill_token_threshold", int),
-    "isl": ("scheduler_reserve_full_isl", lambda v: v == "1"),
-    "wm": ("watermark", float),
-    "async": ("async_scheduling", lambda v: v == "1"),
-    "interval": ("prefill_schedule_interval", int),
-    "spec": ("num_spec_tokens", int),
-}
-
-
-def b_trace_config(f: Fields, base: dict) -> ev.Event:
-    kw: dict[str, Any] = {}
-    extra: dict[str, str] = {}
-    for part in dict(f)["trace_config"].split():
-        k, _, v = part.partition("=")
-        spec = _TRACE_CONFIG_KEYS.get(k)
-        if spec is None:
-            extra[k] = v
-        else:
-            kw[spec[0]] = spec[1](v)
-    return ev.TraceConfig(extra=extra or None, **kw, **base)
-
-
-def b_trace_request(f: Fields, base: dict) -> ev.Event:
-    d = dict(f)
-    bh = d.get("block_hashes")
-    return ev.RequestTrace(
-        request_id=d["req_id"], handle=int(d["handle"]), at_step=int(d["at"]),
-        prompt_len=int(d["prompt_len"]), max_tokens=int(d["max_tokens"]),
-        priority=int(d["priority"]), block_hashes=bh.split(",") if bh else None, **base,
-    )
-
-
-def _pairs(text: str | None, default: int | None = None) -> list[tuple[int, int]] | None:
-    if text is None:
-        return None
-    if text == "-":
-        return []
-    out = []
-    for item in text.split(","):
-        h, _, n = item.partition(":")
-        out.append((int(h), int(n) if n else default))
-    return out
-
-
-def b_trace_step(f: Fields, base: dict) -> ev.Event:
-    d = dict(f)
-    step = int(d["step"])
-    sched = _pairs(d.get("sched"), 1)
-    u = d.get("updated")
-    if u is None:
-        updated = step if sched is not None else None
-    elif u in ("-", "?"):
-        updated = None
-    else:
-        updated = int(u)
-    pre = None
-    if "preempted" in d:
-        pre = []
-        for item in d["preempted"].split(","):
-            v, t, lost = item.split("/")
-            pre.append((int(v), None if t == "-" else int(t), int(lost)))
-    bh = None
-    if "hashes" in d:
-        bh = []
-        for item in d["hashes"].split(","):
-            h, _, hs = item.partition(":")
-            bh.append((int(h), hs.split(".")))
-    return ev.StepTrace(
-        step=step, aborted_before=_pairs(d.get("aborted_before")), scheduled=sched,
-        new=_pairs(d.get("new")), resumed=_pairs(d.get("resumed")), preempted=pre,
-        aborted_mid=_pairs(d.get("aborted_mid")), updated_batch=updated,
-        finished=_pairs(d.get("finished")), block_hashes=bh,
-        kv_events=int(d["kv_events"]) if "kv_events" in d else None, free_blocks=int(d["free"]),
-        kv_usage=float(d["kv_usage"]), running=int(d["running"]), waiting=int(d["waiting"]),
-        **base,
-    )
 
 
 BUILDERS: dict[str, Callable[[Fields, dict], ev.Event]] = {
@@ -668,35 +357,6 @@ BUILDERS: dict[str, Callable[[Fields, dict], ev.Event]] = {
     "spec_v1": b_spec,
     "spec_v0": b_spec,
 }
-
-# ------------------------------------------------------------------ other startup facts
-
-_VERSION_LINE = re.compile(r"vLLM API server version (\S+)")
-_BANNER_VERSION = re.compile(r"version (\d+\.\d+\S*)\s*$")
-_BANNER_MODEL = re.compile(r"model +(\S+)\s*$")
-_MAX_LEN = re.compile(r"Using max model len (\d+)")
-
-
-def config_line(msg: str, base: dict) -> ev.Event | None:
-    """Startup lines that are config facts but not grammar kinds (banner, version, max len)."""
-    if msg.startswith("vLLM API server version "):
-        m = _VERSION_LINE.match(msg)
-        if m:
-            return ev.EngineConfig(origin="version", vllm_version=m.group(1), **base)
-    elif msg.startswith("Using max model len "):
-        m = _MAX_LEN.match(msg)
-        if m:
-            return ev.EngineConfig(origin="max_model_len", max_model_len=int(m.group(1)), **base)
-    elif "\u2588" in msg or "\u2580" in msg or "\u2584" in msg:  # the 0.11+ ASCII-art banner
-        m = _BANNER_VERSION.search(msg)
-        if m:
-            return ev.EngineConfig(origin="banner", vllm_version=m.group(1), **base)
-        m = _BANNER_MODEL.search(msg)
-        if m:
-            return ev.EngineConfig(origin="banner", model=m.group(1), **base)
-        return ev.Noise(what="banner", **base)
-    return None
-
 
 # ------------------------------------------------------------------ errors that matter
 

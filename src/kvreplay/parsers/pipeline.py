@@ -1,4 +1,5 @@
-"""Physical lines -> events. The reader, the record grouper and the clock.
+"""Physical lines -> events: the record grouper (the reader is in reader.py, the clock in
+clock.py).
 
 Invariant: for every input file, the `lines` of the events emitted for it sum to the number
 of physical lines (newline-terminated, plus a final unterminated one). Nothing is dropped:
@@ -14,27 +15,21 @@ general route everywhere; tests/test_parse_fast.py checks both give the same JSO
 
 from __future__ import annotations
 
-import calendar
 import codecs
-import gzip
 import heapq
-import io
-import os
 import re
-import sys
-import time as _time
 from typing import IO, Any, Iterable, Iterator
 
 from kvreplay import events as ev
-from kvreplay.errors import UserError
 from kvreplay.parsers import build, matchers
+from kvreplay.parsers.clock import Clock, _abs_time, _clock_for
 from kvreplay.parsers.fast import _FAST_GET
 from kvreplay.parsers.fast import fast_message as _fast
+from kvreplay.parsers.reader import CHUNK, MAX_LINE, line_chunks, open_text, physical_lines  # noqa: F401
 
 # False: every line takes the general route (FileParser.feed, matchers, builders); the tests
 # compare both routes. True: the hot loop of `parse_chunks` and the fused paths of fast.py.
 FAST_PATHS = True
-MAX_LINE = 4 * 1024 * 1024  # characters kept per physical line; the rest is dropped with a note
 WRAP_WIDTHS = frozenset({80, 100, 120, 132, 160, 200, 240, 250, 256, 300, 500, 512, 1000, 1024, 2000, 2048, 4000, 4096})
 
 _ENV_MATCH = matchers.ENVELOPE.match
@@ -51,211 +46,6 @@ _RANK = re.compile(r"\[rank\d+\]: ?")
 _FOREIGN_SRC = re.compile(r" \(([\w/]+\.py):(\d+)\)$")
 _PY_WARNING = re.compile(r"\S+\.py:\d+: \w*Warning: ")
 _TB_LEVELS = frozenset({"ERROR", "CRITICAL", "WARNING"})
-
-
-# ------------------------------------------------------------------ reader
-
-
-def open_text(path: str) -> tuple[IO[str], str, float | None]:
-    """(text stream, label, mtime). `-` is stdin; `.gz` is decompressed. UserError if unreadable."""
-    if path == "-":
-        return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n"), "<stdin>", None
-    try:
-        mtime = os.path.getmtime(path)
-        if os.path.isdir(path):
-            raise UserError(f"{path}: is a directory, not a log file")
-        raw: IO[bytes] = open(path, "rb")
-    except UserError:
-        raise
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if path.endswith(".gz"):
-        raw = gzip.GzipFile(fileobj=raw)  # type: ignore[assignment]
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n"), path, mtime
-
-
-def physical_lines(stream: IO[str], limit: int = MAX_LINE) -> Iterator[tuple[str, str | None]]:
-    """(text without EOL, note) per physical line; over-long lines are cut to `limit` chars."""
-    for lines, notes in line_chunks(stream.read, limit):
-        if notes is None:
-            for s in lines:
-                yield s, None
-        else:
-            get = notes.get
-            for i, s in enumerate(lines):
-                yield s, get(i)
-
-
-CHUNK = 64 << 10  # bytes (or characters) read at a time: events of one read stay in the CPU cache
-
-
-def line_chunks(read: Any, limit: int = MAX_LINE, decode: Any = None, size: int = CHUNK) -> Iterator[tuple[list[str], dict[int, str] | None]]:
-    """Physical lines in batches: `(lines, notes)`, lines without EOL, notes `{index: note}`
-    (None when no line of the batch has one). `read(n)` returns text, or bytes when `decode`
-    (an incremental UTF-8 decoder's `decode`) is given. The result equals `readline(limit)`
-    on a newline="\n" text stream: CR before LF dropped, invalid UTF-8 replaced with a note,
-    over-long lines cut to `limit` characters with a note (memory stays bounded by `limit`)."""
-    tail = ""
-    parts: list[str] = []  # pieces of a line longer than one read (joined once, not per read)
-    plen = 0
-    cut: str | None = None  # head of an over-long line whose end is still being skipped
-    dropped = 0
-    while True:
-        try:
-            data = read(size)
-            eof = not data
-            text = decode(data, eof) if decode is not None else data
-        except (OSError, EOFError, gzip.BadGzipFile) as exc:
-            yield [""], {0: f"read error: {exc}"}
-            return
-        if cut is None and not eof and "\n" not in text:  # the middle of a long line
-            if tail:
-                parts.append(tail)
-                plen += len(tail)
-                tail = ""
-            parts.append(text)
-            plen += len(text)
-            if plen >= limit:
-                tail = "".join(parts)
-                cut, dropped = tail[:limit], len(tail) - limit
-                parts, plen, tail = [], 0, ""
-            continue
-        if parts:
-            tail = "".join(parts)
-            parts, plen = [], 0
-        if cut is not None:  # skipping the rest of an over-long line
-            nl = text.find("\n")
-            if nl < 0 and not eof:
-                dropped += len(text)
-                continue
-            if nl < 0:
-                dropped += len(text)
-                text = ""
-            else:
-                dropped += nl
-                text = text[nl + 1:]
-            yield [_finish(cut)], {0: _cut_note(cut, limit, dropped)}
-            cut = None
-            if eof and nl < 0:
-                return
-            tail = ""
-        elif tail:
-            text = tail + text
-        if eof and not text:
-            return
-        lines = text.split("\n")
-        tail = lines.pop()
-        if eof and tail:
-            lines.append(tail)
-            tail = ""
-        notes: dict[int, str] | None = None
-        if len(text) >= limit or len(tail) >= limit:
-            if len(tail) >= limit:  # an over-long line without its end yet
-                cut, dropped, tail = tail[:limit], len(tail) - limit, ""
-            for i, s in enumerate(lines):
-                if len(s) >= limit:
-                    if notes is None:
-                        notes = {}
-                    notes[i] = f"line truncated to {limit} characters ({len(s) - limit} dropped)"
-                    lines[i] = s[:limit]
-        if "\r" in text:
-            lines = [s[:-1] if s[-1:] == "\r" else s for s in lines]
-        if "\ufffd" in text:
-            for i, s in enumerate(lines):
-                if "\ufffd" in s:
-                    if notes is None:
-                        notes = {}
-                    n = notes.get(i)
-                    notes[i] = "invalid UTF-8 replaced" if n is None else n + "; invalid UTF-8 replaced"
-        if lines:
-            yield lines, notes
-        if eof:
-            if cut is not None:
-                yield [_finish(cut)], {0: _cut_note(cut, limit, dropped)}
-            return
-
-
-def _finish(cut: str) -> str:
-    return cut[:-1] if cut[-1:] == "\r" else cut
-
-
-def _cut_note(cut: str, limit: int, dropped: int) -> str:  # for a line cut across reads
-    note = f"line truncated to {limit} characters ({dropped} dropped)"
-    if "\ufffd" in _finish(cut):
-        note += "; invalid UTF-8 replaced"
-    return note
-
-
-# ------------------------------------------------------------------ clock
-
-
-class Clock:
-    """MM-DD HH:MM:SS -> epoch seconds (local wall time read as UTC), year inferred, monotonic
-    across a new year (a jump from Oct-Dec back to Jan-Mar adds a year)."""
-
-    def __init__(self, year: int | None = None, ref: tuple[int, str] | None = None) -> None:
-        self.explicit = year is not None
-        self.year = year
-        self.ref = ref  # (year, "MM-DD") of the file's mtime: the log ends no later than that
-        self.last_md: str | None = None
-        self.cache: dict[str, float | None] = {}
-        self._last_date = self._last_hms = None
-        self._last_stamp: tuple[float | None, str] = (None, "")
-
-    def hint_year(self, year: int) -> None:
-        if not self.explicit and self.last_md is None:
-            self.year = year
-            self.explicit = True
-
-    def stamp(self, date: str, hms: str) -> tuple[float | None, str]:
-        """(epoch(date, hms), "date hms"), memoised for a repeated time stamp."""
-        if hms == self._last_hms and date == self._last_date:
-            return self._last_stamp
-        r = self._last_stamp = (self.epoch(date, hms), f"{date} {hms}")
-        self._last_date, self._last_hms = date, hms
-        return r
-
-    def epoch(self, date: str, hms: str) -> float | None:
-        if date != self.last_md:
-            self._last_hms = None  # the memo of stamp() is only valid within one date
-            if self.year is None:
-                if self.ref is None:
-                    self.year = _time.gmtime().tm_year
-                else:
-                    ry, rmd = self.ref
-                    self.year = ry if date <= rmd else ry - 1
-            elif self.last_md is not None and date < self.last_md and self.last_md[:2] >= "10" and date[:2] <= "03":
-                self.year += 1
-                self.cache.clear()
-            self.last_md = date
-        key = date + hms
-        t = self.cache.get(key, False)
-        if t is False:
-            t = self._compute(date, hms)
-            self.cache[key] = t
-        return t  # type: ignore[return-value]
-
-    def _compute(self, date: str, hms: str) -> float | None:
-        try:
-            mon, day = int(date[:2]), int(date[3:5])
-            hh, mm, ss = int(hms[:2]), int(hms[3:5]), int(hms[6:8])
-        except ValueError:
-            return None
-        if not (1 <= mon <= 12 and 1 <= day <= calendar.monthrange(self.year, mon)[1] and hh < 24 and mm < 60 and ss < 61):
-            return None
-        return float(calendar.timegm((self.year, mon, day, hh, mm, ss, 0, 0, 0)))
-
-
-def _abs_time(text: str) -> float | None:
-    """`2026-05-12T08:01:39.331Z` / `2026-05-07 10:00:05,123` -> epoch (UTC)."""
-    try:
-        y, mo, d = int(text[0:4]), int(text[5:7]), int(text[8:10])
-        h, mi, s = int(text[11:13]), int(text[14:16]), int(text[17:19])
-        frac = text[19:].rstrip("Z")
-        f = float("0." + frac[1:]) if len(frac) > 1 and frac[0] in ".," else 0.0
-        return calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0)) + f
-    except (ValueError, IndexError, OverflowError):
-        return None
 
 
 # ------------------------------------------------------------------ record -> events
@@ -779,15 +569,6 @@ def _pending(lp: tuple) -> list:
     end = r[8]
     return [lineno, 1, s[end:], s[:end] if r[1] in _TB_LEVELS else None, r[1], len(s), None, None, t, tt, r[5], r[6], r[7], r[4],
             None]
-
-
-def _clock_for(year: int | None, mtime: float | None) -> Clock:
-    if year is not None:
-        return Clock(year=year)
-    if mtime is None:
-        return Clock()
-    tm = _time.localtime(mtime)
-    return Clock(ref=(tm.tm_year, f"{tm.tm_mon:02d}-{tm.tm_mday:02d}"))
 
 
 def parse_path(path: str, *, year: int | None = None, lark: bool = False) -> Iterator[ev.Event]:

@@ -1,0 +1,196 @@
+"""One replay, every view: `kvreplay replay --format json`, its `--trace`, `kvreplay audit`,
+the TUI (Pilot) and the golden-log plugin show the same preemptions (step, victim,
+trigger, tokens lost, tokens recomputed, prefix hit) and the same totals, for every
+sample, every log case (plain, with prompts, and with an `Aborted request` line and a cut
+added) and the V0 logs. Each view runs from its own entry point; the trace is read here
+independently of kvreplay's records (the recompute cost from the trace's own fields)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from kvreplay.samples import sample_path
+
+DATA = Path(__file__).parent / "data"
+SAMPLES = sample_path("vllm033_fcfs_heavy.log").parent
+YEAR = 2026
+
+
+def _inputs() -> list:
+    out = [pytest.param(p, "", id=f"samples/{p.name}") for p in sorted(SAMPLES.iterdir())
+           if p.suffix in (".log", ".json")]
+    for p in sorted(DATA.glob("logcases/*/server*.log")):
+        out.append(pytest.param(p, "", id=f"{p.parent.name}/{p.name}"))
+        out.append(pytest.param(p, "abort+cut", id=f"{p.parent.name}/{p.name}+abort+cut"))
+    out += [pytest.param(p, "", id=f"v0/{p.name}") for p in sorted(DATA.glob("v0_logs/*.log"))]
+    return out
+
+
+def abort_and_cut(src: Path, dst: Path) -> str:
+    """`src` with the last request aborted at the first stats line after it came in (its
+    access line dropped), and the log cut halfway between the abort and its end (a server
+    killed mid-run). Returns the aborted request's id (the `Received request` one)."""
+    lines = src.read_text().splitlines()
+    recv = max(i for i, ln in enumerate(lines) if "Received request" in ln)
+    rid = lines[recv].split("Received request ")[1].split(":")[0]
+    internal = next((ln.split("Added request ")[1].rstrip(".") for ln in lines[recv:]
+                     if "Added request " in ln), rid)
+    stats = next(i for i in range(recv, len(lines)) if "Engine 000:" in lines[i])
+    head = lines[stats].split("[")[0]
+    lines.insert(stats + 1, f"{head}[async_llm.py:620] Aborted request(s) {internal}.")
+    access = [i for i, ln in enumerate(lines) if '"POST /v1/' in ln]
+    del lines[access[-1]]
+    cut = stats + 1 + (len(lines) - stats) // 2
+    dst.write_text("\n".join(lines[:cut]) + "\n")
+    return rid
+
+
+# ---------------------------------------------------------------- each view
+def key(step, victim, trigger, lost, recomputed, hit) -> tuple:
+    return (step, victim, trigger, lost, recomputed, hit)
+
+
+def from_report(report: dict) -> list[tuple]:
+    return [key(p["step"], p["victim"], p["trigger"], p["computed_tokens_lost"],
+                p["tokens_recomputed"], p["prefix_hit_at_readmission"]) for p in report["preemptions"]]
+
+
+def from_trace(records: list[dict], prompt_len: dict[str, int]) -> list[tuple]:
+    """Preemptions read from a conformance (V1) or oracle (V0) trace: the victim's next
+    admission, its prefix hit there, and what that admission computes: its prompt and
+    outputs so far (the previous step's record) less the hit; nothing for a V0 swap."""
+    out = []
+    for i, r in enumerate(records):
+        for p in r.get("preemptions", ()):
+            v, swap = p["req"], p.get("mode") == "swap"
+            back = next((k for k in range(i + 1, len(records))
+                         if v in records[k].get("resumed", ()) or v in records[k].get("swapped_in", ())), None)
+            lost = 0 if swap else p["num_computed_tokens_before"]
+            if back is None:
+                out.append(key(r["step"], v, p["trigger"], lost, None, None))
+                continue
+            if swap:
+                out.append(key(r["step"], v, p["trigger"], 0, 0, None))
+                continue
+            hits = records[back].get("prefix_hit_tokens", records[back].get("cached_tokens", {}))
+            hit = hits.get(v, 0)
+            n = prompt_len[v] + records[back - 1]["num_output_tokens"][v]
+            out.append(key(r["step"], v, p["trigger"], lost, n - hit, hit))
+    return out
+
+
+def from_golden(doc: dict) -> list[tuple]:
+    return [key(p["step"], p["victim"], p["trigger"], p["lost"], p["recompute"], p["prefix_hit"])
+            for p in doc["preemptions"]]
+
+
+def tui_view(path: Path):
+    """(the preemptions the TUI's timeline lists, the Why panel of the first three, the
+    load error) after a headless load."""
+    from kvreplay.tui.app import ReplayApp
+
+    app = ReplayApp([str(path)], year=YEAR)
+    why: list[str] = []
+
+    async def body():
+        async with app.run_test(size=(150, 48)) as pilot:
+            try:
+                await app.workers.wait_for_complete()
+            except Exception:  # the load failed: the app leaves with its error
+                return
+            await pilot.pause()
+            if app.tl is None:
+                return
+            for _ in range(min(3, len(app.tl.preemptions))):
+                await pilot.press("n")
+                await pilot.pause()
+                why.append(str(app.query_one("#why-panel").render()))
+
+    asyncio.run(body())
+    tl = app.tl
+    got = None if tl is None else [key(p.step, p.victim, p.trigger, p.computed_tokens_lost,
+                                      p.tokens_recomputed, p.prefix_hit_at_readmission)
+                                  for p in tl.preemptions]
+    return got, why, app.load_error
+
+
+@pytest.mark.parametrize("path, variant", _inputs())
+def test_every_view_shows_the_same_replay(path: Path, variant: str, tmp_path: Path, capsys) -> None:
+    from kvreplay.audit.record import audit_records
+    from kvreplay.cli import main
+    from kvreplay.pytest_plugin import golden
+
+    aborted = None
+    if variant:
+        aborted = abort_and_cut(path, tmp_path / path.name)
+        path = tmp_path / path.name
+    out, trace = tmp_path / "r.json", tmp_path / "t.jsonl"
+    rc = main(["replay", str(path), "--format", "json", "-o", str(out), "--trace", str(trace),
+               "--year", str(YEAR)])
+    err = capsys.readouterr().err
+    audit = audit_records(str(path), year=YEAR)[0]
+    doc = golden.build(str(path), year=YEAR).doc
+    tui, why, tui_error = tui_view(path)
+    if rc == 2:  # a log that cannot be replayed: every view says the same why
+        reason = err.split("error: ", 1)[1].split(" | ")[0].strip()
+        assert audit["replay"] == "skipped" and any(reason in r for r in audit["null_reasons"])
+        assert doc["replay"]["error"] == reason and doc["preemptions"] == []
+        assert tui is None and tui_error.startswith(reason)
+        return
+    assert rc == 0, err
+    report = json.loads(out.read_text())
+    pre = from_report(report)
+    s = report["summary"]
+    # the trace, read independently
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(records) == s["steps"]
+    assert from_trace(records, report["run"]["prompt_tokens"]) == pre
+    # the golden plugin
+    assert from_golden(doc) == pre
+    for k in ("preemptions", "computed_tokens_lost", "tokens_recomputed", "steps"):
+        assert doc["replay"][k] == s[k], k
+    # the TUI: its timeline lists the report's preemptions, the Why panel shows their cost
+    assert tui == pre
+    steps = sorted({p["step"] for p in report["preemptions"]})
+    for text, step in zip(why, steps):  # `n` goes to the next step with a preemption
+        for p in (q for q in report["preemptions"] if q["step"] == step):
+            assert p["victim"] in text and f"{p['computed_tokens_lost']} computed tokens" in text
+            if p["tokens_recomputed"] and p["mode"] != "swap":
+                assert f"{p['tokens_recomputed']} tokens prefilled again" in text
+    # the audit (one row per log: totals, and the requests hurt most)
+    if path.suffix != ".json":
+        assert (audit["preemptions_replayed"], audit["computed_tokens_lost"],
+                audit["recomputed_tokens"]) == (s["preemptions"], s["computed_tokens_lost"],
+                                                s["tokens_recomputed"])
+        assert audit["recompute_ratio"] == s["recompute_ratio"]
+        per: dict[str, int] = {}
+        for p in report["preemptions"]:
+            per[p["victim"]] = per.get(p["victim"], 0) + (p["tokens_recomputed"] or 0)
+        for w in audit["worst_requests"]:
+            assert w["recomputed_tokens"] == per[w["request"]]
+    if aborted is not None:  # the abort line reached the replay
+        assert [a for _, a in report["run"]["aborts"]] == [aborted]
+    # a cut log (the clock passed its last line before the run ended) stops there
+    assert report["run"]["cut_after_steps"] == (s["steps"] if s["cut_short"] else None)
+
+
+def test_the_abort_changes_the_replay(tmp_path: Path) -> None:
+    """An `Aborted request` line is applied where the replay's clock passes it: the
+    request is finished there and never completes."""
+    from kvreplay.sources import open_replay
+
+    src = DATA / "logcases" / "b_fcfs_heavy" / "server.reqbody.log"
+    rid = abort_and_cut(src, tmp_path / "a.log")
+    rep = open_replay([str(tmp_path / "a.log")], year=YEAR)
+    plain = open_replay([str(src)], year=YEAR)
+    assert [r for _, r in rep.inputs.aborts] == [rid]
+    step = rep.inputs.aborts[0][0]
+    assert rid in rep.steps[step].aborted
+    assert not any(rid in r.finished for r in rep.steps)
+    assert any(rid in r.finished for r in plain.steps)
+    assert rep.steps[:step] == plain.steps[:step]  # the same run up to the abort
+    assert rep.cut_short and rep.unfinished and len(rep.steps) < len(plain.steps)
