@@ -134,6 +134,7 @@ class Engine:
         self.last_output: SchedulerOutput | None = None
         self.last_sample_ids: list[str] = []
         self.last_update: tuple[int, UpdateResult] | None = None
+        self._gone: list[Request] = []  # requests that left the scheduler inside this step
 
     # -- inputs --------------------------------------------------------------------
     def submit(self, index: int) -> None:
@@ -252,13 +253,15 @@ class Engine:
             idle = True  # EngineCore does not step with nothing to do
             rec.idle = True
         if rec.num_scheduled:
-            requests = sched.requests
-            ctx = 0
-            for rid in self.last_output.num_scheduled_tokens:  # type: ignore[union-attr]
-                r = requests.get(rid)
-                if r is not None:
-                    ctx += r.num_computed_tokens
+            # the context the scheduled requests attend to, over those still live after
+            # the step (a request that finished in it is gone)
+            out = self.last_output
+            ctx = out.context_tokens  # type: ignore[union-attr]
+            for r in self._gone:
+                if r.request_id in out.num_scheduled_tokens:  # type: ignore[union-attr]
+                    ctx -= r.num_computed_tokens
             rec.context_tokens = ctx
+        self._gone = []
         rec.num_running = len(sched.running)
         rec.num_waiting = len(sched.waiting)
         rec.free_blocks = sched.pool.free_block_queue.num_free_blocks
@@ -326,14 +329,21 @@ class Engine:
         sched = self.scheduler
         wl = self.workload
         tokens: dict[str, int] = {}
-        for rid in sample_ids:
-            req = sched.requests.get(rid)
-            if req is not None:
-                tokens[rid] = wl.fake_token(req.num_output_tokens)
+        requests = sched.requests
+        if wl.fake_token_mode == "fixed":
+            for rid in sample_ids:
+                if rid in requests:
+                    tokens[rid] = wl.fixed_token
+        else:  # Workload.fake_token: output number k samples 1000 + k % 30000
+            for rid in sample_ids:
+                req = requests.get(rid)
+                if req is not None:
+                    tokens[rid] = 1000 + req.num_output_tokens % 30000
         mid = self.mid_aborts.get(step)
         if mid:  # between this step's schedule() and update_from_output()
             for rid in mid:
                 if rid in sched.requests:
+                    self._gone.append(sched.requests[rid])
                     self._abort_now(rid)
             rec.aborted = [*rec.aborted, *self.pending_aborts]
             self.pending_aborts = []
@@ -354,6 +364,8 @@ class Engine:
                     cached += req.first_prefix_hit
         for req in result.finished:
             summary.finished_step[req.request_id] = step
+        if result.finished:
+            self._gone.extend(result.finished)
         rec.updated_batch = b_step
         rec.generated_tokens = len(result.sampled)
         if first_tokens:

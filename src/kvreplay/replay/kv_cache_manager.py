@@ -104,11 +104,8 @@ class KVCacheManager:
         has_running_reqs: bool = True,
     ) -> KVCacheBlocks | AllocationFailure:
         """Reserve slots for `num_new_tokens` more tokens (A6)."""
-        bs = self.block_size
-        pool = self.pool
         req_id = request.request_id
         table = self.req_to_blocks.get(req_id)
-        held = len(table) if table is not None else 0
         if table is not None and not hit_blocks and not full_sequence_must_fit:
             # NOTE: a running request whose table already covers the new tokens needs no
             # block; only its newly full blocks are registered (A4, A6.5). Same result as
@@ -116,12 +113,16 @@ class KVCacheManager:
             slots = request.num_computed_tokens + num_new_tokens
             if slots > self.max_model_len:
                 slots = self.max_model_len
-            if held * bs >= slots:
+            bs = self.block_size
+            if len(table) * bs >= slots:
                 if self.enable_caching:
                     n_cache = slots if slots < request.num_tokens else request.num_tokens
                     if n_cache // bs > self.num_cached_block[req_id]:
                         self.cache_blocks(request, n_cache)
                 return NO_NEW_BLOCKS
+        bs = self.block_size
+        pool = self.pool
+        held = len(table) if table is not None else 0
         free = pool.free_block_queue.num_free_blocks
         n_hit_blocks = len(hit_blocks) if hit_blocks else 0
         evictable_hits = 0

@@ -47,6 +47,7 @@ class Request:
         "num_stale_output_tokens",
         "block_hasher",
         "first_prefix_hit",
+        "num_output_tokens",
     )
 
     def __init__(
@@ -66,6 +67,7 @@ class Request:
         self.output_token_ids: list[int] = []
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_tokens = self.num_prompt_tokens  # prompt + outputs
+        self.num_output_tokens = 0  # NOTE: num_tokens - num_prompt_tokens, kept in step
         self.max_tokens = max_tokens
         self.priority = priority
         self.arrival_time = arrival_time
@@ -85,16 +87,13 @@ class Request:
         if block_hasher is not None:
             block_hasher(self)
 
-    @property
-    def num_output_tokens(self) -> int:
-        return self.num_tokens - self.num_prompt_tokens
-
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
     def append_output_token(self, token: int) -> None:
         self.output_token_ids.append(token)
         self.num_tokens += 1
+        self.num_output_tokens += 1
         hasher = self.block_hasher
         # Only a token that completes a block adds a hash.
         if hasher is not None and self.num_tokens % hasher.block_size == 0:

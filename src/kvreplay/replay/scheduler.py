@@ -59,6 +59,8 @@ class SchedulerOutput:
     admission_blocked: AdmissionBlocked | None = None
     # requests skipped in Phase R with n == 0 (async final token in flight, len cap)
     skipped_running: list[str] = field(default_factory=list)
+    # num_computed_tokens of the scheduled requests once this schedule advanced them
+    context_tokens: int = 0
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -166,6 +168,7 @@ class Scheduler:
         preemptions: list[PreemptionEvent] = []
         skipped_running: list[str] = []
         async_skip = self.async_scheduling and profile.async_skip_final_token
+        allocate = kv.allocate_slots
 
         # ---- Phase R: running requests, in list order -------------------------------
         req_index = 0
@@ -197,7 +200,7 @@ class Scheduler:
                 continue
 
             while True:
-                alloc = kv.allocate_slots(request, n)
+                alloc = allocate(request, n)
                 if alloc.ok:
                     break
                 # Choose the victim (A7): FCFS running[-1]; PRIORITY max(priority, arrival).
@@ -333,9 +336,11 @@ class Scheduler:
         requests = self.requests
         will_sample: list[bool] = []
         async_mode = self.async_scheduling
+        context = 0
         for req_id, n in num_scheduled_tokens.items():
             request = requests[req_id]
             request.num_computed_tokens += n
+            context += request.num_computed_tokens
             request.num_in_flight_tokens += n
             is_chunk = request.num_computed_tokens < (
                 request.num_tokens + request.num_output_placeholders
@@ -366,6 +371,7 @@ class Scheduler:
             free_blocks_after=pool.free_block_queue.num_free_blocks,
             admission_blocked=admission_blocked,
             skipped_running=skipped_running,
+            context_tokens=context,
         )
 
     def _preempt_request(self, request: Request, trigger: Request, rule: str,
