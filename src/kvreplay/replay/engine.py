@@ -236,7 +236,7 @@ class Engine:
             out = sched.schedule()
             self.last_output = out
             self._account_schedule(step, out, rec)
-            sample_ids = [rid for rid, w in zip(out.num_scheduled_tokens, out.will_sample) if w]
+            sample_ids = out.will_sample
             self.last_sample_ids = sample_ids
             batch_queue.appendleft((step, out, sample_ids))
             model_executed = out.total_num_scheduled_tokens > 0

@@ -50,7 +50,7 @@ class SchedulerOutput:
     prefix_hit_tokens: dict[str, int]
     preempted_req_ids: list[str]
     preemptions: list[PreemptionEvent]
-    will_sample: list[bool]
+    will_sample: list[str]  # scheduled ids that reach the end of their sequence: they sample
     token_budget: int
     token_budget_left: int
     free_blocks_before: int
@@ -334,7 +334,7 @@ class Scheduler:
 
         # ---- _update_after_schedule: advance num_computed_tokens at schedule time -----
         requests = self.requests
-        will_sample: list[bool] = []
+        will_sample: list[str] = []
         async_mode = self.async_scheduling
         context = 0
         for req_id, n in num_scheduled_tokens.items():
@@ -348,7 +348,8 @@ class Scheduler:
             request.is_prefill_chunk = is_chunk
             if async_mode and not is_chunk:
                 request.num_output_placeholders += 1
-            will_sample.append(not is_chunk)
+            if not is_chunk:
+                will_sample.append(req_id)
 
         self.num_steps += 1
         self.finished_req_ids = set()  # reported with this step's output
