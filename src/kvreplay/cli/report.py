@@ -89,6 +89,16 @@ def render_table(rep: Replay, report: dict[str, Any], elapsed: float) -> str:
         if inexact and inexact != div:
             lines.append(f"    first line not matched exactly: {inexact['file']}:{inexact['line']}: "
                          + "; ".join(inexact["differences"]))
+        it = v.get("iterations")
+        if it:
+            lines.append(f"  iteration lines: {it['matched']} of {it['lines']} match the replay "
+                         "step by step (context and generation requests and tokens, KV usage)")
+            mm = it.get("first_mismatch")
+            if mm:
+                lines.append(f"    FIRST MISMATCH {mm['file']}:{mm['line']} (Iteration("
+                             f"{mm['iteration']}), step {mm['step']}): "
+                             + "; ".join(mm["differences"])
+                             + "; preemptions from there on are not pinned by the log")
     lines.append(
         f"  preemptions: {s['preemptions']} ({s['self_preemptions']} self-preemptions), "
         f"{s['requests_preempted']} requests preempted, {s['computed_tokens_lost']:,} computed "

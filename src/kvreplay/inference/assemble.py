@@ -18,8 +18,12 @@ from kvreplay.inference.lines import phase_estimate
 from kvreplay.inference.placement import (Anchored, anchored_replay, burst_spacing,
                                           exact_search)
 from kvreplay.inference.rebuild import Rebuilt
+from kvreplay.inference.confidence import set_iteration_confidence
+from kvreplay.inference.iterations import iteration_replay
+from kvreplay.inference.rebuild import rebuild_workload
 from kvreplay.inference.runs import Run, step_replay, timed_replay
-from kvreplay.replay.records import PreemptionRecord
+from kvreplay.inference.verify import verify
+from kvreplay.replay.records import PreemptionRecord, preemption_records
 from kvreplay.replay.result import Replay
 
 def fit_placements(fmt: LogFormat, pattern: str) -> tuple[tuple[float, float], ...]:
@@ -68,6 +72,33 @@ def place_arrivals(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, prof: Any,
     return run, anchored.phase, anchored.loss, anchored
 
 
+def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Any, pattern: str) -> Replay:
+    """The log replay when its Iteration lines place every arrival (iterations.py)."""
+    rebuilt = rebuild_workload(facts, fmt, prof)
+    m = iteration_replay(rebuilt, facts, fmt, prof)
+    run = m.run
+    check = verify(run, facts, fmt, 0.5, prompts_known=not rebuilt.prompts_estimated)
+    check["iterations"] = m.report()
+    warnings = None
+    pre = preemption_records(run.steps, run.clock)
+    set_iteration_confidence(pre, m.exact_until_step, m.lines, not rebuilt.prompts_estimated,
+                             check, warnings)
+    rebuilt.notes.append(
+        f"arrivals placed by the Iteration lines: {m.matched} of {m.lines} lines match the "
+        "replay (context and generation requests and tokens" +
+        (", KV usage)" if fmt.iteration_kv else ")"))
+    rep = make_replay(facts, fmt, prof, rebuilt, run, pre, check, loss=0.0, pattern=pattern,
+                      phase=0.5, placement=(0.0, 0.0), estimate=None, warnings=warnings,
+                      support=0)
+    rep.info["placement"] = "iteration lines"
+    rep.info["step_time_model"] = (f"step times logged (Iteration lines) + "
+                                   f"{m.overhead_s * 1e3:.2f} ms between steps; fitted: "
+                                   + run.model.describe())
+    if m.first_mismatch is None and not rebuilt.prompts_estimated:
+        rep.confidence = "exact-by-log"
+    return rep
+
+
 def log_lines(facts: LogFacts, run: Run, check: dict[str, Any]) -> dict[int, list[tuple[str, int]]]:
     """Engine step -> the log lines behind it: each request line at its arrival step, each
     access line at its finish, each stats line at the step it was read at."""
@@ -111,7 +142,7 @@ def make_replay(facts: LogFacts, fmt: LogFormat, prof: Any, rebuilt: Rebuilt, ru
     err = next((r.terminal_error for r in run.steps if r.terminal_error), None)
     if err:
         notes.append(f"the replay ends with vLLM's own error: {err['type']}: {err['message']}")
-    if pattern == "poisson" and pre and fmt.placement == "anchored":
+    if pattern == "poisson" and pre and fmt.placement == "anchored" and "iterations" not in check:
         notes.append(
             "arrivals spread over time: the log pins each one only to a window of steps, and "
             "a step off can change later victims; take the count as an estimate and each "

@@ -154,6 +154,35 @@ def nnls(rows: list[list[float]], nvars: int) -> tuple[float, list[float]] | Non
     return best
 
 
+def nnls_gram(rows: list[tuple[float, ...]], nvars: int) -> tuple[float, list[float]] | None:
+    """`nnls` for many rows (one per step): the sums it needs are taken once."""
+    g = [[0.0] * (nvars + 1) for _ in range(nvars + 1)]
+    for r in rows:
+        for i in range(nvars + 1):
+            ri = r[i]
+            gi = g[i]
+            for j in range(i, nvars + 1):
+                gi[j] += ri * r[j]
+    for i in range(nvars + 1):
+        for j in range(i):
+            g[i][j] = g[j][i]
+    yy = g[nvars][nvars]
+    best = None
+    for mask in range(1, 1 << nvars):
+        idx = [i for i in range(nvars) if mask >> i & 1]
+        sol = _solve([[g[i][j] for j in idx] for i in idx], [g[i][nvars] for i in idx])
+        if sol is None or any(v < 0 for v in sol):
+            continue
+        coef = [0.0] * nvars
+        for i, v in zip(idx, sol):
+            coef[i] = v
+        err = yy - 2 * sum(coef[i] * g[i][nvars] for i in range(nvars)) + sum(
+            coef[i] * coef[j] * g[i][j] for i in range(nvars) for j in range(nvars))
+        if best is None or err < best[0] - 1e-15:
+            best = (err, coef)
+    return best
+
+
 def _solve(a: list[list[float]], y: list[float]) -> list[float] | None:
     n = len(y)
     m = [row[:] + [y[i]] for i, row in enumerate(a)]

@@ -39,6 +39,7 @@ def set_confidence(pre: Sequence[PreemptionRecord], check: dict[str, Any],
     for p in pre:
         if p.cumulative is not None and p.cumulative in by_log:
             p.confidence = "exact-by-log"
+            p.basis = "a log line names it: the V0 engine's every-50th preemption warning"
             continue
         if prompts_estimated:
             p.confidence = "inferred"
@@ -83,3 +84,20 @@ def add_support(pre: Sequence[PreemptionRecord], rebuilt: Any, facts: LogFacts, 
         n = sum(1 for f in found
                 if any(abs(s - p.step) <= SUPPORT_TOL for s in f.get(p.victim, ())))
         p.support = round(n / k, 2)
+
+
+def set_iteration_confidence(pre: Sequence[PreemptionRecord], exact_until_step: int,
+                             lines: int, prompts_pinned: bool, check: dict[str, Any],
+                             warnings: dict[str, Any] | None) -> None:
+    """With iteration lines: "exact-by-log" for a preemption before the first line the
+    replay cannot match, when every prompt is known (logged, or pinned by the lines);
+    the stats-line rule (set_confidence) for the rest."""
+    set_confidence(pre, check, warnings, not prompts_pinned)
+    if not prompts_pinned:
+        return
+    for p in pre:
+        if p.step < exact_until_step:
+            p.confidence = "exact-by-log"
+            p.basis = (f"every Iteration line up to this step matches the replay (of {lines}: "
+                       "context and generation requests and tokens, KV usage), and each "
+                       "arrival is placed where those lines put it")

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvreplay.inference.assemble import fit_placements, make_replay, place_arrivals
+from kvreplay.inference.assemble import (fit_placements, make_replay, place_arrivals,
+                                         replay_by_iterations)
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.confidence import (SUPPORT_MAX_REQUESTS, add_support, set_confidence,
                                            support_wanted)
@@ -21,6 +22,7 @@ from kvreplay.inference.engines import scheduler_profile
 from kvreplay.inference.facts import (LogFacts, arrival_pattern, response_starts,
                                       without_access_lines)
 from kvreplay.inference.formats import interval_of, log_format
+from kvreplay.inference.iterations import unusable
 from kvreplay.inference.prompts import fit_prompts
 from kvreplay.inference.verify import check_warnings, verify
 from kvreplay.replay.engine import without_cyclic_gc
@@ -42,6 +44,8 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
     if starts is not None:
         facts = without_access_lines(facts)
     pattern = arrival_pattern(facts)
+    if unusable(facts, fmt) is None and step_time is None:
+        return replay_by_iterations(facts, fmt, prof, pattern)
     rebuilt, f, unknown = fit_prompts(facts, fmt, prof, fit_placements(fmt, pattern), step_time)
     if starts is not None:
         rebuilt.notes.append(

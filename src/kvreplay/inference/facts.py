@@ -42,6 +42,10 @@ class LogRequest:
     # when within its second the line was written, from a container runtime's time stamp
     # (LogFacts.precise_times); None without one
     precise_time: float | None = None
+    # `Iteration(N)` lines (of LogFacts.iterations) written before this request reached
+    # the engine: before its `Added request` line, else its `Received request` line
+    iterations_before: int = 0
+    aborted_iterations: int | None = None  # the same, for its `Aborted request` line
 
 
 @dataclass(slots=True)
@@ -94,6 +98,10 @@ class LogFacts:
     precise_times: bool = False
     # the access lines' sub-second times, on the same clock (None unless all have one)
     completion_times: list[float] | None = None
+    # `Iteration(N)` lines written before each access line (as `completions`)
+    completion_iterations: list[int] = field(default_factory=list)
+    # the engines the iteration lines name; `iterations` holds the first one's
+    iteration_engines: tuple[int, ...] = ()
 
     @property
     def prompts_known(self) -> bool:
@@ -149,6 +157,10 @@ def collect(
     completion_wrappers: list[float | None] = []
     v0_pre: list[ev.Preemption] = []
     iterations: list[ev.Iteration] = []
+    iter_engine: int | None = None
+    iter_engines: set[int] = set()
+    completion_iters: list[int] = []
+    abort_iters: list[int] = []
     outputs: dict[str, ev.GeneratedResponse] = {}
     num_cpu_blocks: int | None = None
     finished: list[tuple[float | None, str]] = []
@@ -189,7 +201,7 @@ def collect(
                 max_tokens=e.max_tokens, min_tokens=e.min_tokens, ignore_eos=e.ignore_eos,
                 priority=e.priority or 0, n=e.n or 1, prompt_token_ids=e.prompt_token_ids,
                 prompt_len=e.prompt_len, completions_before=len(completions),
-                stats_before=len(stats), seq=seq,
+                stats_before=len(stats), seq=seq, iterations_before=len(iterations),
             )
             # The JSON-body line (0.31+) comes just before its Received line, under another
             # id: pair them in order.
@@ -219,8 +231,10 @@ def collect(
             r = _match(by_id, e.request_id)
             if r is not None and r.internal_id is None:
                 r.internal_id = e.request_id
+                r.iterations_before = len(iterations)
         elif isinstance(e, ev.RequestAborted):
             aborts.append(e)
+            abort_iters.append(len(iterations))
         elif isinstance(e, ev.RequestFinished):
             finished.append((e.time, e.request_id))
         elif isinstance(e, ev.GeneratedResponse):
@@ -229,6 +243,7 @@ def collect(
             if e.method == "POST" and e.status == 200 and _is_generation(e.path):
                 seq += 1
                 completions.append((e.file, e.line, len(requests), seq))
+                completion_iters.append(len(iterations))
                 completion_wrappers.append(e.wrapper_time)
         elif isinstance(e, ev.Stats):
             if e.time is None:
@@ -259,7 +274,12 @@ def collect(
         elif isinstance(e, ev.Preemption):
             v0_pre.append(e)
         elif isinstance(e, ev.Iteration):
-            iterations.append(e)
+            engine = e.engine or 0
+            iter_engines.add(engine)
+            if iter_engine is None:
+                iter_engine = engine
+            if engine == iter_engine and not e.dummy:
+                iterations.append(e)
     for rid, d in details.items():
         r = _match(by_id, rid)
         if r is not None and r.prompt_token_ids is None and d.prompt_token_ids is not None:
@@ -270,11 +290,12 @@ def collect(
         if r is not None and out.num_output_tokens is not None and out.streaming != "delta":
             r.output_len = out.num_output_tokens
             r.finish_reason = out.finish_reason
-    for a in aborts:
+    for a, k in zip(aborts, abort_iters):
         for rid in a.request_ids:
             r = _match(by_id, rid)
             if r is not None and r.aborted_time is None:
                 r.aborted_time = a.time
+                r.aborted_iterations = k
     precise, tz = _precise_times(wrapped)
     completion_times = None
     if precise is not None and completion_wrappers and all(w is not None for w in completion_wrappers):
@@ -313,6 +334,8 @@ def collect(
         engines=tuple(sorted(engines)),
         precise_times=precise is not None,
         completion_times=completion_times,
+        completion_iterations=completion_iters,
+        iteration_engines=tuple(sorted(iter_engines)),
     )
     _list_missing(facts)
     if dup_ids:

@@ -106,6 +106,14 @@ class LogFormat:
     # 70 GiB or more other than an A100, else 256 with 2048; EngineArgs.get_batch_defaults)
     async_scheduling_default: bool = False
     batch_defaults_by_gpu: bool = False
+    # the `Iteration(N)` line (--enable-logging-iteration-details, 0.14+; spec: log formats
+    # 4.3): a request logged after line N-1 entered the engine at the step of line
+    # N + lo .. N + hi (one more with async scheduling, whose line comes a step later).
+    # 0.26+ the API server writes it as the step's output arrives, in order with the
+    # request lines (lo 0: the step of line N-1 was over); 0.14-0.25 the engine core
+    # writes it, in another process, and only the stream's interleaving orders the two
+    iteration_window: tuple[int, int] = (0, 2)
+    iteration_kv: bool = True  # the line shows the KV usage after that step (0.26+)
 
 
 V1_FORMAT = LogFormat(
@@ -149,7 +157,9 @@ def log_format(vllm_version: str | None, engine_version: str | None,
         V1_FORMAT, name=f"V1 ({vllm_version or 'release unknown'})",
         prompt_excludes_cached=version_at_least(vllm_version, (0, 16, 0)),
         async_scheduling_default=version_at_least(vllm_version, (0, 14, 0)),
-        batch_defaults_by_gpu=version_at_least(vllm_version, (0, 9, 0)))
+        batch_defaults_by_gpu=version_at_least(vllm_version, (0, 9, 0)),
+        iteration_window=(0, 2) if version_at_least(vllm_version, (0, 26, 0)) else (-1, 2),
+        iteration_kv=version_at_least(vllm_version, (0, 26, 0)))
 
 
 def interval_of(facts, fmt: LogFormat) -> float:

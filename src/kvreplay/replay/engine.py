@@ -290,6 +290,8 @@ class Engine:
             if ns[rid] == 1:
                 decode -= 1
         rec.decode_tokens = decode
+        rec.num_ctx_requests = out.num_ctx_requests
+        rec.num_ctx_tokens = out.num_ctx_tokens
         if hits:
             requests = self.scheduler.requests
             first = summary.first_scheduled_step

@@ -86,6 +86,11 @@ class StepRecord(msgspec.Struct, gc=False):
     num_scheduled_tokens: int = 0
     context_tokens: int = 0  # num_computed_tokens of the scheduled requests, before the step
     decode_tokens: int = 0  # tokens of running requests scheduled exactly one token
+    # the `Iteration(N)` line's "context requests" / "context tokens" (vLLM 0.33
+    # compute_iteration_details): scheduled requests with no output token yet; the
+    # generation requests and tokens are the rest of num_scheduled / num_scheduled_tokens
+    num_ctx_requests: int = 0
+    num_ctx_tokens: int = 0
     admitted: list[Admission] = []  # new and resumed, in vLLM's order
     preemptions: list[PreemptionEvent] = []
     blocked: AdmissionBlocked | None = None
@@ -159,6 +164,7 @@ class PreemptionRecord(msgspec.Struct):
     # how sure the replay is of this preemption: exact | exact-by-log | consistent | inferred
     confidence: str = "exact"
     support: float | None = None  # share of alternative replays that find it too
+    basis: str | None = None  # what the confidence rests on, in words
     # V0 engine only
     cumulative: int | None = None
     warning_logged: bool = False

@@ -61,6 +61,11 @@ class SchedulerOutput:
     skipped_running: list[str] = field(default_factory=list)
     # num_computed_tokens of the scheduled requests once this schedule advanced them
     context_tokens: int = 0
+    # vLLM's IterationDetails (compute_iteration_details): scheduled requests with no output
+    # token yet, output placeholders included ("context" requests), and their tokens; every
+    # other scheduled request is a "generation" request
+    num_ctx_requests: int = 0
+    num_ctx_tokens: int = 0
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -337,8 +342,14 @@ class Scheduler:
         will_sample: list[str] = []
         async_mode = self.async_scheduling
         context = 0
+        ctx_requests = ctx_tokens = 0
         for req_id, n in num_scheduled_tokens.items():
             request = requests[req_id]
+            # read before this step's placeholder is added, as _make_cached_request_data
+            # reads num_output_tokens + num_output_placeholders (new requests have neither)
+            if request.num_output_tokens + request.num_output_placeholders == 0:
+                ctx_requests += 1
+                ctx_tokens += n
             request.num_computed_tokens += n
             context += request.num_computed_tokens
             request.num_in_flight_tokens += n
@@ -373,6 +384,8 @@ class Scheduler:
             admission_blocked=admission_blocked,
             skipped_running=skipped_running,
             context_tokens=context,
+            num_ctx_requests=ctx_requests,
+            num_ctx_tokens=ctx_tokens,
         )
 
     def _preempt_request(self, request: Request, trigger: Request, rule: str,

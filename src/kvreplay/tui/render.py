@@ -163,7 +163,7 @@ def why_text(tl: Timeline, v: StepView) -> Text:
 
 
 CONFIDENCE_MEANING = {
-    "exact-by-log": "(a log line names it: the every-50th preemption warning of a V0 engine)",
+    "exact-by-log": "(the log pins it: its Iteration lines, or a V0 preemption warning)",
     "consistent": "(not in the log; the stats lines either side agree exactly with the replay)",
     "inferred": "(reconstructed: the stats lines around it disagree with the replay, or "
                 "prompt lengths were estimated)",
@@ -182,7 +182,9 @@ def why_one(t: Text, tl: Timeline, p: Preemption, confidence: str,
     conf_style = {"exact": "green", "exact-by-log": "green",
                   "consistent": "yellow"}.get(confidence, "red")
     t.append("   confidence: ").append(confidence, style=conf_style).append("\n")
-    if confidence in CONFIDENCE_MEANING:
+    if getattr(p, "basis", None):
+        t.append(f"({p.basis})\n", style="dim")
+    elif confidence in CONFIDENCE_MEANING:
         t.append(CONFIDENCE_MEANING[confidence] + "\n", style="dim")
     sup = tl.preemption_support(p)
     if sup is not None:
