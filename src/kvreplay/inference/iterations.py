@@ -186,15 +186,21 @@ class _Search:
             # next line, only once a request comes
             m = max(m, 1)
             e = max(e, 1)
-        usual = self.lag_seen.most_common(1)[0][0] if self.lag_seen else 1
-        pref = 0
-        while p + pref < total and bound[p + pref] + usual <= n:
-            pref += 1
-        pref = min(max(pref, m), e)
+        if not self.eng.has_work():
+            # an idle engine takes every request it has been sent once the first wakes
+            # it (EngineCore drains its input queue before it schedules)
+            pref = e
+        else:
+            usual = self.lag_seen.most_common(1)[0][0] if self.lag_seen else 1
+            pref = 0
+            while p + pref < total and bound[p + pref] + usual <= n:
+                pref += 1
+            pref = min(max(pref, m), e)
         return sorted(range(m, e + 1), key=lambda k: (abs(k - pref), k))
 
     def apply(self, k: int) -> StepRecord:
         eng = self.eng
+        self.busy = eng.has_work()
         for j in range(k):
             eng.submit(self.p + j)
         self.p += k
@@ -315,6 +321,7 @@ class _Search:
                     self.mismatched_lines.add(self._mismatch(rec, diffs).iteration)
                 continue
             if not diffs:
+                self._learn_lag(rec, k)
                 continue
             m = self._mismatch(rec, diffs)
             if best is None or m.iteration > best[0]:
@@ -330,6 +337,17 @@ class _Search:
             best = None
         if self.steps and not self.eng.done:
             self.eng.stop()
+
+    def _learn_lag(self, rec: StepRecord, k: int) -> None:
+        """How many lines late a request that was scheduled as it came in entered: the lag
+        the next choices try first."""
+        if not k or not self.busy or not rec.admitted or rec.step not in self.line_of_step:
+            return  # an idle engine's step says nothing of the lag
+        new = {a.request for a in rec.admitted if not a.resumed}
+        specs = self.workload.requests
+        for i in range(self.p - k, self.p):
+            if specs[i].id in new:
+                self.lag_seen[self.line_of_step[rec.step] - self.bound[i]] += 1
 
     def _greedy(self, opts: list[int]) -> int:
         """After a mismatch: the first option whose step its line accepts."""

@@ -36,12 +36,14 @@ def render_log(
     with_prompts: bool = True,
     model: str = "meta-llama/Llama-3.1-8B-Instruct",
     wrapper_times: bool = False,
+    iteration_lines: bool = False,
 ) -> list[str]:
     """Lines of a 0.33 log for `records` (a `simulate` trace), step k starting at
     start + k * step_time_s, or (`step_time_s` a function of a step's record, as in
     render_v0_log) at start + the durations of steps 0..k-1. Arrivals are logged just before
     the step that adds them. `wrapper_times`: each line behind the time stamp `docker logs -t`
-    puts before it."""
+    puts before it. `iteration_lines`: also the `Iteration(N)` line of every step that
+    scheduled a token (--enable-logging-iteration-details; iteration_line())."""
     cfg = workload.config
     out: list[tuple[float, int, str]] = []  # (time, tie-break order, line)
     seq = 0
@@ -115,6 +117,9 @@ def render_log(
         for rid in rec.get("finished", ()):
             emit(end + 0.0008, f'INFO:     127.0.0.1:{port[rid]} - '
                                f'"POST /v1/completions HTTP/1.1" 200 OK')
+    if iteration_lines:
+        for t, line in iteration_lines_of(records, step_start, cfg.num_gpu_blocks):
+            emit(t, line)
     # stats lines: state at the end of the last step that ended before each tick
     n = len(records)
     last_end = step_start(n)
@@ -172,6 +177,46 @@ def render_log(
         return [f"{_time.strftime('%Y-%m-%dT%H:%M:%S', _time.gmtime(t))}."
                 f"{round((t % 1) * 1e9) % 1_000_000_000:09d}Z {line}" for t, _, line in out]
     return [line for _, _, line in out]
+
+
+def iteration_lines_of(records: list[dict[str, Any]], step_start: Callable[[int], float],
+                       num_gpu_blocks: int) -> list[tuple[float, str]]:
+    """vLLM 0.33's `Iteration(N)` lines for a trace (conformance format, as vLLM's own
+    scheduler writes it), each at the time the API server writes it: as the step's output
+    arrives, at the end of the step that applied it (spec: log formats 4.3). Context
+    requests are the scheduled ones with no output token before the step (output
+    placeholders counted, as _make_cached_request_data reads them), new ones always; the
+    elapsed time is the step's duration; the KV usage is the one after its output, as
+    BlockPool.get_usage computes it from the free blocks (1 - free / (blocks - 1): the
+    trace's rounded kv_usage can print differently)."""
+    by_update = {r["updated_batch"]: r for r in records if r.get("updated_batch") is not None}
+    out: list[tuple[float, str]] = []
+    outputs: dict[str, int] = {}
+    placeholders: dict[str, int] = {}
+    n = 0
+    for r in records:
+        sched = r.get("scheduled", ())
+        total = sum(t for _, t in sched)
+        if total:
+            new = set(r.get("new", ()))
+            cr = ct = 0
+            for rid, t in sched:
+                if rid in new or outputs.get(rid, 0) + placeholders.get(rid, 0) == 0:
+                    cr += 1
+                    ct += t
+            k = r["step"]
+            upd = by_update.get(k, r)
+            t = step_start(upd["step"] + 1) + 0.0003
+            ms = (step_start(k + 1) - step_start(k)) * 1000.0
+            out.append((t, f"{API} INFO {_ts(t)} [loggers.py:199] Engine 000: Iteration({n}): "
+                           f"{cr} context requests, {ct} context tokens, {len(sched) - cr} "
+                           f"generation requests, {total - ct} generation tokens, iteration "
+                           f"elapsed time: {ms:.2f} ms, GPU KV cache usage: "
+                           f"{(1.0 - upd['free_blocks'] / (num_gpu_blocks - 1)) * 100:.1f}%"))
+            n += 1
+        outputs = r.get("num_output_tokens", {})
+        placeholders = r.get("num_output_placeholders", {})
+    return out
 
 
 def step_starts(records: list[dict[str, Any]], step_time_s: Callable[[dict[str, Any]], float],
