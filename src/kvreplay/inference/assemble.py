@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvreplay.inference.clock import clocked, finish_steps
-from kvreplay.inference.facts import LogFacts, aborts, cut_time
+from kvreplay.inference.facts import LogFacts, aborts, cut_time, make_it_exact
 from kvreplay.inference.fit import Fit, fit
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.lines import phase_estimate
@@ -146,8 +146,8 @@ def make_replay(facts: LogFacts, fmt: LogFormat, prof: Any, rebuilt: Rebuilt, ru
         notes.append(
             "arrivals spread over time: the log pins each one only to a window of steps, and "
             "a step off can change later victims; take the count as an estimate and each "
-            "preemption as a lead (its support says how firm), or replay a log written with "
-            "kvreplay's step-trace scheduler for the exact sequence")
+            "preemption as a lead (its support says how firm). To make it exact: "
+            + make_it_exact(facts))
     ids = {r.log_id: r.internal_id for r in facts.requests}
     for p in pre:
         p.victim_internal_id = ids.get(p.victim)

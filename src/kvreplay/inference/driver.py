@@ -44,8 +44,11 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
     if starts is not None:
         facts = without_access_lines(facts)
     pattern = arrival_pattern(facts)
-    if unusable(facts, fmt) is None and step_time is None:
+    why_not = unusable(facts, fmt)
+    if why_not is None and step_time is None:
         return replay_by_iterations(facts, fmt, prof, pattern)
+    if facts.iterations:
+        facts.notes.append(f"Iteration lines not used: {why_not or 'a step time was given'}")
     rebuilt, f, unknown = fit_prompts(facts, fmt, prof, fit_placements(fmt, pattern), step_time)
     if starts is not None:
         rebuilt.notes.append(

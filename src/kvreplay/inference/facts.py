@@ -361,6 +361,23 @@ def _match(by_id: dict[str, LogRequest], rid: str) -> LogRequest | None:
     return None
 
 
+def make_it_exact(f: LogFacts) -> str:
+    """What to turn on, in the order it helps, so that the next log replays exactly."""
+    steps = []
+    if not f.iterations and (f.engine_version != "V0"):
+        steps.append("start vLLM (0.14+) with --enable-logging-iteration-details: one line "
+                     "per engine step, which pins every arrival to its step")
+    if not f.requests:
+        steps.append("--enable-log-requests")
+    if not f.prompts_known:
+        steps.append("VLLM_REQUEST_BODY_LOG_LEVEL=INFO (0.31+; or --log-level DEBUG) so every "
+                     "prompt is logged")
+    if not steps:
+        return ("the log has what a replay needs; for a log that names every scheduling "
+                "decision, use kvreplay's step-trace scheduler plugin")
+    return "; ".join(steps) + "; or use kvreplay's step-trace scheduler plugin"
+
+
 def _list_missing(f: LogFacts) -> None:
     if not f.requests:
         f.missing.append(
@@ -388,6 +405,9 @@ def _list_missing(f: LogFacts) -> None:
         )
     if not f.stats:
         f.missing.append("periodic stats lines: keep --disable-log-stats off")
+    if not f.iterations and f.engine_version != "V0" and f.requests:
+        f.missing.append("per-step lines: --enable-logging-iteration-details (vLLM 0.14+) "
+                         "logs every engine step, and the replay places each arrival by them")
     if f.config is None or f.config.num_gpu_blocks is None and f.config.kv_cache_tokens is None:
         f.missing.append("the KV cache size (GPU KV cache size / # GPU blocks startup line)")
 

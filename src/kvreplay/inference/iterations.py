@@ -4,7 +4,7 @@ against vLLM's own `Iteration(N)` lines (`--enable-logging-iteration-details`, 0
 Consumes: the rebuilt workload (stage 3), `LogFacts` (the first engine's iteration lines,
 each request's position among them), the `LogFormat` (how late a request may enter after
 the line before it). Produces: an `IterationMatch`: the `Run` (its inputs are the
-placement), the lines checked and matched, and the first line no placement explains.
+placement), the lines checked and matched, and the first line the replay does not match.
 
 What a line says (vLLM 0.33 `EngineCore.capture_iteration_details`,
 `compute_iteration_details`, `LoggingStatLogger._log_iteration_details`; spec:
@@ -22,33 +22,36 @@ The search. One frontend sends requests in the order of its `Added request` line
 engine gets them in that order; what is open is how many of the next ones enter before
 each step. A request logged after line N-1 enters at the step of line N + lo .. N + hi
 (`LogFormat.iteration_window`). At each step the counts the windows allow are tried, the
-lag seen most so far first; each is run and compared with its line. A request that
-arrives and waits leaves the same state as one that arrives a step later (V1 preempts only
-for running requests, A7), so a choice no line can see does not matter. A mismatch
-backtracks through the recent choices (engine snapshots); one that no choice explains is
-reported with its file and line, and from there the replay takes, step by step, the first
-choice its line accepts (else the usual lag), no longer pinned by the log.
+lag seen most so far first (an idle engine: all it has been sent); each is run and
+compared with its line. Under FCFS a request that arrives and waits leaves the same state
+as one that arrives a step later (V1 preempts only for running requests, A7), so a choice
+no line can see does not matter. A disagreement is first put to the estimated prompts
+(line_lengths.py), then backtracks through the recent choices (engine snapshots); one no
+choice explains is reported, and from there each step takes the first choice its line
+accepts. The inputs found are replayed once more from the start: that run, checked line
+by line, is the replay.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvreplay.inference.clock import StepTimeModel, nnls_gram
 from kvreplay.inference.engines import make_engine
 from kvreplay.inference.facts import LogFacts, cut_time
 from kvreplay.inference.formats import LogFormat
+from kvreplay.inference.iteration_clock import iteration_clock
+from kvreplay.inference.line_lengths import Fix, LineLengths
 from kvreplay.inference.runs import Run, step_limit
 from kvreplay.replay.engine import Engine, without_cyclic_gc
 from kvreplay.replay.records import StepRecord
 from kvreplay.replay.snapshots import Snapshot, SnapshotCodec
 
 HORIZON = 64  # choice points kept for backtracking
-BUDGET = 400  # steps re-run while looking for a placement that explains one mismatch
-OVERHEADS_S = (0.0, 0.0002, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.008)
+BUDGET = 400  # steps re-run while looking for a placement that explains one disagreement
+PRE_STEPS = 3  # steps back a prompt-length correction may replay from
 
 
 def unusable(facts: LogFacts, fmt: LogFormat) -> str | None:
@@ -67,10 +70,6 @@ def unusable(facts: LogFacts, fmt: LogFormat) -> str | None:
     if not facts.requests or facts.requests[0].iterations_before > 0:
         return "Iteration lines before the first request line: the log starts mid-run"
     return None
-
-
-def _kv_text(x: float) -> str:
-    return f"{x * 100:.1f}"
 
 
 @dataclass(slots=True)
@@ -95,124 +94,44 @@ class IterationMatch:
     first_mismatch: Mismatch | None
     exact_until_step: int  # steps before this one are pinned by the log (all, if no mismatch)
     line_of_step: dict[int, int] = field(default_factory=dict)  # step -> N
-    lag: dict[int, int] = field(default_factory=dict)  # arrival step - lower bound: count
+    lag: dict[int, int] = field(default_factory=dict)  # arrival line - lower bound: count
     backtracks: int = 0
     overhead_s: float = 0.0  # the clock's fixed cost between steps
+    prompt_lengths: dict[str, int] = field(default_factory=dict)  # status -> requests
+    kv_unsure: int = 0  # lines whose KV usage may differ by how a sum of prompts splits
 
     def report(self) -> dict[str, Any]:
         return {"lines": self.lines, "checked": self.checked, "matched": self.matched,
                 "first_mismatch": self.first_mismatch.to_dict() if self.first_mismatch else None,
                 "exact_until_step": self.exact_until_step,
                 "arrival_lag": {str(k): v for k, v in sorted(self.lag.items())},
-                "backtracks": self.backtracks}
+                "backtracks": self.backtracks, "prompt_lengths": self.prompt_lengths,
+                "kv_unsure_lines": self.kv_unsure}
 
 
-@dataclass(slots=True)
-class _Frame:
-    codec: SnapshotCodec
-    snap: Snapshot
-    nsteps: int
-    p: int
-    n: int
-    kv_due: dict[int, int]
-    options: list[int]
+class LineCheck:
+    """Steps against their lines, in order: N advances with each step that scheduled a
+    token; the KV usage of a step's line is compared once its output was applied (the
+    next step, with async scheduling)."""
 
-
-class _Search:
-    def __init__(self, rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any) -> None:
-        self.facts = facts
-        self.lines = facts.iterations
-        self.by_n = {it.step: it for it in self.lines}
-        self.last_n = self.lines[-1].step
-        self.workload = rebuilt.workload
-        self.eng: Engine = make_engine(self.workload, profile)  # type: ignore[assignment]
-        cfg = self.workload.config
-        lo, hi = fmt.iteration_window
-        self.lo = lo
-        self.hi = hi + (1 if cfg.async_scheduling else 0)
+    def __init__(self, facts: LogFacts, fmt: LogFormat, cut: bool) -> None:
+        self.by_n = {it.step: it for it in facts.iterations}
+        self.last_n = facts.iterations[-1].step
         self.check_kv = fmt.iteration_kv
-        self.async_lag = 1 if cfg.async_scheduling else 0
-        reqs = facts.requests
-        # N of the first line the request could have been scheduled in: one past the
-        # last line before it (the line numbers, so a lost line does not shift it)
-        bound, low = [], 0
-        for r in reqs:
-            k = r.iterations_before
-            b = self.lines[k - 1].step + 1 if k > 0 else 0
-            low = max(low, b)  # arrivals keep the log's order
-            bound.append(low)
-        self.bound = bound
-        self.aborts: dict[int, list[str]] = {}
-        for r in reqs:
-            if r.aborted_iterations is not None:
-                k = r.aborted_iterations
-                b = self.lines[k - 1].step + 1 if k > 0 else 0
-                self.aborts.setdefault(b + 1, []).append(r.log_id)
-        self.lag_seen: Counter[int] = Counter()
-        self.cut = cut_time(facts) is not None
-        self.limit = step_limit(self.workload)
-        self.lock = threading.RLock()
-        # search state
-        self.steps: list[StepRecord] = []
-        self.p = 0  # next request to enter
-        self.n = 0  # N of the next line a token step will print
-        self.kv_due: dict[int, int] = {}  # async: step -> its N, KV usage not yet compared
-        self.frames: list[_Frame] = []
-        self.strict = True
-        self.first: Mismatch | None = None
-        self.exact_until: int | None = None
-        self.backtracks = 0
-        self.checked = 0
-        self.mismatched_lines: set[int] = set()
+        self.cut = cut
+        self.n = 0  # N of the next line a token step prints
+        self.kv_due: dict[int, int] = {}  # step -> its N, KV usage not compared yet
         self.line_of_step: dict[int, int] = {}
 
-    # -- choices -------------------------------------------------------------------
-    def options(self) -> list[int]:
-        """How many of the next requests may enter before this step, most likely first."""
-        n, p, bound = self.n, self.p, self.bound
-        total = len(bound)
-        if p >= total:
-            return [0]
-        if self.n > self.last_n:
-            return [total - p]  # no line left to place them by: all that remain come
-        e = m = 0
-        while p + e < total and bound[p + e] + self.lo <= n:
-            e += 1
-        while p + m < total and bound[p + m] + self.hi <= n:
-            m += 1
-        if not self.eng.has_work() or (self.steps and self.steps[-1].num_scheduled_tokens == 0
-                                       and not self.eng.batch_queue):
-            # an idle engine (or one that could schedule nothing) steps, or prints its
-            # next line, only once a request comes
-            m = max(m, 1)
-            e = max(e, 1)
-        if not self.eng.has_work():
-            # an idle engine takes every request it has been sent once the first wakes
-            # it (EngineCore drains its input queue before it schedules)
-            pref = e
-        else:
-            usual = self.lag_seen.most_common(1)[0][0] if self.lag_seen else 1
-            pref = 0
-            while p + pref < total and bound[p + pref] + usual <= n:
-                pref += 1
-            pref = min(max(pref, m), e)
-        return sorted(range(m, e + 1), key=lambda k: (abs(k - pref), k))
+    def state(self) -> tuple[int, dict[int, int]]:
+        return self.n, dict(self.kv_due)
 
-    def apply(self, k: int) -> StepRecord:
-        eng = self.eng
-        self.busy = eng.has_work()
-        for j in range(k):
-            eng.submit(self.p + j)
-        self.p += k
-        for rid in self.aborts.get(self.n, ()):
-            eng.abort(rid)
-        rec = eng.step()
-        self.steps.append(rec)
-        return rec
+    def reset(self, state: tuple[int, dict[int, int]], step: int) -> None:
+        self.n, self.kv_due = state[0], dict(state[1])
+        for s in [s for s in self.line_of_step if s >= step]:
+            del self.line_of_step[s]
 
-    # -- the check -----------------------------------------------------------------
     def check(self, rec: StepRecord) -> list[str]:
-        """Differences between the step just run and its line(s); advances N."""
         diffs: list[str] = []
         if rec.num_scheduled_tokens > 0:
             n = self.n
@@ -233,181 +152,353 @@ class _Search:
                     if a != b:
                         diffs.append(f"{name} {a} vs logged {b}")
                 if self.check_kv and it.kv_usage is not None:
-                    if self.async_lag:
-                        self.kv_due[rec.step] = n
-                    elif _kv_text(rec.kv_usage) != f"{it.kv_usage:.1f}":
-                        diffs.append(f"KV usage {_kv_text(rec.kv_usage)}% vs logged {it.kv_usage:.1f}%")
-        if self.kv_due and rec.updated_batch is not None and rec.updated_batch in self.kv_due:
-            it = self.by_n[self.kv_due.pop(rec.updated_batch)]
-            if _kv_text(rec.kv_usage) != f"{it.kv_usage:.1f}":
-                diffs.append(f"KV usage {_kv_text(rec.kv_usage)}% after Iteration({it.step}) vs "
-                             f"logged {it.kv_usage:.1f}%")
+                    self.kv_due[rec.step] = n
+        if self.kv_due and rec.updated_batch in self.kv_due:
+            it = self.by_n[self.kv_due.pop(rec.updated_batch)]  # type: ignore[index]
+            ours_kv = f"{rec.kv_usage * 100:.1f}"  # as the line prints it
+            if ours_kv != f"{it.kv_usage:.1f}":
+                diffs.append(f"KV usage {ours_kv}% vs logged {it.kv_usage:.1f}%"
+                             + (f" (after Iteration({it.step}))" if rec.updated_batch != rec.step
+                                else ""))
         return diffs
 
-    def _mismatch(self, rec: StepRecord, diffs: list[str]) -> Mismatch:
+    def mismatch(self, rec: StepRecord, diffs: list[str]) -> Mismatch:
         n = self.line_of_step.get(rec.step, self.n - 1)
         if rec.updated_batch is not None and any("after Iteration" in d for d in diffs):
             n = self.line_of_step.get(rec.updated_batch, n)
-        it = self.by_n.get(n) or self.lines[-1]
+        it = self.by_n.get(n) or self.by_n[self.last_n]
         return Mismatch(n, it.file, it.line, rec.step, diffs)
 
+
+@dataclass(slots=True)
+class _Frame:
+    codec: SnapshotCodec
+    snap: Snapshot
+    nsteps: int
+    p: int
+    check: tuple[int, dict[int, int]]
+    options: list[int]
+
+
+class _Search:
+    def __init__(self, rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any) -> None:
+        lines = facts.iterations
+        self.workload = rebuilt.workload
+        self.eng: Engine = make_engine(self.workload, profile)  # type: ignore[assignment]
+        cfg = self.workload.config
+        self.lo, hi = fmt.iteration_window
+        self.hi = hi + (1 if cfg.async_scheduling else 0)
+        self.fcfs = cfg.policy == "fcfs"
+        # N of the first line a request could be scheduled in: one past the last line
+        # before it (the line numbers: a lost line does not shift it), in the log's order
+        bound, low = [], 0
+        for r in facts.requests:
+            k = r.iterations_before
+            low = max(low, lines[k - 1].step + 1 if k > 0 else 0)
+            bound.append(low)
+        self.bound = bound
+        self.aborts: dict[int, list[str]] = {}
+        for r in facts.requests:
+            if r.aborted_iterations is not None:
+                k = r.aborted_iterations
+                b = lines[k - 1].step + 1 if k > 0 else 0
+                self.aborts.setdefault(b + 1, []).append(r.log_id)
+        self.cut = cut_time(facts) is not None
+        self.lc = LineCheck(facts, fmt, self.cut)
+        self.lengths = LineLengths(self.workload, list(rebuilt.prompt_estimated),
+                                   cfg.max_num_batched_tokens, cfg.block_size)
+        self.lag_seen: Counter[int] = Counter()
+        self.limit = step_limit(self.workload)
+        self.lock = threading.RLock()
+        self.steps: list[StepRecord] = []
+        self.p = 0  # next request to enter
+        self.frames: list[_Frame] = []
+        self.pre: dict[int, tuple[SnapshotCodec, Snapshot, int, int, tuple]] = {}
+        self.choice: dict[int, int] = {}  # step -> requests that entered before it
+        self.ctx_hist: dict[int, dict[str, int]] = {}
+        self.queue: deque[int] = deque()  # choices to take next (a backtrack, a replay)
+        self.strict = True
+        self.backtracks = 0
+        self.spent = 0
+        self.busy = False
+
+    # -- choices -------------------------------------------------------------------
+    def options(self) -> list[int]:
+        """How many of the next requests may enter before this step, most likely first."""
+        n, p, bound = self.lc.n, self.p, self.bound
+        total = len(bound)
+        if p >= total:
+            return [0]
+        if n > self.lc.last_n:
+            return [total - p]  # no line left to place them by: all that remain come
+        e = m = 0
+        while p + e < total and bound[p + e] + self.lo <= n:
+            e += 1
+        while p + m < total and bound[p + m] + self.hi <= n:
+            m += 1
+        idle = not self.eng.has_work()
+        if idle or (self.steps and self.steps[-1].num_scheduled_tokens == 0
+                    and not self.eng.batch_queue):
+            # an idle engine (or one that could schedule nothing) steps, or prints its
+            # next line, only once a request comes
+            m, e = max(m, 1), max(e, 1)
+        if idle:
+            pref = e  # it takes all it has been sent (EngineCore drains its input queue)
+        else:
+            usual = self.lag_seen.most_common(1)[0][0] if self.lag_seen else 1
+            pref = 0
+            while p + pref < total and bound[p + pref] + usual <= n:
+                pref += 1
+            pref = min(max(pref, m), e)
+        return sorted(range(m, e + 1), key=lambda k: (abs(k - pref), k))
+
+    def apply(self, k: int) -> StepRecord:
+        eng = self.eng
+        self.busy = eng.has_work()
+        step = eng.step_index
+        self.choice[step] = k
+        for j in range(k):
+            eng.submit(self.p + j)
+        self.p += k
+        for rid in self.aborts.get(self.lc.n, ()):
+            eng.abort(rid)
+        rec = eng.step()
+        self.steps.append(rec)
+        out = eng.last_output
+        if out is not None and self.lengths:
+            self.ctx_hist[step] = {rid: out.num_scheduled_tokens[rid] for rid in out.ctx_req_ids}
+            self.ctx_hist.pop(step - PRE_STEPS - 1, None)
+        return rec
+
     # -- snapshots -----------------------------------------------------------------
-    def push(self, options: list[int]) -> None:
+    def _take(self) -> tuple[SnapshotCodec, Snapshot]:
         codec = SnapshotCodec(self.eng, self.lock)
-        self.frames.append(_Frame(codec, codec.take(), len(self.steps), self.p, self.n,
-                                  dict(self.kv_due), options))
+        return codec, codec.take()
+
+    def _restore(self, codec: SnapshotCodec, snap: Snapshot, nsteps: int, p: int,
+                 check: tuple) -> None:
+        self.eng = codec.restore(snap)
+        del self.steps[nsteps:]
+        self.p = p
+        self.lc.reset(check, snap.step)
+        for i in self.lengths.changed:  # what the lines said of a prompt holds on any path
+            self.eng.set_prompt(i, self.workload.requests[i].prompt_token_ids)
+
+    def push(self, options: list[int]) -> None:
+        codec, snap = self._take()
+        self.frames.append(_Frame(codec, snap, len(self.steps), self.p, self.lc.state(), options))
         if len(self.frames) > HORIZON:
             del self.frames[0]
-
-    def restore(self, f: _Frame) -> None:
-        self.eng = f.codec.restore(f.snap)
-        del self.steps[f.nsteps:]
-        self.p, self.n, self.kv_due = f.p, f.n, dict(f.kv_due)
-        for s in [s for s in self.line_of_step if s >= f.snap.step]:
-            del self.line_of_step[s]
 
     def backtrack(self) -> bool:
         """Resume at the latest choice with an untried option (and take it); False when
         none is left or the budget is spent."""
         while self.frames:
             f = self.frames[-1]
-            if not f.options or self.spent > BUDGET:
+            if self.spent > BUDGET:
+                self.frames.clear()
+                return False
+            if not f.options:
                 self.frames.pop()
-                if self.spent > BUDGET:
-                    self.frames.clear()
-                    return False
                 continue
             k = f.options.pop(0)
             self.spent += len(self.steps) - f.nsteps + 1
-            self.restore(f)
+            self._restore(f.codec, f.snap, f.nsteps, f.p, f.check)
             self.backtracks += 1
             if not f.options:
                 self.frames.pop()
-            self.trial = k
+            self.queue.append(k)
             return True
         return False
+
+    def repair(self, rec: StepRecord) -> bool:
+        """Put the disagreement at `rec` to the estimated prompts: replay from the step the
+        correction needs, with the same choices."""
+        it = self.lc.by_n.get(self.lc.line_of_step.get(rec.step, -1))
+        out = self.eng.last_output
+        if it is None or out is None:
+            return False
+        fix = self.lengths.fix(rec.step, out, self.ctx_hist.get(rec.step - 1),
+                               self.eng.scheduler.requests, rec.blocked, it)
+        pre = self.pre.get(fix.restore_step) if fix is not None else None
+        if fix is None:
+            kv_it = self.lc.by_n.get(self.lc.line_of_step.get(
+                rec.updated_batch if rec.updated_batch is not None else rec.step, -1))
+            if kv_it is not None and kv_it.kv_usage is not None:
+                found = self.lengths.split(rec, kv_it.kv_usage,
+                                           self.eng.scheduler.pool.num_usable_blocks)
+                if found is not None:
+                    fix, pre = found
+        if fix is None or pre is None or any(n < 1 for n in fix.lengths.values()):
+            return False
+        codec, snap, nsteps, p, check = pre
+        choices = [self.choice[s] for s in range(fix.restore_step, rec.step + 1)]
+        self.lengths.applied(fix, pre)
+        for i, n in fix.lengths.items():
+            self.workload.requests[i] = _with_prompt(self.workload.requests[i],
+                                                     self.lengths.tokens(i, n))
+        self._restore(codec, snap, nsteps, p, check)
+        self.frames = [f for f in self.frames if f.snap.step < fix.restore_step]
+        self.queue.extend(choices)
+        return True
 
     # -- the loop ------------------------------------------------------------------
     def done(self) -> bool:
         eng = self.eng
         if eng.done or eng.step_index >= self.limit:
             return True
-        if self.n > self.last_n and self.cut and not (self.async_lag and self.kv_due):
+        if self.lc.n > self.lc.last_n and self.cut and not self.lc.kv_due:
             eng.stop()  # the log ends here
             return True
         return False
 
     def run(self) -> None:
-        self.trial: int | None = None
-        self.spent = 0
-        best: tuple[int, Any] | None = None  # (N reached, state) of the furthest failed path
+        best: tuple[int, tuple] | None = None  # the furthest failed path: (N, its state)
         while not self.done():
-            if best is not None and self.n > best[0] + 1 + self.async_lag:
+            if best is not None and self.lc.n > best[0] + 2:
                 best, self.spent = None, 0  # past the line that failed: that one is solved
-            if self.trial is not None:
-                k, self.trial = self.trial, None
+            if self.lengths and self.strict:
+                step = self.eng.step_index
+                self.pre[step] = (*self._take(), len(self.steps), self.p, self.lc.state())
+                for old in [s for s in self.pre if s <= step - PRE_STEPS]:
+                    del self.pre[old]
+            if self.queue:
+                k = self.queue.popleft()
             else:
                 opts = self.options()
-                if len(opts) > 1:
-                    if not self.strict:
-                        k = self._greedy(opts)
-                        continue
+                if len(opts) > 1 and self.strict:
                     self.push(opts[1:])
+                elif len(opts) > 1:
+                    self._greedy(opts)
+                    continue
                 k = opts[0]
             rec = self.apply(k)
-            diffs = self.check(rec)
+            diffs = self.lc.check(rec)
+            if diffs and self._soft(rec, diffs):
+                diffs = []
             if not self.strict:
-                if diffs:
-                    self.mismatched_lines.add(self._mismatch(rec, diffs).iteration)
                 continue
             if not diffs:
-                self._learn_lag(rec, k)
+                self._learn(rec, k)
                 continue
-            m = self._mismatch(rec, diffs)
-            if best is None or m.iteration > best[0]:
-                best = (m.iteration, self._state(m))
+            if self.repair(rec):
+                continue
+            if best is None or self.lc.n > best[0]:
+                best = (self.lc.n, self._state())
+            self.queue.clear()
             if self.backtrack():
                 continue
-            # nothing explains this line: report the furthest one and go on from there
+            # nothing explains this line: go on from the furthest path, step by step
             self._resume(best[1])
-            self.first = best[1][-1]
-            self.exact_until = self.first.step
-            self.mismatched_lines.add(self.first.iteration)
             self.strict = False
             best = None
         if self.steps and not self.eng.done:
             self.eng.stop()
 
-    def _learn_lag(self, rec: StepRecord, k: int) -> None:
-        """How many lines late a request that was scheduled as it came in entered: the lag
-        the next choices try first."""
-        if not k or not self.busy or not rec.admitted or rec.step not in self.line_of_step:
-            return  # an idle engine's step says nothing of the lag
+    def _soft(self, rec: StepRecord, diffs: list[str]) -> bool:
+        """A KV usage off by no more blocks than there are prompts known only as a sum in
+        the pool: how the sums split, not a wrong step."""
+        return kv_within_split(rec, diffs, self.lc, self.eng.scheduler, self.lengths)
+
+    def _learn(self, rec: StepRecord, k: int) -> None:
+        out = self.eng.last_output
+        if self.lengths and out is not None:
+            self.lengths.observe(out)
+        # how many lines late a request scheduled as it came in entered a busy engine
+        if not k or not self.busy or not rec.admitted or rec.step not in self.lc.line_of_step:
+            return
         new = {a.request for a in rec.admitted if not a.resumed}
         specs = self.workload.requests
         for i in range(self.p - k, self.p):
             if specs[i].id in new:
-                self.lag_seen[self.line_of_step[rec.step] - self.bound[i]] += 1
+                self.lag_seen[self.lc.line_of_step[rec.step] - self.bound[i]] += 1
 
-    def _greedy(self, opts: list[int]) -> int:
-        """After a mismatch: the first option whose step its line accepts."""
-        codec = SnapshotCodec(self.eng, self.lock)
-        snap = codec.take()
-        state = (len(self.steps), self.p, self.n, dict(self.kv_due))
+    def _greedy(self, opts: list[int]) -> None:
+        """After a disagreement nothing explains: the first option its line accepts."""
+        codec, snap = self._take()
+        state = (len(self.steps), self.p, self.lc.state())
         for i, k in enumerate(opts):
             if i:
-                self.eng = codec.restore(snap)
-                del self.steps[state[0]:]
-                self.p, self.n, self.kv_due = state[1], state[2], dict(state[3])
-            rec = self.apply(k)
-            diffs = self.check(rec)
-            if not diffs:
-                return k
-        self.eng = codec.restore(snap)
-        del self.steps[state[0]:]
-        self.p, self.n, self.kv_due = state[1], state[2], dict(state[3])
-        rec = self.apply(opts[0])
-        diffs = self.check(rec)
-        if diffs:
-            self.mismatched_lines.add(self._mismatch(rec, diffs).iteration)
-        return opts[0]
+                self._restore(codec, snap, *state)
+            if not self.lc.check(self.apply(k)):
+                return
+        self._restore(codec, snap, *state)
+        self.lc.check(self.apply(opts[0]))
 
-    def _state(self, m: Mismatch) -> tuple:
-        codec = SnapshotCodec(self.eng, self.lock)
-        return (codec, codec.take(), list(self.steps), self.p, self.n, dict(self.kv_due),
-                dict(self.line_of_step), m)
+    def _state(self) -> tuple:
+        codec, snap = self._take()
+        return (codec, snap, list(self.steps), self.p, self.lc.state(),
+                dict(self.lc.line_of_step))
 
     def _resume(self, state: tuple) -> None:
-        codec, snap, steps, p, n, kv_due, los, _ = state
-        self.eng = codec.restore(snap)
-        self.steps, self.p, self.n, self.kv_due, self.line_of_step = steps, p, n, kv_due, los
+        codec, snap, steps, p, check, los = state
+        self.steps = steps
+        self._restore(codec, snap, len(steps), p, check)
+        self.lc.line_of_step = los
         self.frames.clear()
+        self.queue.clear()
+
+
+def kv_within_split(rec: StepRecord, diffs: list[str], lc: LineCheck, sched: Any,
+                    lengths: LineLengths) -> bool:
+    if not lengths or not all(d.startswith("KV usage") for d in diffs):
+        return False
+    n = lc.line_of_step.get(rec.updated_batch if rec.updated_batch is not None else rec.step)
+    it = lc.by_n.get(n) if n is not None else None
+    if it is None or it.kv_usage is None:
+        return False
+    unsure = sum(1 for r in sched.running if lengths.uncertain(r.request_id))
+    blocks = sched.pool.num_usable_blocks
+    return abs(rec.kv_usage * 100 - it.kv_usage) <= 0.05 + 100.0 * unsure / blocks
+
+
+def _with_prompt(spec: Any, tokens: list[int]) -> Any:
+    from dataclasses import replace
+    return replace(spec, prompt_token_ids=tokens)
 
 
 @without_cyclic_gc
 def iteration_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any) -> IterationMatch:
-    """Place every arrival by the iteration lines and check every step against them."""
+    """Place every arrival by the iteration lines, then replay and check every step."""
     s = _Search(rebuilt, facts, fmt, profile)
     s.run()
-    steps = s.steps
     inputs = s.eng.inputs()
+    lc = LineCheck(facts, fmt, s.cut)
+    first: Mismatch | None = None
+    bad: set[int] = set()
+    kv_unsure = 0
+    eng = make_engine(rebuilt.workload, profile, inputs=inputs)
+    steps = []
+    while not eng.done:  # the replay: the inputs found, from the start
+        rec = eng.step()
+        steps.append(rec)
+        diffs = lc.check(rec)
+        if diffs and kv_within_split(rec, diffs, lc, eng.scheduler, s.lengths):  # type: ignore[attr-defined]
+            kv_unsure += 1
+            continue
+        if diffs:
+            m = lc.mismatch(rec, diffs)
+            bad.add(m.iteration)
+            first = first or m
+    last_n = lc.last_n
+    checked = sum(1 for n in lc.line_of_step.values() if n <= last_n)
+    matched = sum(1 for n in lc.line_of_step.values() if n <= last_n and n not in bad)
     lag: Counter[int] = Counter()
     for a, b in zip(inputs.arrival_steps, s.bound):
-        if a >= 0:
-            n = _line_at_or_after(s.line_of_step, a)
-            if n is not None:
-                lag[n - b] += 1
-    matched = sum(1 for st, n in s.line_of_step.items() if n <= s.last_n
-                  and n not in s.mismatched_lines)
-    checked = sum(1 for n in s.line_of_step.values() if n <= s.last_n)
-    clock, end, model, overhead = iteration_clock(steps, s.line_of_step, facts, fmt)
+        n = _line_at_or_after(lc.line_of_step, a) if a >= 0 else None
+        if n is not None:
+            lag[n - b] += 1
+    clock, end, model, overhead = iteration_clock(steps, lc.line_of_step, facts, fmt)
     ended = {rid for rec in steps for rid in (*rec.finished, *rec.aborted)}
     unfinished = [spec.id for spec in rebuilt.workload.requests if spec.id not in ended]
     run = Run(steps, clock, end, inputs, model, (0.0, 0.0),
-              facts.last_time if s.eng.stopped and s.cut else None, unfinished)
-    return IterationMatch(run, len(s.lines), checked, matched, s.first,
-                          s.exact_until if s.exact_until is not None else len(steps),
-                          s.line_of_step, dict(lag), s.backtracks, overhead)
+              facts.last_time if inputs.max_steps is not None else None, unfinished)
+    if not rebuilt.workload.config.enable_prefix_caching:  # else what they share is unknown
+        for i in s.lengths.open:
+            rebuilt.prompt_estimated[i] = s.lengths.status[i] != "exact"
+    return IterationMatch(run, len(facts.iterations), checked, matched, first,
+                          first.step if first else len(steps), dict(lc.line_of_step),
+                          dict(lag), s.backtracks, overhead, s.lengths.summary(), kv_unsure)
 
 
 def _line_at_or_after(line_of_step: dict[int, int], step: int) -> int | None:
@@ -415,95 +506,3 @@ def _line_at_or_after(line_of_step: dict[int, int], step: int) -> int | None:
         if st in line_of_step:
             return line_of_step[st]
     return None
-
-
-# ---------------------------------------------------------------- the clock from the lines
-def iteration_clock(steps: list[StepRecord], line_of_step: dict[int, int], facts: LogFacts,
-                    fmt: LogFormat) -> tuple[list[float], float, StepTimeModel, float]:
-    """Wall-clock start of every step, from the logged model time of each step plus a
-    fixed cost between steps (scheduling, IPC), chosen so that each line's second holds
-    the end of its step; each busy span (the engine idle before it) is placed on its own,
-    after the second of the request that starts it. Also the step-time model fitted to
-    the logged durations (for what-if), and the cost between steps."""
-    by_n = {it.step: it for it in facts.iterations}
-    elapsed = [0.0] * len(steps)
-    for st, n in line_of_step.items():
-        it = by_n.get(n)
-        if it is not None and st < len(steps):
-            elapsed[st] = it.elapsed_ms / 1000.0
-    arrival_sec: dict[str, float] = {r.log_id: r.time for r in facts.requests if r.time is not None}
-    # busy spans: a step starts one when the engine had nothing before it
-    spans: list[tuple[int, int]] = []
-    start = 0
-    for k in range(1, len(steps)):
-        prev = steps[k - 1]
-        if prev.num_running == 0 and prev.num_waiting == 0 and steps[k].arrivals:
-            spans.append((start, k))
-            start = k
-    if steps:
-        spans.append((start, len(steps)))
-    best: tuple[tuple[int, float], float, list[float]] | None = None
-    for c in OVERHEADS_S:
-        dur = [e + c for e in elapsed]
-        out = [0.0] * (len(steps) + 1)
-        bad, width = 0, 0.0
-        for a, b in spans:
-            cum, acc = [], 0.0
-            for k in range(a, b):
-                cum.append(acc)
-                acc += dur[k]
-            cum.append(acc)
-            lo, hi = -1e18, 1e18
-            for k in range(a, b):
-                n = line_of_step.get(k)
-                it = by_n.get(n) if n is not None else None
-                if it is None or it.time is None:
-                    continue
-                end = cum[k + 1 - a]  # written as its output arrives
-                lo, hi = max(lo, it.time - end), min(hi, it.time + 1.0 - end)
-            for rid in steps[a].arrivals:
-                t = arrival_sec.get(rid)
-                if t is not None:
-                    lo = max(lo, t)
-            if lo > 1e17:
-                lo = hi = 0.0
-            elif hi > 1e17:
-                hi = lo + 1.0
-            if lo > hi:
-                bad += 1
-                t0 = (lo + hi) / 2
-            else:
-                width += hi - lo
-                t0 = (lo + hi) / 2
-            for k in range(a, b + 1):
-                out[k] = t0 + cum[k - a]
-        score = (bad, -width)
-        if best is None or score < best[0]:
-            best = (score, c, out)
-    if best is None:
-        t0 = facts.requests[0].time if facts.requests and facts.requests[0].time else 0.0
-        return [], t0, StepTimeModel(), 0.0
-    _, c, out = best
-    model = _duration_model(steps, elapsed, c, fmt)
-    return out[: len(steps)], out[len(steps)], model, c
-
-
-def _duration_model(steps: list[StepRecord], elapsed: list[float], c: float,
-                    fmt: LogFormat) -> StepTimeModel:
-    """Least squares (non-negative) of each logged step duration on the step-time
-    model's terms, for each token floor the format tries."""
-    best = None
-    for floor in fmt.token_floors:
-        rows = [(1.0, float(max(r.num_scheduled_tokens, floor)), float(r.num_scheduled),
-                 float(r.context_tokens), e + c)
-                for r, e in zip(steps, elapsed) if r.num_scheduled_tokens > 0 and e > 0]
-        if len(rows) < 4:
-            break
-        fit_ = nnls_gram(rows, 4)
-        if fit_ is not None and (best is None or fit_[0] < best[0]):
-            best = (fit_[0], fit_[1], floor)
-    if best is None:
-        return StepTimeModel(overhead_s=c + 0.005)
-    _, k, floor = best
-    return StepTimeModel(overhead_s=k[0], per_token_s=k[1], per_request_s=k[2],
-                         per_context_token_s=k[3], token_floor=floor if k[1] > 0 else 0)

@@ -16,7 +16,7 @@ import random
 from dataclasses import replace
 from typing import Any
 
-from kvreplay.inference.facts import LogFacts
+from kvreplay.inference.facts import LogFacts, make_it_exact
 from kvreplay.inference.fit import Fit, fit
 from kvreplay.inference.formats import LogFormat, interval_of
 from kvreplay.inference.lines import token_anchors
@@ -24,8 +24,6 @@ from kvreplay.inference.rebuild import Rebuilt, rebuild_workload
 from kvreplay.inference.runs import Run, step_replay, timed_replay
 from kvreplay.inference.verify import _state_at
 
-MAKE_IT_EXACT = ("set VLLM_REQUEST_BODY_LOG_LEVEL=INFO (vLLM 0.31+) or --log-level DEBUG so "
-                 "every prompt is logged, or enable kvreplay's step-trace scheduler plugin")
 
 
 def shared_prefix_estimate(facts: LogFacts, fmt: LogFormat, cfg: Any) -> int:
@@ -169,7 +167,7 @@ class UnknownPrompts:
             why += ("; the scheduling policy is priority but no priority is logged, so the "
                     "count is also replayed over random priorities 0-4")
         self.estimate: dict[str, Any] = {**count_interval(counts), "variants": counts,
-                                         "why": why, "make_it_exact": MAKE_IT_EXACT}
+                                         "why": why, "make_it_exact": make_it_exact(facts)}
 
     def add_placed_variants(self, arrival_steps: list[int], model: Any) -> None:
         """Where the arrivals go is as uncertain as the lengths: replay every length variant

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import gc
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, TypeVar
 
 from kvreplay.replay.profile import DEFAULT_PROFILE, SchedulerProfile
@@ -152,6 +152,24 @@ class Engine:
         else:
             self.abort_on_arrival.add(request_id)
         return True
+
+    def set_prompt(self, index: int, prompt_token_ids: list[int]) -> None:
+        """Input: request `index` gets another prompt, before it produced a token (a log
+        that shows a prompt's length only as it is scheduled: inference/iterations.py). Its
+        computed tokens must lie within the new prompt."""
+        spec = self.workload.requests[index]
+        self.workload.requests[index] = replace(spec, prompt_token_ids=prompt_token_ids)
+        req = self.scheduler.requests.get(spec.id)
+        if req is None or req.num_output_tokens or req.prompt_token_ids is prompt_token_ids:
+            return
+        if req.num_computed_tokens > len(prompt_token_ids):
+            raise ValueError(f"{spec.id} has computed {req.num_computed_tokens} tokens, more "
+                             f"than a prompt of {len(prompt_token_ids)}")
+        req.prompt_token_ids = prompt_token_ids
+        req.num_prompt_tokens = req.num_tokens = len(prompt_token_ids)
+        req.block_hashes = []
+        if req.block_hasher is not None:
+            req.block_hasher(req)
 
     def stop(self) -> None:
         """End the run here (the log stops: server killed, log copied mid-run)."""

@@ -66,6 +66,7 @@ class SchedulerOutput:
     # other scheduled request is a "generation" request
     num_ctx_requests: int = 0
     num_ctx_tokens: int = 0
+    ctx_req_ids: list[str] = field(default_factory=list)  # those requests, in order
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -343,6 +344,7 @@ class Scheduler:
         async_mode = self.async_scheduling
         context = 0
         ctx_requests = ctx_tokens = 0
+        ctx_ids: list[str] = []
         for req_id, n in num_scheduled_tokens.items():
             request = requests[req_id]
             # read before this step's placeholder is added, as _make_cached_request_data
@@ -350,6 +352,7 @@ class Scheduler:
             if request.num_output_tokens + request.num_output_placeholders == 0:
                 ctx_requests += 1
                 ctx_tokens += n
+                ctx_ids.append(req_id)
             request.num_computed_tokens += n
             context += request.num_computed_tokens
             request.num_in_flight_tokens += n
@@ -386,6 +389,7 @@ class Scheduler:
             context_tokens=context,
             num_ctx_requests=ctx_requests,
             num_ctx_tokens=ctx_tokens,
+            ctx_req_ids=ctx_ids,
         )
 
     def _preempt_request(self, request: Request, trigger: Request, rule: str,
