@@ -82,7 +82,10 @@ KINDS = {  # per-kind logs: template lines of one kind
     "received": lambda ln: "Received request" in ln,
     "json_body": lambda ln: "JSON body" in ln,
     "http_access": lambda ln: ln.startswith("INFO:  "),
+    "iteration": lambda ln: "Iteration(" in ln,  # --enable-logging-iteration-details
 }
+# the per-step lines come from the log case written with --enable-logging-iteration-details
+ITER_LOG = ROOT / "tests" / "data" / "logcases" / "p1_poisson_fcfs_200" / "server.iter.log"
 NOISE = ["", "INFO:     Started server process [2801]", "Processed prompts:  45%|####5     | 45/100 [00:03<00:04, 12.5it/s]",
          "(APIServer pid=2801) INFO 05-07 10:00:05 [launcher.py:46] Route: /v1/models, Methods: GET"]
 
@@ -205,7 +208,8 @@ def main() -> int:
         tj_el, tj_rss = bench_jsonl(typical, Path(td) / "t.jsonl")
         kinds = []
         if not args.no_kinds:
-            tpl = template_lines()
+            tpl = template_lines() + [ln for ln in ITER_LOG.read_text().splitlines()
+                                      if "Iteration(" in ln][:500]
             for name, pred in [*KINDS.items(), ("noise", None)]:
                 kp = Path(td) / f"{name}.log"
                 _write_repeated(kp, NOISE if pred is None else [ln for ln in tpl if pred(ln)], 200_000)

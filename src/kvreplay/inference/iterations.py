@@ -52,6 +52,11 @@ from kvreplay.replay.snapshots import Snapshot, SnapshotCodec
 HORIZON = 64  # choice points kept for backtracking
 BUDGET = 400  # steps re-run while looking for a placement that explains one disagreement
 PRE_STEPS = 3  # steps back a prompt-length correction may replay from
+# An engine snapshot every this many steps (fewer when every prompt is logged: going back
+# is then rare); going back to a step is restoring the snapshot before it and taking the
+# same choices again (the engine is deterministic).
+CHECKPOINT_STEPS = (128, 32)  # prompts logged, estimated
+CHECKPOINTS = 64
 
 
 def unusable(facts: LogFacts, fmt: LogFormat) -> str | None:
@@ -172,12 +177,21 @@ class LineCheck:
 
 @dataclass(slots=True)
 class _Frame:
+    step: int  # a choice made before this step ...
+    options: list[int]  # ... and the ones not tried yet
+
+
+@dataclass(slots=True)
+class _Checkpoint:
     codec: SnapshotCodec
     snap: Snapshot
     nsteps: int
     p: int
     check: tuple[int, dict[int, int]]
-    options: list[int]
+
+    @property
+    def step(self) -> int:
+        return self.snap.step
 
 
 class _Search:
@@ -213,7 +227,8 @@ class _Search:
         self.steps: list[StepRecord] = []
         self.p = 0  # next request to enter
         self.frames: list[_Frame] = []
-        self.pre: dict[int, tuple[SnapshotCodec, Snapshot, int, int, tuple]] = {}
+        self.ckpts: list[_Checkpoint] = []
+        self._codec: SnapshotCodec | None = None
         self.choice: dict[int, int] = {}  # step -> requests that entered before it
         self.ctx_hist: dict[int, dict[str, int]] = {}
         self.queue: deque[int] = deque()  # choices to take next (a backtrack, a replay)
@@ -272,8 +287,9 @@ class _Search:
 
     # -- snapshots -----------------------------------------------------------------
     def _take(self) -> tuple[SnapshotCodec, Snapshot]:
-        codec = SnapshotCodec(self.eng, self.lock)
-        return codec, codec.take()
+        if self._codec is None or self._codec.master is not self.eng:
+            self._codec = SnapshotCodec(self.eng, self.lock)
+        return self._codec, self._codec.take()
 
     def _restore(self, codec: SnapshotCodec, snap: Snapshot, nsteps: int, p: int,
                  check: tuple) -> None:
@@ -284,9 +300,31 @@ class _Search:
         for i in self.lengths.changed:  # what the lines said of a prompt holds on any path
             self.eng.set_prompt(i, self.workload.requests[i].prompt_token_ids)
 
+    def checkpoint(self) -> None:
+        step = self.eng.step_index
+        if self.ckpts and step - self.ckpts[-1].step < CHECKPOINT_STEPS[bool(self.lengths)]:
+            return
+        self.ckpts.append(_Checkpoint(*self._take(), len(self.steps), self.p, self.lc.state()))
+        if len(self.ckpts) > CHECKPOINTS:
+            del self.ckpts[0]
+            first = self.ckpts[0].step
+            self.frames = [f for f in self.frames if f.step >= first]
+
+    def goto(self, step: int) -> bool:
+        """Back to the state before `step`: the last checkpoint at or before it, then the
+        choices made since. False if no checkpoint reaches that far."""
+        while self.ckpts and self.ckpts[-1].step > step:
+            self.ckpts.pop()
+        if not self.ckpts:
+            return False
+        c = self.ckpts[-1]
+        self._restore(c.codec, c.snap, c.nsteps, c.p, c.check)
+        while self.eng.step_index < step:
+            self.lc.check(self.apply(self.choice[self.eng.step_index]))
+        return True
+
     def push(self, options: list[int]) -> None:
-        codec, snap = self._take()
-        self.frames.append(_Frame(codec, snap, len(self.steps), self.p, self.lc.state(), options))
+        self.frames.append(_Frame(self.eng.step_index, options))
         if len(self.frames) > HORIZON:
             del self.frames[0]
 
@@ -302,11 +340,13 @@ class _Search:
                 self.frames.pop()
                 continue
             k = f.options.pop(0)
-            self.spent += len(self.steps) - f.nsteps + 1
-            self._restore(f.codec, f.snap, f.nsteps, f.p, f.check)
-            self.backtracks += 1
+            self.spent += self.eng.step_index - f.step + 1
             if not f.options:
                 self.frames.pop()
+            if not self.goto(f.step):
+                self.frames.clear()
+                return False
+            self.backtracks += 1
             self.queue.append(k)
             return True
         return False
@@ -320,25 +360,23 @@ class _Search:
             return False
         fix = self.lengths.fix(rec.step, out, self.ctx_hist.get(rec.step - 1),
                                self.eng.scheduler.requests, rec.blocked, it)
-        pre = self.pre.get(fix.restore_step) if fix is not None else None
         if fix is None:
             kv_it = self.lc.by_n.get(self.lc.line_of_step.get(
                 rec.updated_batch if rec.updated_batch is not None else rec.step, -1))
             if kv_it is not None and kv_it.kv_usage is not None:
-                found = self.lengths.split(rec, kv_it.kv_usage,
-                                           self.eng.scheduler.pool.num_usable_blocks)
-                if found is not None:
-                    fix, pre = found
-        if fix is None or pre is None or any(n < 1 for n in fix.lengths.values()):
+                fix = self.lengths.split(rec, kv_it.kv_usage,
+                                         self.eng.scheduler.pool.num_usable_blocks)
+        if fix is None or any(n < 1 for n in fix.lengths.values()):
             return False
-        codec, snap, nsteps, p, check = pre
+        if not self.ckpts or self.ckpts[0].step > fix.restore_step:
+            return False
         choices = [self.choice[s] for s in range(fix.restore_step, rec.step + 1)]
-        self.lengths.applied(fix, pre)
+        self.lengths.applied(fix)
         for i, n in fix.lengths.items():
             self.workload.requests[i] = _with_prompt(self.workload.requests[i],
                                                      self.lengths.tokens(i, n))
-        self._restore(codec, snap, nsteps, p, check)
-        self.frames = [f for f in self.frames if f.snap.step < fix.restore_step]
+        self.goto(fix.restore_step)
+        self.frames = [f for f in self.frames if f.step < fix.restore_step]
         self.queue.extend(choices)
         return True
 
@@ -357,11 +395,7 @@ class _Search:
         while not self.done():
             if best is not None and self.lc.n > best[0] + 2:
                 best, self.spent = None, 0  # past the line that failed: that one is solved
-            if self.lengths and self.strict:
-                step = self.eng.step_index
-                self.pre[step] = (*self._take(), len(self.steps), self.p, self.lc.state())
-                for old in [s for s in self.pre if s <= step - PRE_STEPS]:
-                    del self.pre[old]
+            self.checkpoint()
             if self.queue:
                 k = self.queue.popleft()
             else:
@@ -415,15 +449,14 @@ class _Search:
 
     def _greedy(self, opts: list[int]) -> None:
         """After a disagreement nothing explains: the first option its line accepts."""
-        codec, snap = self._take()
-        state = (len(self.steps), self.p, self.lc.state())
-        for i, k in enumerate(opts):
-            if i:
-                self._restore(codec, snap, *state)
+        step = self.eng.step_index
+        for k in opts:
+            if k != opts[0] and not self.goto(step):
+                break
             if not self.lc.check(self.apply(k)):
                 return
-        self._restore(codec, snap, *state)
-        self.lc.check(self.apply(opts[0]))
+        if self.goto(step):
+            self.lc.check(self.apply(opts[0]))
 
     def _state(self) -> tuple:
         codec, snap = self._take()

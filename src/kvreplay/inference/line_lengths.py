@@ -33,7 +33,6 @@ class Group:
     """Requests whose prompts the lines showed only as a sum."""
     members: list[int]
     step: int  # the step the sum was seen in
-    pre: Any  # the snapshot before it
     splits: int = 0
 
 
@@ -135,18 +134,17 @@ class LineLengths:
                 return Fix(step - 1, lengths, "exact")
         return None
 
-    def applied(self, fix: Fix, pre: Any = None) -> None:
-        """`pre`: the snapshot before the step a sum was seen in (a later finish splits it)."""
+    def applied(self, fix: Fix) -> None:
         for i, n in fix.lengths.items():
             self.fixes[i] = self.fixes.get(i, 0) + 1
             self.status[i] = fix.status
             self.changed.add(i)
-        if fix.status == "sum" and pre is not None:
-            g = Group(sorted(fix.lengths), fix.restore_step, pre)
+        if fix.status == "sum":  # a later finish splits it
+            g = Group(sorted(fix.lengths), fix.restore_step)
             for i in g.members:
                 self.groups[i] = g
 
-    def split(self, rec: Any, logged_kv: float, usable_blocks: int) -> tuple[Fix, Any] | None:
+    def split(self, rec: Any, logged_kv: float, usable_blocks: int) -> Fix | None:
         """A sum's split, from the KV usage once one of its requests left the pool
         (finished or preempted: its blocks are freed): the blocks the replay freed too many
         or too few are 16 tokens each of its prompt, given to or taken from the others of
@@ -172,7 +170,7 @@ class LineLengths:
             for k, j in enumerate(others):
                 lengths[j] = share + (1 if k < extra else 0)
             g.splits += 1
-            return Fix(g.step, lengths, "block"), g.pre
+            return Fix(g.step, lengths, "block")
         return None
 
     def observe(self, out: Any) -> None:

@@ -47,7 +47,31 @@ _STATS_V0 = re.compile(
 ).fullmatch
 
 
+# The per-step line (--enable-logging-iteration-details), its common complete shape: no
+# "(dummy)", no encoder part (those take the general route).
+_ITERATION = re.compile(
+    r"(?:Engine (\d+): )?Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, "
+    rf"(\d+) generation requests, (\d+) generation tokens, iteration elapsed time: {_F} ms"
+    rf"(?:, {_DEV} KV cache usage: {_F}%)?"
+).fullmatch
+
+
+def _iteration(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process: Any, pid: Any, engine: Any, source: Any, note: Any) -> ev.Event | None:
+    m = _ITERATION(msg)
+    if m is None:
+        return None
+    eng, step, cr, ct, gr, gt, ms, dev, usage = m.groups()
+    return ev.Iteration(
+        step=int(step), context_requests=int(cr), context_tokens=int(ct), generation_requests=int(gr),
+        generation_tokens=int(gt), elapsed_ms=float(ms), dummy=False, kv_device=dev,
+        kv_usage=None if usage is None else float(usage), file=file, line=line, time=t, time_text=tt,
+        level=level, process=process, pid=pid, engine=engine if eng is None else int(eng), source=source, note=note,
+    )
+
+
 def _stats(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process: Any, pid: Any, engine: Any, source: Any, note: Any) -> ev.Event | None:
+    if msg.startswith("Iteration(", 12):
+        return _iteration(msg, file, line, t, tt, level, process, pid, engine, source, note)
     m = _STATS_V1(msg)
     if m is not None:
         eng, pt, gt, run, wait, dev, usage, phr, mmhr = m.groups()
@@ -288,6 +312,7 @@ FAST: dict[str, Callable[..., ev.Event | None]] = {
     "Rec": _received,
     "Req": _request,
     "Seq": _preemption,
+    "Ite": _iteration,
 }
 _FAST_GET = FAST.get
 

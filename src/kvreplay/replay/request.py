@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from array import array
 from typing import Callable
 
 
@@ -87,6 +88,16 @@ class Request:
         if block_hasher is not None:
             block_hasher(self)
 
+    # NOTE: a snapshot (replay/snapshots.py) pickles the token lists as arrays: one object
+    # each, where a list costs a pickle call per token (the log replay's search takes many)
+    def __getstate__(self) -> tuple:
+        return tuple(_packed(getattr(self, k)) if k in _ARRAYS else getattr(self, k)
+                     for k in Request.__slots__)
+
+    def __setstate__(self, state: tuple) -> None:
+        for k, v in zip(Request.__slots__, state):
+            setattr(self, k, v.tolist() if isinstance(v, array) else v)
+
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
@@ -111,6 +122,16 @@ class Request:
             f"Request({self.request_id}, {self.status.name}, "
             f"computed={self.num_computed_tokens}/{self.num_tokens})"
         )
+
+
+_ARRAYS = frozenset(("output_token_ids", "block_hashes"))
+
+
+def _packed(v: list) -> array | list:
+    try:
+        return array("q", v)
+    except (OverflowError, TypeError):  # hashes of a step-trace log may not fit
+        return v
 
 
 class BlockHasher:
