@@ -57,6 +57,9 @@ PRE_STEPS = 3  # steps back a prompt-length correction may replay from
 # same choices again (the engine is deterministic).
 CHECKPOINT_STEPS = (128, 32)  # prompts logged, estimated
 CHECKPOINTS = 64
+RESYNC_LINES = 16
+MAX_SEARCHES = 3  # disagreements no choice explains before the search gives up
+SPLIT_BY_KV = False
 
 
 def unusable(facts: LogFacts, fmt: LogFormat) -> str | None:
@@ -232,7 +235,10 @@ class _Search:
         self.choice: dict[int, int] = {}  # step -> requests that entered before it
         self.ctx_hist: dict[int, dict[str, int]] = {}
         self.queue: deque[int] = deque()  # choices to take next (a backtrack, a replay)
-        self.strict = True
+        # lines loose_from <= N < loose_until take the first choice they accept
+        self.loose_from = self.loose_until = 0
+        self.unexplained = 0
+        self.failures = 0
         self.backtracks = 0
         self.spent = 0
         self.busy = False
@@ -360,7 +366,7 @@ class _Search:
             return False
         fix = self.lengths.fix(rec.step, out, self.ctx_hist.get(rec.step - 1),
                                self.eng.scheduler.requests, rec.blocked, it)
-        if fix is None:
+        if fix is None and SPLIT_BY_KV:
             kv_it = self.lc.by_n.get(self.lc.line_of_step.get(
                 rec.updated_batch if rec.updated_batch is not None else rec.step, -1))
             if kv_it is not None and kv_it.kv_usage is not None:
@@ -368,6 +374,10 @@ class _Search:
                                          self.eng.scheduler.pool.num_usable_blocks)
         if fix is None or any(n < 1 for n in fix.lengths.values()):
             return False
+        # a prompt is what it is from the request's arrival on (while it waited, the
+        # full-sequence gate and the token budget read it)
+        arrived = self.eng.arrival_step
+        fix.restore_step = min([fix.restore_step, *(arrived[i] for i in fix.lengths if arrived[i] >= 0)])
         if not self.ckpts or self.ckpts[0].step > fix.restore_step:
             return False
         choices = [self.choice[s] for s in range(fix.restore_step, rec.step + 1)]
@@ -377,7 +387,7 @@ class _Search:
                                                      self.lengths.tokens(i, n))
         self.goto(fix.restore_step)
         self.frames = [f for f in self.frames if f.step < fix.restore_step]
-        self.queue.extend(choices)
+        self.queue = deque(choices + list(self.queue))  # then what was queued after it
         return True
 
     # -- the loop ------------------------------------------------------------------
@@ -395,36 +405,49 @@ class _Search:
         while not self.done():
             if best is not None and self.lc.n > best[0] + 2:
                 best, self.spent = None, 0  # past the line that failed: that one is solved
+            strict = not self.loose_from <= self.lc.n < self.loose_until
             self.checkpoint()
             if self.queue:
                 k = self.queue.popleft()
             else:
                 opts = self.options()
-                if len(opts) > 1 and self.strict:
+                if len(opts) > 1 and strict:
                     self.push(opts[1:])
                 elif len(opts) > 1:
-                    self._greedy(opts)
+                    if self._greedy(opts):
+                        continue
+                    rec = self.steps[-1]
+                    if not self.repair(rec):
+                        self.unexplained += 1
                     continue
                 k = opts[0]
             rec = self.apply(k)
             diffs = self.lc.check(rec)
             if diffs and self._soft(rec, diffs):
                 diffs = []
-            if not self.strict:
-                continue
             if not diffs:
                 self._learn(rec, k)
                 continue
             if self.repair(rec):
+                continue
+            if not strict:
+                self.unexplained += 1
                 continue
             if best is None or self.lc.n > best[0]:
                 best = (self.lc.n, self._state())
             self.queue.clear()
             if self.backtrack():
                 continue
-            # nothing explains this line: go on from the furthest path, step by step
+            # nothing explains this line: go on from the furthest path; the next lines
+            # take the first choice each accepts, without going back, until one has matched
+            # for a while (a replay off by a little may come back in step)
             self._resume(best[1])
-            self.strict = False
+            self.unexplained += 1
+            self.failures += 1
+            self.loose_from = self.lc.n - 1
+            # a replay that keeps losing step is off for good: stop searching (each search
+            # costs its budget) and only take, step by step, what the lines accept
+            self.loose_until = self.lc.n + RESYNC_LINES if self.failures < MAX_SEARCHES else 1 << 62
             best = None
         if self.steps and not self.eng.done:
             self.eng.stop()
@@ -447,16 +470,21 @@ class _Search:
             if specs[i].id in new:
                 self.lag_seen[self.lc.line_of_step[rec.step] - self.bound[i]] += 1
 
-    def _greedy(self, opts: list[int]) -> None:
-        """After a disagreement nothing explains: the first option its line accepts."""
+    def _greedy(self, opts: list[int]) -> bool:
+        """After a disagreement nothing explained: the first option its line accepts (True),
+        else the most likely one (False)."""
         step = self.eng.step_index
         for k in opts:
             if k != opts[0] and not self.goto(step):
                 break
-            if not self.lc.check(self.apply(k)):
-                return
+            rec = self.apply(k)
+            diffs = self.lc.check(rec)
+            if not diffs or self._soft(rec, diffs):
+                self._learn(rec, k)
+                return True
         if self.goto(step):
             self.lc.check(self.apply(opts[0]))
+        return False
 
     def _state(self) -> tuple:
         codec, snap = self._take()
@@ -481,8 +509,13 @@ def kv_within_split(rec: StepRecord, diffs: list[str], lc: LineCheck, sched: Any
     if it is None or it.kv_usage is None:
         return False
     unsure = sum(1 for r in sched.running if lengths.uncertain(r.request_id))
+    if not unsure:
+        return False
     blocks = sched.pool.num_usable_blocks
-    return abs(rec.kv_usage * 100 - it.kv_usage) <= 0.05 + 100.0 * unsure / blocks
+    ours = round(rec.kv_usage * blocks)  # blocks in use
+    lo = (it.kv_usage - 0.05) / 100.0 * blocks  # the blocks the printed 0.1 % allows
+    hi = (it.kv_usage + 0.05) / 100.0 * blocks
+    return lo - unsure - 1e-6 <= ours <= hi + unsure + 1e-6
 
 
 def _with_prompt(spec: Any, tokens: list[int]) -> Any:

@@ -160,6 +160,8 @@ class LineLengths:
                 continue
             bs = self.block_size
             others = [j for j in g.members if j != i]
+            if not others:
+                continue
             n_i = self.prompt_len(i) + diff * bs  # freed fewer blocks than ours: it held fewer
             total = sum(self.prompt_len(j) for j in g.members)
             rest = total - n_i
