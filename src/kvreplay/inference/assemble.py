@@ -87,6 +87,13 @@ def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Any, pattern: st
         f"arrivals placed by the Iteration lines: {m.matched} of {m.lines} lines match the "
         "replay (context and generation requests and tokens" +
         (", KV usage)" if fmt.iteration_kv else ")"))
+    if m.prompt_lengths:
+        rebuilt.notes = [n for n in rebuilt.notes if "prompt lengths estimated" not in n]
+        words = {"exact": "exact (prefilled alone in a step)", "sum": "known only as the sum of "
+                 "the prompts admitted with them (split evenly)", "estimated": "not pinned by any "
+                 "line (estimated)", "bound": "known as a lower bound", "block": "split to a block"}
+        rebuilt.notes.append("prompt lengths from the Iteration lines: " + ", ".join(
+            f"{n} {words.get(k, k)}" for k, n in sorted(m.prompt_lengths.items())))
     rep = make_replay(facts, fmt, prof, rebuilt, run, pre, check, loss=0.0, pattern=pattern,
                       phase=0.5, placement=(0.0, 0.0), estimate=None, warnings=warnings,
                       support=0)

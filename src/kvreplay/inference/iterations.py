@@ -72,6 +72,10 @@ def unusable(facts: LogFacts, fmt: LogFormat) -> str | None:
     if len(facts.iteration_engines) > 1:
         return (f"the lines come from {len(facts.iteration_engines)} engines (data parallel): "
                 "which engine ran which request is not logged")
+    back = next((b for a, b in zip(its, its[1:]) if b.step <= a.step), None)
+    if back is not None:
+        return (f"Iteration({back.step}) at {back.file}:{back.line} comes after a higher "
+                "number: the log holds more than one run of the engine")
     if its[0].step != 0:
         return (f"the first Iteration line is Iteration({its[0].step}): the log does not "
                 "start with the engine's first step")
