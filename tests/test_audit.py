@@ -53,7 +53,7 @@ def test_audit_figures_are_the_replays_totals(synth):
     from kvreplay.sources import open_replay
 
     path, _truth, r = synth["kv"]
-    t = open_replay([path], support=0).totals()
+    t = open_replay([path], samples=0).totals()
     assert (r["preemptions_replayed"], r["self_preemptions"], r["requests_preempted"]) == (
         t.preemptions, t.self_preemptions, t.requests_preempted)
     assert (r["computed_tokens_lost"], r["recomputed_tokens"], r["processed_tokens"]) == (

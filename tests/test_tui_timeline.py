@@ -252,22 +252,24 @@ def test_workload_source_has_no_times_and_exact_confidence() -> None:
     assert tl.nearest_log_steps(5) == (None, None)
 
 
-def test_preemption_support_comes_from_the_log_replay() -> None:
-    """The Why panel's support: the log replay's per-preemption share of alternative
-    replays, keyed by (step, victim); absent (None) when the replay measured none."""
+def test_preemption_probability_comes_from_the_log_replay() -> None:
+    """The Why panel's probability and the headline: the log replay's own ensemble
+    (the same numbers the report prints), not a measure of the TUI's."""
     src = open_source([sample_path("vllm033_fcfs_heavy.reqbody.log")])
     tl = Timeline(src)
     tl.build()
+    u = src.uncertainty
+    assert u is not None and tl.headline == u.headline
     p = tl.preemptions[0]
-    assert tl.preemption_support(p) is None  # a burst log: no support measured
-    src.info["support_replays"] = 10
-    p.support = 0.7
-    assert tl.preemption_support(p) == (0.7, 10)
-    assert tl.preemption_support(tl.preemptions[1]) is None
+    assert tl.preemption_probability(p) == (p.probability, u.samples + 1)
+    p.probability = 0.3
     from rich.text import Text
 
-    from kvreplay.tui.render import why_one
+    from kvreplay.tui.render import why_one, why_text
 
     t = Text()
     why_one(t, tl, p, "inferred")
-    assert "support: 7/10" in t.plain
+    assert f"probability: 0.30 of {u.samples + 1} weighted replays" in t.plain
+    assert "a lead, not a fact" in t.plain
+    v = tl.view(p.step)
+    assert why_text(tl, v).plain.startswith("This log: " + u.headline)

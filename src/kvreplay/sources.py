@@ -59,7 +59,7 @@ def read_facts(paths: Sequence[str], *, vllm_version: str | None = None, year: i
 
 def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
                 vllm_version: str | None = None, year: int | None = None,
-                support: int | None = None, step_time: Any = None,
+                samples: int | None = None, seed: int = 0, step_time: Any = None,
                 log: LogInput | None = None, check_capacity: bool = True):
     """The `Replay` of a workload JSON (conformance format, V1 or V0), of vLLM log files,
     or of a log written with kvreplay's step-trace scheduler (with KV-event files beside
@@ -100,7 +100,8 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
             "has no kvtrace lines")
     from kvreplay.inference import replay_log
 
-    rep = replay_log(log.facts, profile=profile, step_time=step_time, support=support)
+    rep = replay_log(log.facts, profile=profile, step_time=step_time, samples=samples,
+                     seed=seed)
     rep.label = f"{label} (vLLM {rep.info.get('vllm_version') or '?'}, replayed)"
     return rep
 

@@ -46,6 +46,8 @@ COLUMNS: dict[str, Any] = {
     "kv_usage_mean": float, "kv_usage_p95": float, "kv_time_ge95": float,
     "preemptions_logged": int, "preemptions_logged_source": str,
     "preemptions_replayed": int, "preemptions_replayed_low": int, "preemptions_replayed_high": int,
+    "preemptions_replayed_median": int, "recomputed_tokens_low": int, "recomputed_tokens_high": int,
+    "preemptions_interval_source": str,
     "self_preemptions": int, "requests_preempted": int,
     "computed_tokens_lost": int, "recomputed_tokens": int, "processed_tokens": int,
     "recompute_ratio": float, "recompute_source": str,
@@ -142,8 +144,8 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
     replay_reason = None
     if replay:  # (a data-parallel log is refused by the replay, with its reason)
         try:
-            # support=0: the audit reports counts, not single preemptions (saves 10 replays)
-            rp = open_replay(paths, profile=profile, year=year, support=0, log=log)
+            # with its uncertainty ensemble: the audit reports counts and their intervals
+            rp = open_replay(paths, profile=profile, year=year, log=log)
         except UserError as exc:
             replay_reason = str(exc)
         except KeyError as exc:  # an unknown release in get_profile
@@ -360,9 +362,19 @@ def _fill_replay(rec, rp, origin: float) -> None:
     estimated = info.get("prompts") == "estimated"
     rec["profile"] = rp.profile.name
     rec["preemptions_replayed"] = cost.preemptions
-    if rp.estimate:
+    unc = rp.uncertainty
+    if unc is not None:  # the 90% intervals over the ensemble (inference/ensemble.py)
+        rec["preemptions_replayed_low"] = unc.preemptions["low"]
+        rec["preemptions_replayed_high"] = unc.preemptions["high"]
+        rec["preemptions_replayed_median"] = unc.preemptions["median"]
+        rec["recomputed_tokens_low"] = unc.recomputed_tokens["low"]
+        rec["recomputed_tokens_high"] = unc.recomputed_tokens["high"]
+        rec["preemptions_interval_source"] = f"ensemble of {unc.samples + 1} replays, 90%"
+    elif rp.estimate:
         rec["preemptions_replayed_low"] = rp.estimate.get("preemptions_low")
         rec["preemptions_replayed_high"] = rp.estimate.get("preemptions_high")
+        rec["preemptions_replayed_median"] = rp.estimate.get("preemptions_median")
+        rec["preemptions_interval_source"] = "prompt-length variants (min-max)"
     rec["self_preemptions"] = cost.self_preemptions
     rec["requests_preempted"] = cost.requests_preempted
     rec["computed_tokens_lost"] = cost.computed_tokens_lost

@@ -97,8 +97,10 @@ def audit_text(rows: list[dict[str, Any]], *, markdown: bool = False) -> str:
             if r.get(k) is not None]
         out.append(f"{b}counters: {' '.join(cnt) or '-'}\n")
         if r.get("preemptions_replayed_low") is not None:
-            out.append(f"{b}preemptions replayed: {r['preemptions_replayed']} (range "
-                       f"{r['preemptions_replayed_low']}-{r['preemptions_replayed_high']}: prompt lengths estimated)\n")
+            out.append(f"{b}preemptions replayed: {r['preemptions_replayed']} (interval "
+                       f"{r['preemptions_replayed_low']}-{r['preemptions_replayed_high']}, median "
+                       f"{r.get('preemptions_replayed_median')}: "
+                       f"{r.get('preemptions_interval_source')})\n")
         wl = [f"{k}={fmt(r.get(k), k)}" for k in (
             "requests", "arrival_rate_rps", "concurrency_mean", "concurrency_max", "input_len_mean",
             "input_len_p95", "input_len_max", "output_len_mean", "output_len_p95", "output_len_max")

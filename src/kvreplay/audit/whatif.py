@@ -83,7 +83,7 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
     from kvreplay.errors import UserError
     from kvreplay.sources import open_replay
 
-    rp = open_replay(list(paths), profile=profile, year=year, support=0)
+    rp = open_replay(list(paths), profile=profile, year=year, samples=0)
     if rp.facts is None or rp.step_time_model is None:
         raise UserError("what-if replays a server log's requests at their logged times: give "
                         "a vLLM log (a workload or a step trace has no logged times)")

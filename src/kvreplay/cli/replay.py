@@ -22,10 +22,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-time-ms", type=float, metavar="MS",
                    help="take every engine step to last MS milliseconds instead of fitting a "
                         "step-time model to the stats lines")
-    p.add_argument("--support", type=int, metavar="N",
-                   help="replay N alternative arrival placements the log cannot rule out and "
-                        "give each preemption the share that finds it too (default: 10 for "
-                        "Poisson arrivals with known prompts, up to 2,000 requests; 0: off)")
+    p.add_argument("--samples", type=int, metavar="N",
+                   help="replays in the uncertainty ensemble: N placements (and prompt "
+                        "variants) the log cannot rule out, weighted by the stats lines; they "
+                        "give the count's interval and each preemption's probability "
+                        "(default: 32 for logs without Iteration lines, up to 2,000 "
+                        "requests; 0: off)")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="seed of the ensemble's draws (same log and seed: same report)")
     p.add_argument("--vllm-version", help="the release that wrote the log, if not detected")
     p.add_argument("--year", type=int, help="year of the log's time stamps (they have none)")
 
@@ -47,13 +51,14 @@ def run(args: argparse.Namespace) -> int:
         if args.step_time_ms <= 0:
             raise UserError("--step-time-ms must be positive")
         step_time = fixed_step_time(args.step_time_ms)
-    if args.support is not None and args.support < 0:
-        raise UserError("--support must be 0 or more")
+    if args.samples is not None and args.samples < 0:
+        raise UserError("--samples must be 0 or more")
     t0 = time.perf_counter()
     log = None
     try:
         rep = open_replay(paths, profile=args.profile, vllm_version=args.vllm_version,
-                          year=args.year, support=args.support, step_time=step_time)
+                          year=args.year, samples=args.samples, seed=args.seed,
+                          step_time=step_time)
     except ReplayError as exc:
         # say everything the log lacks, not only what stopped the replay
         try:

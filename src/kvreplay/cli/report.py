@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from kvreplay.inference.ensemble import LEAD_BELOW
+
 from kvreplay.replay.result import Replay
 
 
@@ -37,6 +39,8 @@ def to_json(rep: Replay) -> dict[str, Any]:
         "storms": rep.storms(),
         "verification": rep.verification,
         "estimate": rep.estimate,
+        # what the log leaves open: an ensemble of replays it allows (inference/ensemble.py)
+        "uncertainty": rep.uncertainty.to_json() if rep.uncertainty is not None else None,
         "config": {"values": asdict(cfg) if is_dataclass(cfg) else dict(cfg),
                    "sources": rep.info.get("config_sources", {})},
         "notes": rep.notes,
@@ -63,6 +67,9 @@ def to_json(rep: Replay) -> dict[str, Any]:
 def render_table(rep: Replay, report: dict[str, Any], elapsed: float) -> str:
     s = report["summary"]
     lines = [f"kvreplay replay: {', '.join(rep.paths) or rep.label}"]
+    unc = report.get("uncertainty")
+    if unc:
+        lines.append(f"  HEADLINE: {unc['headline']}")
     if rep.kind == "step-trace":
         lines.append(f"  (exact: the log has kvreplay's step trace) {s['requests']} requests, "
                      f"{s['steps']} engine steps replayed in {elapsed:.1f} s")
@@ -100,9 +107,13 @@ def render_table(rep: Replay, report: dict[str, Any], elapsed: float) -> str:
                              + "; ".join(mm["differences"])
                              + "; preemptions from there on are not pinned by the log")
     lines.append(
-        f"  preemptions: {s['preemptions']} ({s['self_preemptions']} self-preemptions), "
+        f"  preemptions{' in this replay' if unc else ''}: {s['preemptions']} "
+        f"({s['self_preemptions']} self-preemptions), "
         f"{s['requests_preempted']} requests preempted, {s['computed_tokens_lost']:,} computed "
-        f"tokens thrown away, {s['tokens_recomputed']:,} recomputed at readmission")
+        f"tokens thrown away, {s['tokens_recomputed']:,} recomputed at readmission"
+        + (f" ({rep.confidence})" if rep.kind == "log" else ""))
+    if unc:
+        lines += uncertainty_lines(unc)
     est = report.get("estimate")
     if est:
         lines.append(
@@ -112,15 +123,7 @@ def render_table(rep: Replay, report: dict[str, Any], elapsed: float) -> str:
     if s.get("cut_short"):
         lines.append(f"  the log ends while requests were still running (server killed?): "
                      f"{len(s['unfinished_requests'])} unfinished at the cut")
-    k = s.get("support_replays") or 0
-    if k:
-        from kvreplay.inference.confidence import SUPPORT_JITTER
-
-        lines.append(
-            f"  support: {s['robust_preemptions']} of {s['preemptions']} preemptions are found "
-            f"by all {k} replays with each arrival moved up to {SUPPORT_JITTER} steps within "
-            "what the log allows; lower support = the log cannot pin that one down")
-    lines += preemption_table(rep.preemptions, k)
+    lines += preemption_table(rep.preemptions, bool(unc))
     storms = report["storms"]
     if storms and len(rep.preemptions) > 1:
         lines.append("")
@@ -150,10 +153,35 @@ def _step_check_lines(c: dict[str, Any]) -> list[str]:
     return out
 
 
-def preemption_table(pre: list[Any], support_replays: int = 0) -> list[str]:
+def uncertainty_lines(u: dict[str, Any]) -> list[str]:
+    """The ensemble's figures: each an interval over the replays the log allows."""
+    c, r, q = u["preemptions"], u["recomputed_tokens"], u["recompute_ratio"]
+    out = [f"  uncertainty: {u['samples'] + 1} replays the log allows (seed {u['seed']}), "
+           f"weighted by how well each reproduces the stats lines "
+           f"(effective {u['effective_samples']}); 90% intervals:",
+           f"    preemptions: median {c['median']}, {c['low']}-{c['high']} (interval)",
+           f"    tokens recomputed: median {r['median']:,}, {r['low']:,}-{r['high']:,} (interval)",
+           f"    recompute ratio: median {q['median']:.2%}, {q['low']:.2%}-{q['high']:.2%} "
+           "(interval)"]
+    wins = [w for w in u["windows"] if w["high"] > 0]
+    if wins:
+        out.append("    preemptions per stats interval (median, 90%):")
+        for w in wins:
+            span = (time.strftime("%H:%M:%S", time.gmtime(w["start"])) + "-"
+                    + time.strftime("%H:%M:%S", time.gmtime(w["end"])))
+            out.append(f"      {span}  {w['median']:>3}  [{w['low']}-{w['high']}]")
+    likely = [x for x in u["requests"] if x["p_preempted"] >= 0.5]
+    out.append(f"    requests preempted with p >= 0.8: "
+               f"{sum(1 for x in u['requests'] if x['p_preempted'] >= 0.8)}, p >= 0.5: "
+               f"{len(likely)}, any p > 0: {len(u['requests'])} (per request: --format json)")
+    return out
+
+
+def preemption_table(pre: list[Any], probabilities: bool = False) -> list[str]:
     """One line per preemption: step (and wall time, for a log), victim, trigger, rule,
     (V0: recompute or swap), tokens lost and recomputed, prefix hit and step at
-    readmission, confidence (and support)."""
+    readmission, confidence (and, with an ensemble, the probability that this victim was
+    preempted within 5 steps of this step; under 0.5 the row is a lead)."""
     if not pre:
         return ["  no preemption in the replay"]
     timed = any(p.time is not None for p in pre)
@@ -162,7 +190,7 @@ def preemption_table(pre: list[Any], support_replays: int = 0) -> list[str]:
     rw = max(4, *(len(_rule(p)) for p in pre))
     head = f"   step{'          time' if timed else ''}  {'victim':<{w}}  {'trigger':<{w}}  {'rule':<{rw}}"
     head += ("  mode     " if v0 else "") + "   lost  recompute    hit  back at  confidence"
-    out = ["", head + ("  support" if support_replays else "")]
+    out = ["", head + ("      p" if probabilities else "")]
     for p in pre:
         row = f"  {p.step:>5}"
         if timed:
@@ -175,8 +203,8 @@ def preemption_table(pre: list[Any], support_replays: int = 0) -> list[str]:
         hit = p.prefix_hit_at_readmission
         row += (f"  {p.computed_tokens_lost:>5}  {_dash(p.tokens_recomputed):>9}  {_dash(hit):>5}  "
                 f"{_dash(p.readmission_step):>7}  {p.confidence:<10}")
-        if support_replays and p.support is not None:
-            row += f"  {round(p.support * support_replays)}/{support_replays}"
+        if probabilities and p.probability is not None:
+            row += f"  {p.probability:.2f}" + ("  lead" if p.probability < LEAD_BELOW else "")
         out.append(row.rstrip())
     return out
 

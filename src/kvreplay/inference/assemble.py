@@ -96,7 +96,7 @@ def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Any, pattern: st
             f"{n} {words.get(k, k)}" for k, n in sorted(m.prompt_lengths.items())))
     rep = make_replay(facts, fmt, prof, rebuilt, run, pre, check, loss=0.0, pattern=pattern,
                       phase=0.5, placement=(0.0, 0.0), estimate=None, warnings=warnings,
-                      support=0)
+                      uncertainty=None)
     rep.info["placement"] = "iteration lines"
     rep.info["step_time_model"] = (f"step times logged (Iteration lines) + "
                                    f"{m.overhead_s * 1e3:.2f} ms between steps; fitted: "
@@ -126,7 +126,7 @@ def log_lines(facts: LogFacts, run: Run, check: dict[str, Any]) -> dict[int, lis
 def make_replay(facts: LogFacts, fmt: LogFormat, prof: Any, rebuilt: Rebuilt, run: Run,
                 pre: list[PreemptionRecord], check: dict[str, Any], *, loss: float,
                 pattern: str, phase: float, placement: tuple[float, float],
-                estimate: dict | None, warnings: dict | None, support: int) -> Replay:
+                estimate: dict | None, warnings: dict | None, uncertainty: Any) -> Replay:
     notes = list(rebuilt.notes)
     if fmt.placement != "anchored":
         phase, spread = run.placement
@@ -152,8 +152,8 @@ def make_replay(facts: LogFacts, fmt: LogFormat, prof: Any, rebuilt: Rebuilt, ru
     if pattern == "poisson" and pre and fmt.placement == "anchored" and "iterations" not in check:
         notes.append(
             "arrivals spread over time: the log pins each one only to a window of steps, and "
-            "a step off can change later victims; take the count as an estimate and each "
-            "preemption as a lead (its support says how firm). To make it exact: "
+            "a step off can change later victims; take the count as its interval and each "
+            "preemption by its probability. To make it exact: "
             + make_it_exact(facts))
     ids = {r.log_id: r.internal_id for r in facts.requests}
     for p in pre:
@@ -163,13 +163,13 @@ def make_replay(facts: LogFacts, fmt: LogFormat, prof: Any, rebuilt: Rebuilt, ru
         kind="log", label=f"log {', '.join(facts.files)}", paths=list(facts.files),
         workload=rebuilt.workload, profile=prof, inputs=run.inputs, steps=run.steps,
         preemptions=pre, clock=run.clock, verification=check, warnings=warnings,
-        log_lines=log_lines(facts, run, check), estimate=estimate,
+        log_lines=log_lines(facts, run, check), estimate=estimate, uncertainty=uncertainty,
         notes=notes + facts.notes, missing=list(facts.missing), facts=facts,
         unfinished=run.unfinished, confidence="consistent" if sure else "inferred",
         step_time_model=run.model,
         info={"vllm_version": facts.vllm_version, "requests": len(facts.requests),
               "step_time_model": run.model.describe(), "arrival_pattern": pattern,
-              "fit_loss": round(loss, 4), "support_replays": support if pre else 0,
+              "fit_loss": round(loss, 4),
               "prompts": "estimated" if rebuilt.prompts_estimated else "exact",
               "output_lengths": "estimated" if any(rebuilt.output_estimated) else "exact",
               "config_sources": rebuilt.config_sources, "log_format": fmt.name,

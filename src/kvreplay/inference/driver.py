@@ -15,13 +15,14 @@ from typing import Any
 from kvreplay.inference.assemble import (fit_placements, make_replay, place_arrivals,
                                          replay_by_iterations)
 from kvreplay.inference.clock import StepTimeModel
-from kvreplay.inference.confidence import (SUPPORT_MAX_REQUESTS, add_support, set_confidence,
-                                           support_wanted)
+from kvreplay.inference.confidence import set_confidence
+from kvreplay.inference.ensemble import ensemble, headline, samples_wanted
 from kvreplay.inference.config import check_replayable
 from kvreplay.inference.engines import scheduler_profile
-from kvreplay.inference.facts import (LogFacts, arrival_pattern, response_starts,
+from kvreplay.inference.facts import (LogFacts, arrival_pattern, make_it_exact, response_starts,
                                       without_access_lines)
 from kvreplay.inference.formats import interval_of, log_format
+from kvreplay.inference.lines import phase_estimate
 from kvreplay.inference.iterations import unusable
 from kvreplay.inference.prompts import fit_prompts
 from kvreplay.inference.verify import check_warnings, verify
@@ -32,10 +33,11 @@ from kvreplay.replay.result import Replay
 
 @without_cyclic_gc
 def replay_log(facts: LogFacts, *, profile: str | None = None,
-               step_time: StepTimeModel | None = None, support: int | None = None) -> Replay:
+               step_time: StepTimeModel | None = None, samples: int | None = None,
+               seed: int = 0) -> Replay:
     """Rebuild, fit, place and replay a log. `profile`: the scheduler rules (default: the
-    log's release); `step_time`: a step-time model taken as given, not fitted; `support`:
-    alternative replays behind each preemption's support (None: automatic, 0: none)."""
+    log's release); `step_time`: a step-time model taken as given, not fitted; `samples`:
+    the replays in the uncertainty ensemble (None: automatic, 0: none), drawn with `seed`."""
     profile = None if profile in (None, "auto") else profile
     fmt = log_format(facts.vllm_version, facts.engine_version, profile)
     prof = scheduler_profile(facts, fmt, profile)
@@ -57,21 +59,41 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
             "starts, not when it ends; arrivals are placed by their seconds and the stats "
             "lines only")
     run, phase, loss, anchored = place_arrivals(rebuilt, facts, fmt, prof, f, pattern, step_time)
-    estimate = None
-    if unknown is not None:
-        if anchored is not None and len(facts.requests) <= SUPPORT_MAX_REQUESTS:
-            unknown.add_placed_variants(anchored.arrival_steps, run.model)
-        estimate = unknown.estimate
+    phase_known = phase_estimate(facts) is not None
     check = verify(run, facts, fmt, phase, prompts_known=not rebuilt.prompts_estimated)
     warnings = check_warnings(run, facts) if fmt.preemption_warnings else None
     pre = preemption_records(run.steps, run.clock)
     set_confidence(pre, check, warnings, rebuilt.prompts_estimated)
-    k = support_wanted(support, pattern, rebuilt.prompts_estimated, facts, fmt)
-    if k > 0 and pre:
-        add_support(pre, rebuilt, facts, fmt, prof, run, k)
-    return make_replay(facts, fmt, prof, rebuilt, run, pre, check, loss=loss, pattern=pattern,
-                       phase=phase, placement=f.placement, estimate=estimate,
-                       warnings=warnings, support=k)
+    k = samples_wanted(samples, facts, fmt)
+    unc = None
+    if k > 0:
+        unc = ensemble(rebuilt, facts, fmt, prof, run, phase, phase_known, pre, samples=k,
+                       seed=seed, pattern=pattern, placement=f.placement,
+                       lengths=unknown.lens if unknown is not None else None,
+                       shared_prefix=unknown.shared if unknown is not None else 0,
+                       priority_unknown=unknown is not None and unknown.priority_unknown)
+        if unc.representative is not None:
+            # a member agrees far better with the stats lines than the placed run: show it
+            old = run.num_preemptions
+            run = unc.representative
+            check = verify(run, facts, fmt, phase, prompts_known=not rebuilt.prompts_estimated)
+            warnings = check_warnings(run, facts) if fmt.preemption_warnings else None
+            pre = preemption_records(run.steps, run.clock)
+            set_confidence(pre, check, warnings, rebuilt.prompts_estimated)
+            facts.notes.append(
+                f"the uncertainty ensemble found a placement that agrees with the stats lines "
+                f"far better than the first one (its {old} preemptions): it is the replay shown")
+        unc.assign(pre)
+        unc.headline = headline(unc, pre, make_it_exact(facts).split(":")[0])
+    estimate = unknown.count_variants() if unknown is not None and unc is None else None
+    if unknown is not None and unc is not None:
+        rebuilt.notes.append(unknown.why + "; each replay of the uncertainty ensemble draws its "
+                             "own lengths around the estimate" +
+                             (" and random priorities 0-4" if unknown.priority_unknown else ""))
+    rep = make_replay(facts, fmt, prof, rebuilt, run, pre, check, loss=loss, pattern=pattern,
+                      phase=phase, placement=f.placement, estimate=estimate,
+                      warnings=warnings, uncertainty=unc)
+    return rep
 
 
 def replay_facts(facts: LogFacts, **kw: Any) -> Replay:

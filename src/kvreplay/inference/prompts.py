@@ -136,53 +136,50 @@ class UnknownPrompts:
             f = fit(rebuilt, facts, fmt, profile, (f.placement,), rounds=3)
         self.rebuilt, self.fit, self.shared = rebuilt, f, shared
         self.variants = length_variants(lens)
-        counts: dict[str, int] = {}
-        for name, var in self.variants:
-            rb = rebuild_workload(facts, fmt, profile, prompt_lens=var, shared_prefix=shared)
-            counts[name] = timed_replay(rb, facts, profile, f.model, f.placement,
-                                        order_window_s=fmt.order_window_s).num_preemptions
+        self.lens = lens
         cfg = rebuilt.workload.config
-        priority_unknown = cfg.policy == "priority" and not any(r.priority for r in facts.requests)
-        if priority_unknown:
-            # 0.33 logs a request's priority only in its JSON body, which this log lacks: the
-            # priority policy then orders by priorities nobody knows; replay a few mixes of
-            # them (0-4) so the interval covers what they could do
-            for seed in (1, 2, 3, 4, 5, 6):
-                rng = random.Random(100 + seed)
-                rb = rebuild_workload(facts, fmt, profile, prompt_lens=lens, shared_prefix=shared)
-                specs = [replace(sp, priority=rng.randint(0, 4)) for sp in rb.workload.requests]
-                rb.workload = replace(rb.workload, requests=specs)
-                counts[f"priorities mix {seed}"] = timed_replay(
-                    rb, facts, profile, f.model, f.placement,
-                    order_window_s=fmt.order_window_s).num_preemptions
+        # 0.33 logs a request's priority only in its JSON body, which this log lacks: the
+        # priority policy then orders by priorities nobody knows
+        self.priority_unknown = cfg.policy == "priority" and not any(
+            r.priority for r in facts.requests)
         why = ("prompt lengths are not in this log; they were estimated from the stats "
-               "lines' prompt throughput, and the count is replayed over plausible variants "
-               "of them (total and mix)")
+               "lines' prompt throughput")
         if shared:
             why += (f"; which prompts share what is unknown too: the prefix-cache hit rate is "
                     f"replayed as one {shared}-token prefix every prompt shares")
         elif cfg.enable_prefix_caching:
             why += "; prefix-cache sharing between prompts is unknown too"
-        if priority_unknown:
-            why += ("; the scheduling policy is priority but no priority is logged, so the "
-                    "count is also replayed over random priorities 0-4")
-        self.estimate: dict[str, Any] = {**count_interval(counts), "variants": counts,
-                                         "why": why, "make_it_exact": make_it_exact(facts)}
+        if self.priority_unknown:
+            why += "; the scheduling policy is priority but no priority is logged"
+        self.why = why
+        self.estimate: dict[str, Any] | None = None
 
-    def add_placed_variants(self, arrival_steps: list[int], model: Any) -> None:
-        """Where the arrivals go is as uncertain as the lengths: replay every length variant
-        also with each arrival at the step the anchored replay put it, and widen the
-        interval to both. On the Poisson log case the clock placement gives 41 preemptions
-        with the true prompt lengths, where vLLM had 54."""
-        counts = self.estimate["variants"]
+    def count_variants(self) -> dict[str, Any]:
+        """The count interval over the variants (lengths x0.8-1.2, two log-normal mixes,
+        random priorities 0-4 when they are unknown), each replayed by the clock: the
+        estimate of formats without an ensemble (ensemble.py)."""
+        facts, fmt, profile, f, shared = self.facts, self.fmt, self.profile, self.fit, self.shared
+        counts: dict[str, int] = {}
         for name, var in self.variants:
-            rb = rebuild_workload(self.facts, self.fmt, self.profile, prompt_lens=var,
-                                  shared_prefix=self.shared)
-            counts[f"{name}, placed as replayed"] = step_replay(
-                rb, self.facts, self.profile, arrival_steps, model).num_preemptions
-        self.estimate.update(count_interval(counts))
-        self.estimate["why"] += ("; each variant is replayed with the arrivals placed by the "
-                                 "clock and where the replay placed them")
+            rb = rebuild_workload(facts, fmt, profile, prompt_lens=var, shared_prefix=shared)
+            counts[name] = timed_replay(rb, facts, profile, f.model, f.placement,
+                                        order_window_s=fmt.order_window_s).num_preemptions
+        if self.priority_unknown:
+            for seed in (1, 2, 3, 4, 5, 6):
+                rng = random.Random(100 + seed)
+                rb = rebuild_workload(facts, fmt, profile, prompt_lens=self.lens,
+                                      shared_prefix=shared)
+                specs = [replace(sp, priority=rng.randint(0, 4)) for sp in rb.workload.requests]
+                rb.workload = replace(rb.workload, requests=specs)
+                counts[f"priorities mix {seed}"] = timed_replay(
+                    rb, facts, profile, f.model, f.placement,
+                    order_window_s=fmt.order_window_s).num_preemptions
+        why = self.why + "; the count is replayed over plausible variants of them (total and mix)"
+        if self.priority_unknown:
+            why += " and over random priorities 0-4"
+        self.estimate = {**count_interval(counts), "variants": counts, "why": why,
+                         "make_it_exact": make_it_exact(facts)}
+        return self.estimate
 
 
 def fit_prompts(facts: LogFacts, fmt: LogFormat, profile: Any, placements, step_time=None

@@ -55,6 +55,7 @@ COLUMNS = (
     "prefix_hit",
     "readmitted",
     "confidence",
+    "p",
 )
 COLUMN_HELP = {
     "step": "engine step of the preemption",
@@ -68,6 +69,7 @@ COLUMN_HELP = {
     "prefix_hit": "prefix-cache hit tokens at readmission",
     "readmitted": "step the victim was scheduled again",
     "confidence": "log replay: consistent | inferred",
+    "p": "log replay: share of the uncertainty ensemble preempting this victim within 5 steps",
 }
 
 LOG_REPLAY_NOTE = (
@@ -203,7 +205,15 @@ def _build_log(paths: list[str], *, profile: str | None, vllm_version: str | Non
     stats = getattr(rep.facts, "stats", None) or []
     logged = [s.preemptions for s in stats if getattr(s, "preemptions", None) is not None]
     replay["logged_preemptions"] = sum(logged) if logged else None
-    if rep.estimate:
+    if rep.uncertainty is not None:  # the ensemble's 90% intervals (inference/ensemble.py)
+        u = rep.uncertainty
+        replay["preemptions_low"] = u.preemptions["low"]
+        replay["preemptions_median"] = u.preemptions["median"]
+        replay["preemptions_high"] = u.preemptions["high"]
+        replay["recomputed_tokens_low"] = u.recomputed_tokens["low"]
+        replay["recomputed_tokens_high"] = u.recomputed_tokens["high"]
+        replay["uncertainty_samples"] = u.samples
+    elif rep.estimate:
         replay["preemptions_low"] = rep.estimate.get("preemptions_low")
         replay["preemptions_high"] = rep.estimate.get("preemptions_high")
     doc["replay"] = replay
@@ -263,6 +273,8 @@ def preemption_rows(preemptions: Iterable[Any], *, confidence: bool) -> list[dic
             row["mode"] = p.mode
         if confidence:
             row["confidence"] = p.confidence
+            if p.probability is not None:
+                row["p"] = p.probability
         out.append(row)
     return out
 

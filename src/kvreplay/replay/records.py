@@ -163,7 +163,9 @@ class PreemptionRecord(msgspec.Struct):
     victim_internal_id: str | None = None
     # how sure the replay is of this preemption: exact | exact-by-log | consistent | inferred
     confidence: str = "exact"
-    support: float | None = None  # share of alternative replays that find it too
+    # share (weighted) of the uncertainty ensemble's replays that preempt this victim
+    # within 5 steps of this step (inference/ensemble.py); None: no ensemble
+    probability: float | None = None
     basis: str | None = None  # what the confidence rests on, in words
     # V0 engine only
     cumulative: int | None = None

@@ -42,6 +42,7 @@ class Replay:
     step_check: dict[str, Any] | None = None  # step-trace logs: every step checked
     log_lines: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
     estimate: dict[str, Any] | None = None  # a count interval where the log cannot pin it
+    uncertainty: Any = None  # inference.ensemble.Uncertainty: what the log leaves open
     notes: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)  # provenance: version, fit, pattern
@@ -147,14 +148,9 @@ class Replay:
             "unfinished_requests": self.unfinished,
             "confidence": self.confidence,
         }
-        for k in ("step_time_model", "arrival_pattern", "fit_loss", "prompts", "output_lengths",
-                  "support_replays"):
+        for k in ("step_time_model", "arrival_pattern", "fit_loss", "prompts", "output_lengths"):
             if k in info:
                 out[k] = info[k]
-        if "support_replays" in info:
-            # preemptions every alternative replay finds too (None: support not measured)
-            out["robust_preemptions"] = sum(1 for p in self.preemptions if p.support == 1.0) \
-                if info["support_replays"] else None
         if self.engine_name == "V0":
             out["swap_preemptions"] = sum(1 for p in self.preemptions if p.mode == "swap")
             w = self.warnings or {}

@@ -1,7 +1,7 @@
 """A `Replay` with instant random access: the model behind `kvreplay tui`.
 
 The timeline shows the replay the report made: its step records, its preemption records
-(with their confidence and support), its clock and log lines. `build()` re-runs exactly
+(with their confidence and probability), its clock and log lines. `build()` re-runs exactly
 the replay's inputs once, checking every step against its records (`Replay.rerun`), and
 keeps
 - compact per-step columns (free blocks, KV usage, running/waiting counts, tokens, event
@@ -372,10 +372,19 @@ class Timeline:
     def preemption_confidence(self, p: PreemptionRecord) -> str:
         return p.confidence
 
-    def preemption_support(self, p: PreemptionRecord) -> tuple[float, int] | None:
-        """(share, replays) behind `p.support`; None when not measured."""
-        k = self.replay.info.get("support_replays") or 0
-        return None if not k or p.support is None else (p.support, k)
+    def preemption_probability(self, p: PreemptionRecord) -> tuple[float, int] | None:
+        """(probability, replays in the ensemble) behind `p.probability`; None without an
+        ensemble (inference/ensemble.py)."""
+        unc = self.replay.uncertainty
+        if unc is None or p.probability is None:
+            return None
+        return p.probability, unc.samples + 1
+
+    @property
+    def headline(self) -> str | None:
+        """What to trust in this replay and what not (None: nothing left open)."""
+        unc = self.replay.uncertainty
+        return unc.headline if unc is not None else None
 
     def nearest_log_steps(self, step: int) -> tuple[int | None, int | None]:
         """The closest steps before and after `step` that have log lines behind them."""

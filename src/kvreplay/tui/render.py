@@ -137,6 +137,8 @@ def _ordinal(n: int) -> str:
 
 def why_text(tl: Timeline, v: StepView) -> Text:
     t = Text()
+    if tl.headline:
+        t.append("This log: ", style="bold yellow").append(tl.headline + "\n\n", style="yellow")
     if not v.preemptions:
         t.append(f"No preemption at step {v.step}.\n", style="bold")
         nxt = tl.next_event("preemption", v.step)
@@ -186,13 +188,13 @@ def why_one(t: Text, tl: Timeline, p: Preemption, confidence: str,
         t.append(f"({p.basis})\n", style="dim")
     elif confidence in CONFIDENCE_MEANING:
         t.append(CONFIDENCE_MEANING[confidence] + "\n", style="dim")
-    sup = tl.preemption_support(p)
-    if sup is not None:
-        share, k = sup
-        t.append("   support: ").append(f"{round(share * k)}/{k}",
-                                        style="green" if share == 1.0 else "yellow" if share >= 0.5 else "red")
-        t.append(" replays with the arrivals moved a little, inside what the log allows, "
-                 "find it too\n", style="dim")
+    prob = tl.preemption_probability(p)
+    if prob is not None:
+        share, k = prob
+        t.append("   probability: ").append(
+            f"{share:.2f}", style="green" if share >= 0.8 else "yellow" if share >= 0.5 else "red")
+        t.append(f" of {k} weighted replays the log allows preempt {p.victim} within 5 steps "
+                 "of here" + ("; a lead, not a fact" if share < 0.5 else "") + "\n", style="dim")
     t.append("Victim   ").append(p.victim, style=f"bold {request_colour(tl, p.victim)}")
     t.append(f"  ({_ordinal(p.nth_of_victim)} preemption of it)\n")
     t.append("Trigger  ").append(p.trigger, style=f"bold {request_colour(tl, p.trigger)}")

@@ -1,0 +1,482 @@
+"""Stage 7b, uncertainty: what a log that cannot pin every arrival to its step still tells.
+
+Consumes: the placed and clocked final run (stage 5), `LogFacts`, the `LogFormat`, the
+rebuilt workload (and, for a log without prompts, the estimated prompt lengths).
+Produces an `Uncertainty`: an ensemble of replays drawn from what the log allows, each
+weighted by how well it reproduces the stats lines, and from it
+
+* the preemption count, recomputed tokens and recompute ratio: median and 90% interval;
+* preemptions per stats interval (the storm timeline), with intervals;
+* per request: the probability it was preempted at least once, its expected preemptions;
+* per preemption of the representative replay (the placed run): the probability, over the
+  ensemble, that this victim is preempted within TOL_STEPS of this step.
+
+A member is drawn as the log allows it (spec: log formats, A10): each arrival anywhere its
+logged second, the completions and the stats lines' anchors allow (arrival times inside a
+second are sorted uniforms: a Poisson process given its count), the stats lines' sub-second
+phase unknown, the clock between stats lines bent (the step-time model's uncertainty), the
+clock before the first stats line extrapolated (a whole shift of the early arrivals), the
+step-time model itself uncertain (the clock-driven replay under a model with other
+coefficients: a run of another length), and near the placed run (small jitters). Where the log lacks prompts or
+priorities each member also draws its own (draw_lengths; priorities 0-4). Weight: the likelihood
+of the stats lines under Gaussian read noise, exp(-SSE / 2T), SSE the anchored loss summed
+over lines (running, waiting in requests; KV usage in points of 5%), plus INEXACT_COST per
+line the member misses by the exact check; T from the best member's residual
+(noise_weights()), its factor calibrated on rendered logs with known truth
+(tools/calib_members.py; docs/accuracy.md). A member that fits far better than the placed
+run (under BETTER x its SSE) becomes the replay shown. Seeded: the same log and seed give the same
+ensemble.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+from kvreplay.inference.facts import LogFacts
+from kvreplay.inference.formats import LogFormat
+from kvreplay.inference.lines import cum_generated, line_time, token_anchors
+from kvreplay.inference.placement import placed, windows
+from kvreplay.inference.rebuild import rebuild_workload
+from kvreplay.inference.clock import StepTimeModel
+from kvreplay.inference.runs import Run, timed_replay
+from kvreplay.inference.verify import anchored_loss, verify
+from kvreplay.replay.records import PreemptionRecord, preemption_records, totals
+
+SAMPLES = 32  # the default ensemble
+MAX_REQUESTS = 2000  # beyond this the default ensemble is off (--samples N turns it on)
+TOL_STEPS = 5  # a preemption "found again": same victim within this many steps
+NOISE_K = 4.0  # the weights' temperature in units of the best member's loss per line
+NOISE_FLOOR = 0.5  # ... at least this (a best member that fits every line exactly)
+ESS_MIN = 0.2  # ... and high enough that this share of the members stays effective
+INEXACT_COST = 2.0  # SSE added per stats line missed by the exact check
+BETTER = 0.5  # a member whose SSE is below BETTER x the placed run's is shown instead
+ROUNDS = 2  # ... and the ensemble draws a second round around it
+LEAD_BELOW = 0.5  # a row with a lower probability is a lead, not a fact
+# member i draws KINDS[pattern][i % len]: Poisson arrivals anywhere in their second; a
+# burst or a closed loop (requests sent together, or each after a completion) only a
+# step or two from where the placement put them
+KINDS = {"poisson": ("jitter", "redraw", "model", "warp", "shift", "model"), "other": ("near",)}
+MODEL_SPREAD = 2.0  # "model": each step-time coefficient scaled log-uniformly in [1/2, 2]
+WARP = 1.5  # "warp": inside each stats interval the clock's time -> step map is bent by
+# f -> f ** g, g log-uniform in [1/WARP, WARP]: the step-time model's uncertainty
+
+
+@dataclass(slots=True)
+class Member:
+    weight: float
+    sse: float  # loss + INEXACT_COST * inexact
+    loss: float  # the anchored loss summed over the stats lines
+    inexact: int  # stats lines the exact check misses
+    count: int
+    recomputed: int
+    processed: int
+    by_victim: dict[str, list[int]]
+    windows: list[int]
+
+
+@dataclass(slots=True)
+class Uncertainty:
+    samples: int
+    seed: int
+    effective_samples: float
+    preemptions: dict[str, int]
+    recomputed_tokens: dict[str, int]
+    recompute_ratio: dict[str, float]
+    windows: list[dict[str, Any]]
+    requests: list[dict[str, Any]]
+    headline: str = ""  # what to trust, what not, how to make it exact (headline())
+    members: list[Member] = field(default_factory=list, repr=False)
+    # a member that agrees far better with the stats lines than the placed run (< BETTER x
+    # its SSE): the replay to show instead; None when the placed run is the best
+    representative: Run | None = field(default=None, repr=False)
+    row_map: Sequence[tuple[float, float]] | None = field(default=None, repr=False)
+
+    def assign(self, pre: Sequence[PreemptionRecord]) -> None:
+        """Each row's probability: the weighted share of members that preempt its victim
+        within TOL_STEPS of its step."""
+        total = sum(m.weight for m in self.members)
+        for p in pre:
+            hit = sum(m.weight for m in self.members
+                      if any(abs(s - p.step) <= TOL_STEPS for s in m.by_victim.get(p.victim, ())))
+            q = hit / total
+            if self.row_map is not None:
+                q = min(calibrated(q, self.row_map), self.p_preempted(p.victim))
+            p.probability = round(q, 3)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"headline": self.headline, "samples": self.samples, "seed": self.seed,
+                "effective_samples": round(self.effective_samples, 1),
+                "preemptions": self.preemptions, "recomputed_tokens": self.recomputed_tokens,
+                "recompute_ratio": self.recompute_ratio, "windows": self.windows,
+                "requests": self.requests}
+
+    def p_preempted(self, request: str) -> float:
+        return next((r["p_preempted"] for r in self.requests if r["id"] == request), 0.0)
+
+
+def samples_wanted(samples: int | None, facts: LogFacts, fmt: LogFormat) -> int:
+    """The ensemble's size: `samples` when given; else SAMPLES for a log whose arrivals the
+    stats lines anchor (V1), up to MAX_REQUESTS requests."""
+    if fmt.placement != "anchored" or not facts.stats:
+        return 0
+    if samples is not None:
+        return max(0, samples)
+    return SAMPLES if len(facts.requests) <= MAX_REQUESTS else 0
+
+
+def _ess(w: Sequence[float]) -> float:
+    return sum(w) ** 2 / sum(x * x for x in w)
+
+
+# Poisson logs: the ensemble covers neither the replay's whole error nor its agreement
+# with itself: measured on the calibration corpus (48 rendered Poisson logs, 200-600
+# requests; tools/calib_members.py fit), its raw shares are mapped to the observed frequencies
+# (pooled adjacent violators, linear between knots, flat beyond), and its intervals widened
+# by WIDEN x the median on each side (prompts logged / estimated). docs/accuracy.md has the
+# held-out check.
+CALIBRATION: dict[tuple[str, bool], tuple[tuple[float, float], ...]] = {
+    ("requests", True): ((0.005, 0.02), (0.142, 0.205), (0.25, 0.231), (0.349, 0.356),
+                         (0.444, 0.369), (0.552, 0.47), (0.702, 0.618), (0.85, 0.687),
+                         (0.98, 0.907)),
+    ("rows", True): ((0.111, 0.038), (0.249, 0.057), (0.35, 0.073), (0.451, 0.183),
+                     (0.661, 0.202), (0.873, 0.591)),
+    ("requests", False): ((0.014, 0.076), (0.146, 0.178), (0.286, 0.188), (0.507, 0.231)),
+    ("rows", False): ((0.183, 0.013), (0.355, 0.019)),
+}
+WIDEN = {True: 0.05, False: 0.15}
+
+
+def calibrated(p: float, knots: Sequence[tuple[float, float]]) -> float:
+    """A raw ensemble share through a calibration map; 0 stays 0 (no replay the log
+    allows has it)."""
+    if p <= 0.0:
+        return 0.0
+    if p <= knots[0][0]:
+        return knots[0][1]
+    for (x0, y0), (x1, y1) in zip(knots, knots[1:]):
+        if p <= x1:
+            return y0 + (y1 - y0) * (p - x0) / (x1 - x0)
+    return knots[-1][1]
+
+
+def noise_weights(sse: Sequence[float], lines: int) -> list[float]:
+    """exp(-(SSE - best) / 2T): the stats lines' likelihood under Gaussian read noise whose
+    variance is estimated from the best member's residual (T = NOISE_K x its SSE per line,
+    at least NOISE_FLOOR). Where every member misfits alike (estimated prompts, a model
+    that cannot hit the lines) the weights stay broad; where one member fits far better
+    than the rest it takes most of the weight, but never all: T is raised until ESS_MIN of
+    the members stay effective (the members cover what the log allows only coarsely, and
+    one lucky draw is not the truth). Calibrated on rendered logs (docs/accuracy.md)."""
+    best = min(sse)
+    n = len(sse)
+
+    def at(t: float) -> list[float]:
+        return [math.exp(-(x - best) / (2.0 * t)) for x in sse]
+
+    t = NOISE_K * max(NOISE_FLOOR, best / max(1, lines))
+    if n > 1 and _ess(at(t)) < ESS_MIN * n:
+        lo, hi = t, 1e12
+        for _ in range(80):  # bisection on log T: the ESS grows with T
+            mid = math.sqrt(lo * hi)
+            if _ess(at(mid)) >= ESS_MIN * n:
+                hi = mid
+            else:
+                lo = mid
+        t = hi
+    return at(t)
+
+
+def _quantiles(values: Sequence[float], weights: Sequence[float]) -> tuple[float, float, float]:
+    """Weighted 5%, 50%, 95% quantiles (the lower value at a tie)."""
+    pairs = sorted(zip(values, weights))
+    total = sum(w for _, w in pairs) or 1.0
+    out = []
+    for q in (0.05, 0.5, 0.95):
+        acc = 0.0
+        pick = pairs[-1][0]
+        for v, w in pairs:
+            acc += w
+            if acc >= q * total - 1e-12:
+                pick = v
+                break
+        out.append(pick)
+    return out[0], out[1], out[2]
+
+
+def _interval(values: Sequence[float], weights: Sequence[float], digits: int | None = 0,
+              widen: float = 0.0) -> dict[str, Any]:
+    """Median and 90% interval, each side moved out by `widen` x the median (the replay's
+    own error the ensemble does not cover, measured: WIDEN)."""
+    lo, med, hi = _quantiles(values, weights)
+    pad = round(widen * med) if digits == 0 else widen * med
+    lo, hi = max(0, lo - pad), hi + pad
+    f = (lambda x: int(round(x))) if digits == 0 else (lambda x: round(x, digits or 6))
+    return {"median": f(med), "low": f(lo), "high": f(hi)}
+
+
+class _Draw:
+    """Placements (and prompt variants) drawn from what the log allows around `run`."""
+
+    def __init__(self, run: Run, facts: LogFacts, fmt: LogFormat, phase: float,
+                 phase_known: bool) -> None:
+        self.facts, self.phase, self.phase_known = facts, phase, phase_known
+        anchors = token_anchors(run, facts, fmt)
+        self.clock = run.clock + [run.end]
+        self.wins = windows(run, facts, anchors, self.clock)
+        self.base = [max(a, 0) for a in run.arrival_steps]
+        first = self.clock[0] if self.clock else 0.0
+        # steps in the run's first second: the scale of a whole shift of early arrivals
+        self.early_steps = max(1, bisect.bisect_left(self.clock, first + 1.0))
+        self.early = [i for i, r in enumerate(facts.requests) if r.stats_before == 0]
+        n = len(self.clock)
+        self.pins = sorted({0, n - 1, *(a + 1 for a in anchors if a is not None and a + 1 < n)})
+
+    @staticmethod
+    def _fix_order(arr: list[int]) -> list[int]:
+        for i in range(1, len(arr)):
+            arr[i] = max(arr[i], arr[i - 1])
+        if arr:
+            arr[0] = 0
+        return arr
+
+    def _fix(self, arr: list[int]) -> list[int]:
+        out = []
+        for (lo, hi), a in zip(self.wins, arr):
+            out.append(min(max(a, lo), max(lo, hi)))
+        for i in range(1, len(out)):
+            out[i] = max(out[i], out[i - 1])  # file order
+        if out:
+            out[0] = 0  # the engine was idle before the first arrival
+        return out
+
+    def jitter(self, rng: random.Random, j: int) -> list[int]:
+        return self._fix([b + rng.randint(-j, j) for b in self.base])
+
+    def warped(self, rng: random.Random) -> list[float]:
+        """The clock bent inside each stretch between two stats lines' steps (their times
+        stay): where a wrong step-time model would have put the steps."""
+        out = list(self.clock)
+        for a, b in zip(self.pins, self.pins[1:]):
+            ta, tb = self.clock[a], self.clock[b]
+            if tb <= ta:
+                continue
+            g = math.exp(rng.uniform(-math.log(WARP), math.log(WARP)))
+            for i in range(a + 1, b):
+                out[i] = ta + (tb - ta) * ((self.clock[i] - ta) / (tb - ta)) ** g
+        return out
+
+    def redraw(self, rng: random.Random, clock: list[float] | None = None) -> list[int]:
+        """Each second's arrivals at sorted uniform times inside it, the stats lines' phase
+        moved as far as the log leaves it open."""
+        clock = clock or self.clock
+        shift = rng.uniform(-0.5, 0.5) if not self.phase_known else rng.uniform(-0.05, 0.05)
+        reqs = self.facts.requests
+        out: list[int] = []
+        i = 0
+        while i < len(reqs):
+            sec = reqs[i].time
+            j = i
+            while j < len(reqs) and reqs[j].time == sec:
+                j += 1
+            if sec is None or reqs[i].precise_time is not None:
+                out.extend(self.base[i:j])
+            else:
+                ts = sorted(rng.random() for _ in range(j - i))
+                out.extend(bisect.bisect_left(clock, sec + u + shift) for u in ts)
+            i = j
+        return self._fix(out)
+
+    def shift(self, rng: random.Random) -> list[int]:
+        """A whole shift the stats lines cannot see: every arrival after the first moved by
+        the same number of steps (the replay's anchors move with them), or only the early
+        ones (before the first stats line, where the clock is extrapolated); plus a small
+        jitter."""
+        d = rng.randint(-self.early_steps // 2, self.early_steps // 2)
+        if rng.random() < 0.5:
+            arr = [b + d + rng.randint(-1, 1) for b in self.base]
+            for i in range(1, len(arr)):
+                arr[i] = max(arr[i], arr[i - 1])
+            if arr:
+                arr[0] = 0
+            return [max(0, a) for a in arr]  # (the base's windows move with the shift)
+        arr = [b + rng.randint(-1, 1) for b in self.base]
+        for i in self.early:
+            arr[i] += d
+        return self._fix(arr)
+
+    def placement(self, kind: str, rng: random.Random) -> list[int]:
+        if kind == "near":
+            return self.jitter(rng, rng.choice((1, 2)))
+        if kind == "redraw":
+            return self.redraw(rng)
+        if kind == "warp":
+            return self.redraw(rng, self.warped(rng))
+        if kind == "shift":
+            return self.shift(rng)
+        return self.jitter(rng, rng.choice((1, 2, 4)))
+
+
+LENGTH_FACTORS = (0.8, 0.9, 1.0, 1.1, 1.2)  # the estimated total's uncertainty
+LENGTH_SIGMA = 0.5  # log-normal spread of prompt lengths around the estimate
+
+
+def draw_lengths(lens: Sequence[int], facts: LogFacts, rng: random.Random) -> list[int]:
+    """Plausible prompt lengths around an estimate that the stats lines' prompt throughput
+    fixed per interval: the total scaled by one of LENGTH_FACTORS, and inside each stats
+    interval (requests logged between the same two stats lines) the lengths redrawn
+    log-normally, the interval's total kept."""
+    factor = rng.choice(LENGTH_FACTORS)
+    raw = [n * rng.lognormvariate(0.0, LENGTH_SIGMA) for n in lens]
+    # (a workload with more requests than request lines, n > 1: one group)
+    keys = ([r.stats_before for r in facts.requests] if len(facts.requests) == len(lens)
+            else [0] * len(lens))
+    total: dict[int, float] = {}
+    have: dict[int, float] = {}
+    for k, n, x in zip(keys, lens, raw):
+        total[k] = total.get(k, 0.0) + n
+        have[k] = have.get(k, 0.0) + x
+    return [max(1, round(x * factor * total[k] / max(1e-9, have[k])))
+            for k, x in zip(keys, raw)]
+
+
+def _other_model(m: StepTimeModel, rng: random.Random) -> StepTimeModel:
+    def f() -> float:
+        return math.exp(rng.uniform(-math.log(MODEL_SPREAD), math.log(MODEL_SPREAD)))
+
+    return replace(m, overhead_s=m.overhead_s * f(), per_token_s=m.per_token_s * f(),
+                   per_request_s=m.per_request_s * f(),
+                   per_context_token_s=m.per_context_token_s * f())
+
+
+def _member(run: Run, facts: LogFacts, fmt: LogFormat, phase: float, bounds: list[float],
+            prompts_known: bool) -> Member:
+    anchors = token_anchors(run, facts, fmt, cum_generated(run))
+    loss, inexact = _disagreement(run, facts, fmt, phase, anchors, prompts_known)
+    by_victim: dict[str, list[int]] = {}
+    per_window = [0] * (len(bounds) + 1)
+    times = run.clock
+    pre = preemption_records(run.steps, run.clock)
+    for p in pre:
+        by_victim.setdefault(p.victim, []).append(p.step)
+        t = times[p.step] if p.step < len(times) else run.end
+        per_window[bisect.bisect_right(bounds, t)] += 1
+    t = totals(run.steps, pre)  # the one definition of the cost (records.py)
+    return Member(1.0, loss + INEXACT_COST * inexact, loss, inexact, t.preemptions,
+                  t.tokens_recomputed, t.processed_tokens, by_victim, per_window)
+
+
+def _disagreement(run: Run, facts: LogFacts, fmt: LogFormat, phase: float,
+                  anchors: list[int | None], prompts_known: bool) -> tuple[float, int]:
+    """The stats lines' disagreement with a member: (the anchored loss summed over lines,
+    the lines the exact check misses)."""
+    loss = anchored_loss(run, facts, fmt, anchors, phase) * max(1, len(facts.stats))
+    check = verify(run, facts, fmt, phase, prompts_known=prompts_known)
+    inexact = len(facts.stats) - check["exact_lines"] if "exact_lines" in check else 0
+    return loss, inexact
+
+
+def ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, run: Run,
+             phase: float, phase_known: bool, pre: Sequence[PreemptionRecord], *,
+             samples: int, seed: int = 0, pattern: str = "poisson",
+             placement: tuple[float, float] = (0.0, 1.0),
+             lengths: Sequence[int] | None = None, shared_prefix: int = 0,
+             priority_unknown: bool = False) -> Uncertainty:
+    """`samples` members besides the placed run itself (member 0); `lengths`: the
+    estimated prompt lengths (after `shared_prefix`) when the log has none."""
+    bounds = [line_time(s, phase) for s in facts.stats]
+    known = not rebuilt.prompts_estimated
+    members = [_member(run, facts, fmt, phase, bounds, known)]
+    best_run: Run | None = None  # the best-fitting member's run, if it beats the placed one
+    best_sse = members[0].sse * BETTER
+    kinds = KINDS["poisson" if pattern == "poisson" else "other"]
+    around = run
+    for rnd in range(ROUNDS):
+        # round 1 draws around the member that fitted far better than the placed run
+        draw = _Draw(around, facts, fmt, phase, phase_known)
+        for i in range(samples):
+            rng = random.Random(f"kvreplay-ensemble:{seed}:{rnd}:{i}")
+            kind = kinds[i % len(kinds)]
+            arr = draw.placement(kind, rng)
+            rb = rebuilt
+            if lengths is not None or priority_unknown:
+                lens = draw_lengths(lengths, facts, rng) if lengths is not None else None
+                rb = rebuild_workload(facts, fmt, profile, prompt_lens=lens,
+                                      shared_prefix=shared_prefix)
+                if priority_unknown:
+                    specs = [replace(sp, priority=rng.randint(0, 4))
+                             for sp in rb.workload.requests]
+                    rb.workload = replace(rb.workload, requests=specs)
+            if kind == "model":
+                # the step-time model's uncertainty: the clock-driven replay under another
+                # model puts the arrivals at other steps (and the run at another length)
+                timed = timed_replay(rb, facts, profile, _other_model(run.model, rng),
+                                     placement, order_window_s=fmt.order_window_s)
+                arr = draw._fix_order([max(a, 0) for a in timed.arrival_steps])
+            alt = placed(rb, facts, fmt, profile, arr, run.model, phase)
+            members.append(_member(alt.run, facts, fmt, phase, bounds, known))
+            if members[-1].sse < best_sse and rb is rebuilt:  # (its own workload: not shown)
+                best_run, best_sse = alt.run, members[-1].sse
+        if best_run is None or best_run is around:
+            break
+        around = best_run
+    w = noise_weights([m.sse for m in members], len(facts.stats))
+    for m, x in zip(members, w):
+        m.weight = x
+    total = sum(w)
+    ess = _ess(w)
+    ratios = [m.recomputed / m.processed if m.processed else 0.0 for m in members]
+    win_rows = []
+    starts = [facts.requests[0].time if facts.requests and facts.requests[0].time is not None
+              else (bounds[0] if bounds else 0.0)] + bounds
+    ends_ = bounds + [run.end]
+    cal = pattern == "poisson"  # calibrated on Poisson logs (bursts need no correction)
+    widen = WIDEN[known] if cal else 0.0
+    for k in range(len(bounds) + 1):
+        iv = _interval([m.windows[k] for m in members], w, widen=widen)
+        if k == len(bounds) and iv["high"] == 0:
+            continue
+        win_rows.append({"start": round(starts[k], 3), "end": round(ends_[k], 3), **iv})
+    ids = list(dict.fromkeys(v for m in members for v in m.by_victim))
+    reqs = []
+    maps = (CALIBRATION[("requests", known)], CALIBRATION[("rows", known)]) if cal else None
+    for rid in ids:
+        raw = sum(m.weight for m in members if rid in m.by_victim) / total
+        e = sum(m.weight * len(m.by_victim.get(rid, ())) for m in members) / total
+        p = calibrated(raw, maps[0]) if maps else raw
+        reqs.append({"id": rid, "p_preempted": round(p, 3),
+                     "expected_preemptions": round(e * p / raw, 3)})
+    reqs.sort(key=lambda r: (-r["p_preempted"], -r["expected_preemptions"], r["id"]))
+    return Uncertainty(
+        samples=len(members) - 1, seed=seed, effective_samples=ess,
+        preemptions=_interval([m.count for m in members], w, widen=widen),
+        recomputed_tokens=_interval([m.recomputed for m in members], w, widen=widen),
+        recompute_ratio=_interval(ratios, w, digits=4, widen=widen),
+        windows=win_rows, requests=reqs, members=members, representative=best_run,
+        row_map=maps[1] if maps else None)
+
+
+def headline(unc: Uncertainty, pre: Sequence[PreemptionRecord], make_exact: str) -> str:
+    """One line: what to trust in this log's replay, what not, how to make it exact."""
+    c = unc.preemptions
+    leads = sum(1 for p in pre if (p.probability or 0.0) < LEAD_BELOW)
+    count = (f"{c['median']} preemptions" if c["low"] == c["high"] else
+             f"{c['low']}-{c['high']} preemptions, 90% interval, median {c['median']}")
+    if not pre and c["high"] == 0:
+        return (f"no preemption in any of the {unc.samples + 1} replays the log allows; "
+                f"to make it exact: {make_exact}")
+    if leads == 0 and c["low"] == c["high"]:
+        return (f"trust the count ({count}) and the table: the replays the log allows "
+                f"(weighted by the stats lines) agree on it and on each row within "
+                f"{TOL_STEPS} steps; still inferred, not logged: to make it exact: {make_exact}")
+    if leads == 0:
+        return (f"trust the count ({count}), the storm windows and the recomputed tokens; "
+                f"each row's victim is likely (p >= {LEAD_BELOW}), not certain: the log pins "
+                f"each arrival only to a window of steps; to make it exact: {make_exact}")
+    return (f"trust the count ({count}), the storm windows and the recomputed tokens; do not "
+            f"trust single victims: {leads} of {len(pre)} rows are leads (p < {LEAD_BELOW}), "
+            f"the log pins each arrival only to a window of steps; to make it exact: "
+            f"{make_exact}")
