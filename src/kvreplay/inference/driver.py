@@ -16,7 +16,7 @@ from kvreplay.inference.assemble import (fit_placements, make_replay, place_arri
                                          replay_by_iterations)
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.confidence import set_confidence
-from kvreplay.inference.ensemble import ensemble, headline, samples_wanted
+from kvreplay.inference.ensemble import MAX_REQUESTS, ensemble, headline, samples_wanted
 from kvreplay.inference.config import check_replayable
 from kvreplay.inference.engines import scheduler_profile
 from kvreplay.inference.facts import (LogFacts, arrival_pattern, make_it_exact, response_starts,
@@ -85,6 +85,10 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
                 f"far better than the first one (its {old} preemptions): it is the replay shown")
         unc.assign(pre)
         unc.headline = headline(unc, pre, make_it_exact(facts).split(":")[0])
+    elif samples is None and fmt.placement == "anchored" and len(facts.requests) > MAX_REQUESTS:
+        facts.notes.append(
+            f"no uncertainty ensemble: the log has {len(facts.requests):,} requests (over "
+            f"{MAX_REQUESTS:,}, where 32 more replays cost minutes); --samples N runs one")
     estimate = unknown.count_variants() if unknown is not None and unc is None else None
     if unknown is not None and unc is not None:
         rebuilt.notes.append(unknown.why + "; each replay of the uncertainty ensemble draws its "
