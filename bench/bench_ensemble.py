@@ -29,7 +29,7 @@ def main() -> int:
     ap.add_argument("--no-prompts", action="store_true")
     args = ap.parse_args()
     from kvreplay.inference import replay_facts
-    from kvreplay.replay import parse_workload, simulate
+    from kvreplay.replay import Engine, parse_workload, simulate
     from kvreplay.replay.render import render_log
     from kvreplay.sources import read_facts
 
@@ -38,7 +38,7 @@ def main() -> int:
     lines = render_log(wl, records, step_time_s=0.012, start=1778148060.05,
                        stats_interval_s=10.0, stats_phase_s=0.37,
                        with_prompts=not args.no_prompts)
-    peak = max(r["num_running"] for r in records)
+    peak = max(rec.num_running for rec in Engine(wl).run())
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "server.log"
         path.write_text("\n".join(lines) + "\n")

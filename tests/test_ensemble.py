@@ -135,3 +135,15 @@ def test_samples_flag(tmp_path: Path) -> None:
     table = subprocess.run(cmd[:7] + ["--samples", "4", "--seed", "2"], capture_output=True,
                            text=True).stdout
     assert "HEADLINE" in table and "5 replays the log allows (seed 2)" in table
+
+
+def test_workers_give_the_same_ensemble(monkeypatch) -> None:
+    """A large log's members are drawn in forked workers: each from its own seed, so the
+    report is byte-identical to the one drawn in one process."""
+    import kvreplay.inference.ensemble as ens
+
+    one = to_json(_replay("f_prefix_caching", "server.reqbody.log", samples=6, seed=5))
+    monkeypatch.setattr(ens, "PARALLEL_STEPS", 0)
+    monkeypatch.setattr(ens.os, "cpu_count", lambda: 2)
+    many = to_json(_replay("f_prefix_caching", "server.reqbody.log", samples=6, seed=5))
+    assert json.dumps(one, sort_keys=True) == json.dumps(many, sort_keys=True)

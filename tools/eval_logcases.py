@@ -38,7 +38,10 @@ def score(case: Path, log_name: str, tol: int = 5) -> dict:
         "loss": rep.info["fit_loss"],
         "agreeing_stats": f"{rep.verification['agreeing_lines']}/{rep.verification['stats_lines']}",
     }
-    if rep.estimate:
+    if rep.uncertainty is not None:
+        u = rep.uncertainty.preemptions
+        out["interval"] = [u["low"], u["median"], u["high"]]
+    elif rep.estimate:
         out["estimate"] = [rep.estimate["preemptions_low"], rep.estimate["preemptions_high"]]
     return out
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Poisson-arrival logs rendered from a workload (dev tool): score the log replay and the
-calibration of each preemption's `support`.
+calibration of each preemption's `probability` (the uncertainty ensemble).
 
     python tools/eval_poisson.py WORKLOAD.json [--seeds 0 1 2] [--step-ms 12] [--stats-s 2]
 
@@ -8,7 +8,7 @@ For each seed, the workload's arrivals are redrawn as a Poisson process over ste
 workload's own mean gap, the run is simulated (our scheduler == vLLM's, tests/test_oracle_bank),
 rendered as a 0.33 log (replay/render.py: whole-second time stamps, stats lines every
 --stats-s), replayed from the log alone, and compared with the simulation: preemptions found
-(right victim, +-5 steps), and how often a preemption with a given support, or a given
+(right victim, +-5 steps), and how often a preemption with a given probability (to 0.1), or a given
 confidence, is a true one.
 """
 from __future__ import annotations
@@ -86,24 +86,25 @@ def main() -> int:
         for j, q in enumerate(rep.preemptions):
             conf[q.confidence][0] += j in used
             conf[q.confidence][1] += 1
-            if q.support is not None:
-                calib[q.support][0] += j in used
-                calib[q.support][1] += 1
+            if q.probability is not None:
+                b = round(q.probability, 1)
+                calib[b][0] += j in used
+                calib[b][1] += 1
         tot_true += len(true)
         tot_hit += hit
         tot_found += len(rep.preemptions)
-        est = rep.estimate
+        est = rep.uncertainty.preemptions if rep.uncertainty is not None else None
         print(f"seed {seed}: pattern {rep.info["arrival_pattern"]}, true {len(true)}, found "
               f"{len(rep.preemptions)}, matched {hit} (within 15 steps {hit15}), median "
               f"arrival offset {median_offset:+d} steps, exact stats lines "
               f"{rep.verification['exact_lines']}/{rep.verification['stats_lines']}"
-              + (f", interval {est['preemptions_low']}-{est['preemptions_high']}" if est else ""),
+              + (f", interval {est['low']}-{est['high']}" if est else ""),
               flush=True)
     print(f"TOTAL true {tot_true} found {tot_found} matched {tot_hit} "
           f"({tot_hit / max(1, tot_true):.0%})")
     for sup in sorted(calib):
         ok, n = calib[sup]
-        print(f"  support {sup:.1f}: {ok}/{n} true")
+        print(f"  probability {sup:.1f}: {ok}/{n} true")
     for c in sorted(conf):
         ok, n = conf[c]
         print(f"  confidence {c}: {ok}/{n} true")

@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import bisect
 import math
+import multiprocessing
+import os
 import random
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
@@ -353,6 +356,80 @@ def _other_model(m: StepTimeModel, rng: random.Random) -> StepTimeModel:
                    per_context_token_s=m.per_context_token_s * f())
 
 
+@dataclass(slots=True)
+class _Context:
+    """What drawing one member needs (set before the worker processes fork)."""
+
+    rebuilt: Any
+    facts: LogFacts
+    fmt: LogFormat
+    profile: Any
+    run: Run
+    phase: float
+    bounds: list[float]
+    known: bool
+    draw: _Draw
+    kinds: tuple[str, ...]
+    seed: int
+    rnd: int
+    lengths: Sequence[int] | None
+    shared_prefix: int
+    priority_unknown: bool
+    placement: tuple[float, float]
+    keep_below: float  # return the member's run when its SSE is below this
+
+
+def _draw_member(c: _Context, i: int) -> tuple[Member, Run | None]:
+    """Member i of round c.rnd, from its own seed: the same whatever process draws it."""
+    rng = random.Random(f"kvreplay-ensemble:{c.seed}:{c.rnd}:{i}")
+    kind = c.kinds[i % len(c.kinds)]
+    arr = c.draw.placement(kind, rng)
+    rb = c.rebuilt
+    if c.lengths is not None or c.priority_unknown:
+        lens = draw_lengths(c.lengths, c.facts, rng) if c.lengths is not None else None
+        rb = rebuild_workload(c.facts, c.fmt, c.profile, prompt_lens=lens,
+                              shared_prefix=c.shared_prefix)
+        if c.priority_unknown:
+            specs = [replace(sp, priority=rng.randint(0, 4)) for sp in rb.workload.requests]
+            rb.workload = replace(rb.workload, requests=specs)
+    if kind == "model":
+        # the step-time model's uncertainty: the clock-driven replay under another model
+        # puts the arrivals at other steps (and the run at another length)
+        timed = timed_replay(rb, c.facts, c.profile, _other_model(c.run.model, rng),
+                             c.placement, order_window_s=c.fmt.order_window_s)
+        arr = c.draw._fix_order([max(a, 0) for a in timed.arrival_steps])
+    alt = placed(rb, c.facts, c.fmt, c.profile, arr, c.run.model, c.phase)
+    m = _member(alt.run, c.facts, c.fmt, c.phase, c.bounds, c.known)
+    # (a member with its own workload, drawn prompt lengths, is never the replay shown)
+    return m, alt.run if m.sse < c.keep_below and rb is c.rebuilt else None
+
+
+_CTX: _Context | None = None  # the context a forked worker reads
+PARALLEL_STEPS = 200_000  # member steps (samples x run steps) from which workers help
+
+
+def _job(i: int) -> tuple[Member, Run | None]:
+    assert _CTX is not None
+    return _draw_member(_CTX, i)
+
+
+def _map_members(c: _Context, samples: int, steps: int) -> list[tuple[Member, Run | None]]:
+    """Every member of a round, in order; on a large log in forked worker processes (one
+    per core; the main thread only: forking a threaded process, the TUI, is not safe)."""
+    global _CTX
+    cores = os.cpu_count() or 1
+    if (cores < 2 or samples * steps < PARALLEL_STEPS or "fork" not in
+            multiprocessing.get_all_start_methods()
+            or threading.current_thread() is not threading.main_thread()):
+        return [_draw_member(c, i) for i in range(samples)]
+    _CTX = c
+    try:
+        with multiprocessing.get_context("fork").Pool(min(cores, samples)) as pool:
+            return pool.map(_job, range(samples), chunksize=1)
+    finally:
+        _CTX = None
+
+
 def _member(run: Run, facts: LogFacts, fmt: LogFormat, phase: float, bounds: list[float],
             prompts_known: bool) -> Member:
     anchors = token_anchors(run, facts, fmt, cum_generated(run))
@@ -397,30 +474,14 @@ def ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, run: R
     around = run
     for rnd in range(ROUNDS):
         # round 1 draws around the member that fitted far better than the placed run
-        draw = _Draw(around, facts, fmt, phase, phase_known)
-        for i in range(samples):
-            rng = random.Random(f"kvreplay-ensemble:{seed}:{rnd}:{i}")
-            kind = kinds[i % len(kinds)]
-            arr = draw.placement(kind, rng)
-            rb = rebuilt
-            if lengths is not None or priority_unknown:
-                lens = draw_lengths(lengths, facts, rng) if lengths is not None else None
-                rb = rebuild_workload(facts, fmt, profile, prompt_lens=lens,
-                                      shared_prefix=shared_prefix)
-                if priority_unknown:
-                    specs = [replace(sp, priority=rng.randint(0, 4))
-                             for sp in rb.workload.requests]
-                    rb.workload = replace(rb.workload, requests=specs)
-            if kind == "model":
-                # the step-time model's uncertainty: the clock-driven replay under another
-                # model puts the arrivals at other steps (and the run at another length)
-                timed = timed_replay(rb, facts, profile, _other_model(run.model, rng),
-                                     placement, order_window_s=fmt.order_window_s)
-                arr = draw._fix_order([max(a, 0) for a in timed.arrival_steps])
-            alt = placed(rb, facts, fmt, profile, arr, run.model, phase)
-            members.append(_member(alt.run, facts, fmt, phase, bounds, known))
-            if members[-1].sse < best_sse and rb is rebuilt:  # (its own workload: not shown)
-                best_run, best_sse = alt.run, members[-1].sse
+        ctx = _Context(rebuilt, facts, fmt, profile, run, phase, bounds, known,
+                       _Draw(around, facts, fmt, phase, phase_known), kinds, seed, rnd,
+                       lengths, shared_prefix, priority_unknown, placement,
+                       members[0].sse * BETTER)
+        for m, alt_run in _map_members(ctx, samples, len(run.steps)):
+            members.append(m)
+            if alt_run is not None and m.sse < best_sse:
+                best_run, best_sse = alt_run, m.sse
         if best_run is None or best_run is around:
             break
         around = best_run

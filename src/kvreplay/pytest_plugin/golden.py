@@ -208,11 +208,7 @@ def _build_log(paths: list[str], *, profile: str | None, vllm_version: str | Non
     if rep.uncertainty is not None:  # the ensemble's 90% intervals (inference/ensemble.py)
         u = rep.uncertainty
         replay["preemptions_low"] = u.preemptions["low"]
-        replay["preemptions_median"] = u.preemptions["median"]
         replay["preemptions_high"] = u.preemptions["high"]
-        replay["recomputed_tokens_low"] = u.recomputed_tokens["low"]
-        replay["recomputed_tokens_high"] = u.recomputed_tokens["high"]
-        replay["uncertainty_samples"] = u.samples
     elif rep.estimate:
         replay["preemptions_low"] = rep.estimate.get("preemptions_low")
         replay["preemptions_high"] = rep.estimate.get("preemptions_high")
@@ -488,7 +484,7 @@ class Mismatch:
     diff: list[str] = field(default_factory=list)  # unified diff lines (- golden, + now)
     changed_lines: int = 0
 
-    def message(self, *, max_diff_lines: int = 40) -> str:
+    def message(self, *, max_diff_lines: int = 56) -> str:
         out = ["first differences:"]
         out.extend(f"  {s}" for s in self.summary)
         shown = self.diff[:max_diff_lines]
@@ -515,6 +511,9 @@ def compare(expected: Doc, actual: Doc, *, fields: Sequence[str] | None = None,
     return Mismatch(_describe(exp, act, max_items), diff, changed)
 
 
+_GONE = object()
+PER_SECTION = 5  # differences listed per section before the next section's first
+
 # What a reader wants first: what was run, what the replay found, then the inputs to it.
 _DESCRIBE_ORDER = ("input", "replay", "preemptions", "version", "workload", "config", "events")
 
@@ -536,13 +535,16 @@ def _describe(exp: Doc, act: Doc, max_items: int) -> list[str]:
         if isinstance(a, list) or isinstance(b, list):
             out.extend(_describe_records(name, list(a or []), list(b or [])))
             continue
-        for k in sorted(set(a) | set(b)):
+        keys = [k for k in sorted(set(a) | set(b)) if a.get(k, _GONE) != b.get(k, _GONE)]
+        for k in keys[:PER_SECTION]:
             if k not in b:
                 out.append(f"{name}.{k}: {encode(a[k])} -> (gone)")
             elif k not in a:
                 out.append(f"{name}.{k}: (new) -> {encode(b[k])}")
-            elif a[k] != b[k]:
+            else:
                 out.append(f"{name}.{k}: {encode(a[k])} -> {encode(b[k])}")
+        if len(keys) > PER_SECTION:  # (room for the next sections' first difference)
+            out.append(f"... and {len(keys) - PER_SECTION} more in [{name}]")
     if len(out) > max_items:
         out = out[:max_items] + [f"... and {len(out) - max_items} more"]
     return out
