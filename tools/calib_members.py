@@ -292,8 +292,8 @@ def outcomes(recs: list[dict], temp_k: float = 4.0) -> dict[str, list[tuple[floa
 def score_product(recs: list[dict]) -> dict:
     """The scores of what the product prints: its weights (noise_weights), its widened
     intervals and its calibrated probabilities (ensemble.CALIBRATION, WIDEN)."""
-    from kvreplay.inference.ensemble import (CALIBRATION, TOL_STEPS, WIDEN, _interval,
-                                             calibrated, noise_weights)
+    from kvreplay.inference.ensemble import (CALIBRATION, POOR_FIT, POOR_FIT_P_MAX, TOL_STEPS,
+                                             _interval, calibrated, noise_weights, widen_for)
     n = cover = cover_r = cover_w = nwin = 0
     widths = []
     brier = brier_base = 0.0
@@ -308,8 +308,10 @@ def score_product(recs: list[dict]) -> dict:
             continue
         known = r["prompts"] == "exact"
         cal = r.get("pattern") == "poisson"
-        wd = WIDEN[known] if cal else 0.0
-        w = noise_weights([m["loss"] + 2.0 * m["inexact"] for m in ms], len(ms[0]["windows"]) - 1)
+        sse = [m["loss"] + 2.0 * m["inexact"] for m in ms]
+        lines = len(ms[0]["windows"]) - 1
+        wd = widen_for(known, min(sse) / max(1, lines)) if cal else 0.0
+        w = noise_weights(sse, lines)
         tot = sum(w)
         true = r["truth"]["preemptions"]
         tc = len(true)
@@ -335,6 +337,8 @@ def score_product(recs: list[dict]) -> dict:
             p = sum(wi for wi, m in zip(w, ms) if q in m["by_victim"]) / tot
             if cal:
                 p = calibrated(p, CALIBRATION[("requests", known)])
+                if min(sse) / max(1, lines) >= POOR_FIT:
+                    p = min(p, POOR_FIT_P_MAX)
             preq[q] = p
             y = q in victims
             brier += (p - y) ** 2

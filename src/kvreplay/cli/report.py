@@ -167,8 +167,7 @@ def uncertainty_lines(u: dict[str, Any]) -> list[str]:
     if wins:
         out.append("    preemptions per stats interval (median, 90%):")
         for w in wins:
-            span = (time.strftime("%H:%M:%S", time.gmtime(w["start"])) + "-"
-                    + time.strftime("%H:%M:%S", time.gmtime(w["end"])))
+            span = _hms(w["start"]) + "-" + _hms(w["end"])
             out.append(f"      {span}  {w['median']:>3}  [{w['low']}-{w['high']}]")
     likely = [x for x in u["requests"] if x["p_preempted"] >= 0.5]
     out.append(f"    requests preempted with p >= 0.8: "
@@ -207,6 +206,10 @@ def preemption_table(pre: list[Any], probabilities: bool = False) -> list[str]:
             row += f"  {p.probability:.2f}" + ("  lead" if p.probability < LEAD_BELOW else "")
         out.append(row.rstrip())
     return out
+
+
+def _hms(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 10)}"
 
 
 def _rule(p: Any) -> str:

@@ -92,6 +92,8 @@ class Uncertainty:
     windows: list[dict[str, Any]]
     requests: list[dict[str, Any]]
     headline: str = ""  # what to trust, what not, how to make it exact (headline())
+    fit_per_line: float = 0.0  # the best member's SSE per stats line
+    poor_fit: bool = False  # no member reproduces the stats lines (>= POOR_FIT per line)
     members: list[Member] = field(default_factory=list, repr=False)
     # a member that agrees far better with the stats lines than the placed run (< BETTER x
     # its SSE): the replay to show instead; None when the placed run is the best
@@ -112,6 +114,7 @@ class Uncertainty:
 
     def to_json(self) -> dict[str, Any]:
         return {"headline": self.headline, "samples": self.samples, "seed": self.seed,
+                "fit_per_line": round(self.fit_per_line, 2), "poor_fit": self.poor_fit,
                 "effective_samples": round(self.effective_samples, 1),
                 "preemptions": self.preemptions, "recomputed_tokens": self.recomputed_tokens,
                 "recompute_ratio": self.recompute_ratio, "windows": self.windows,
@@ -139,9 +142,9 @@ def _ess(w: Sequence[float]) -> float:
 # sure and its intervals too narrow. Measured on 48 rendered Poisson logs (200-600
 # requests; tools/calib_members.py fit), the shares are mapped to the observed frequencies
 # (pooled adjacent violators, linear between knots, flat beyond; checked on 48 held-out
-# logs), and the intervals widened by WIDEN x the median on each side (prompts logged /
-# estimated; chosen on both sets, since 0.05 fitted on the first held 67% on the second).
-# docs/accuracy.md, section 4.
+# logs), and the intervals widened by WIDEN x the median on each side, by whether prompts
+# are logged and how well the best member fits (chosen on both sets: 0.05 fitted on the
+# first held 67% on the second). docs/accuracy.md, section 4.
 CALIBRATION: dict[tuple[str, bool], tuple[tuple[float, float], ...]] = {
     ("requests", True): ((0.005, 0.02), (0.142, 0.205), (0.25, 0.231), (0.349, 0.356),
                          (0.444, 0.369), (0.552, 0.47), (0.702, 0.618), (0.85, 0.687),
@@ -151,7 +154,15 @@ CALIBRATION: dict[tuple[str, bool], tuple[tuple[float, float], ...]] = {
     ("requests", False): ((0.014, 0.076), (0.146, 0.178), (0.286, 0.188), (0.507, 0.231)),
     ("rows", False): ((0.183, 0.013), (0.355, 0.019)),
 }
-WIDEN = {True: 0.25, False: 0.15}
+# (prompts logged, the fit poor) -> widening; a poor fit: the best member's SSE per stats
+# line at least POOR_FIT (a running count off by about 3 on every line)
+WIDEN = {(True, False): 0.1, (False, False): 0.1, (True, True): 0.3, (False, True): 0.2}
+POOR_FIT = 10.0
+POOR_FIT_P_MAX = 0.75  # a poor fit's requests: p >= 0.8 was right 43 of 60 times (72%)
+
+
+def widen_for(prompts_known: bool, fit_per_line: float) -> float:
+    return WIDEN[(prompts_known, fit_per_line >= POOR_FIT)]
 
 
 def calibrated(p: float, knots: Sequence[tuple[float, float]]) -> float:
@@ -496,7 +507,8 @@ def ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, run: R
               else (bounds[0] if bounds else 0.0)] + bounds
     ends_ = bounds + [run.end]
     cal = pattern == "poisson"  # calibrated on Poisson logs (bursts need no correction)
-    widen = WIDEN[known] if cal else 0.0
+    fit = min(m.sse for m in members) / max(1, len(facts.stats))
+    widen = widen_for(known, fit) if cal else 0.0
     for k in range(len(bounds) + 1):
         iv = _interval([m.windows[k] for m in members], w, widen=widen)
         if k == len(bounds) and iv["high"] == 0:
@@ -511,6 +523,8 @@ def ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, run: R
             continue  # only members of no weight preempt it
         e = sum(m.weight * len(m.by_victim.get(rid, ())) for m in members) / total
         p = calibrated(raw, maps[0]) if maps else raw
+        if cal and fit >= POOR_FIT:
+            p = min(p, POOR_FIT_P_MAX)
         reqs.append({"id": rid, "p_preempted": round(p, 3),
                      "expected_preemptions": round(e * p / raw, 3)})
     reqs.sort(key=lambda r: (-r["p_preempted"], -r["expected_preemptions"], r["id"]))
@@ -520,11 +534,19 @@ def ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, run: R
         recomputed_tokens=_interval([m.recomputed for m in members], w, widen=widen),
         recompute_ratio=_interval(ratios, w, digits=4, widen=widen),
         windows=win_rows, requests=reqs, members=members, representative=best_run,
-        row_map=maps[1] if maps else None)
+        row_map=maps[1] if maps else None, fit_per_line=fit, poor_fit=cal and fit >= POOR_FIT)
 
 
 def headline(unc: Uncertainty, pre: Sequence[PreemptionRecord], make_exact: str) -> str:
     """One line: what to trust in this log's replay, what not, how to make it exact."""
+    checked = bool(pre) and all(p.confidence in ("consistent", "exact-by-log") for p in pre)
+    if unc.poor_fit:
+        c = unc.preemptions
+        return (f"no replay the log allows reproduces its stats lines (the best misfits them "
+                f"by {unc.fit_per_line:.0f} per line, where {POOR_FIT:.0f} is poor): take {c['low']}-{c['high']} "
+                f"preemptions (median {c['median']}) as a rough range, not a 90% interval "
+                f"(on rendered logs this poorly fitted it held the true count in 33 of 43), and no row as "
+                f"a fact; to make it exact: {make_exact}")
     c = unc.preemptions
     leads = sum(1 for p in pre if (p.probability or 0.0) < LEAD_BELOW)
     count = (f"{c['median']} preemptions" if c["low"] == c["high"] else
@@ -533,9 +555,11 @@ def headline(unc: Uncertainty, pre: Sequence[PreemptionRecord], make_exact: str)
         return (f"no preemption in any of the {unc.samples + 1} replays the log allows; "
                 f"to make it exact: {make_exact}")
     if leads == 0 and c["low"] == c["high"]:
+        how = ("each row consistent: the stats lines on both sides match it exactly" if checked
+               else "still inferred")
         return (f"trust the count ({count}) and the table: the replays the log allows "
                 f"(weighted by the stats lines) agree on it and on each row within "
-                f"{TOL_STEPS} steps; still inferred, not logged: to make it exact: {make_exact}")
+                f"{TOL_STEPS} steps; {how}, not logged; to make it exact: {make_exact}")
     if leads == 0:
         return (f"trust the count ({count}), the storm windows and the recomputed tokens; "
                 f"each row's victim is likely (p >= {LEAD_BELOW}), not certain: the log pins "
