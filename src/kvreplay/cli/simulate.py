@@ -9,6 +9,7 @@ from typing import IO, Any
 from kvreplay.errors import UserError, write_output
 
 SAMPLE_WORKLOAD = "fcfs_heavy.workload.json"
+HASH_GC_STEPS = 2000  # steps between two collections of unreachable block-hash ids
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,51 +60,64 @@ def run(args: argparse.Namespace) -> int:
 
     path = args.workload or _sample_path()
     data = load_workload(path)
+    # records: the trace (a generator for V1: nothing is kept); finish(): the summary and
+    # whether every request finished, once the records are consumed
     if data.get("engine") == "v0":
-        records, summary, completed, label = _run_v0(data, args.check_invariants)
+        records, finish, label = _run_v0(data, args.check_invariants)
     else:
-        records, summary, completed, label = _run_v1(
-            data, args.profile, args.check_invariants, not args.allow_unfinishable
-        )
+        records, finish, label = _run_v1(
+            data, args.profile, args.check_invariants, not args.allow_unfinishable,
+            trace=args.format == "trace")
 
     encoder = msgspec.json.Encoder()
-    if args.summary:
-        _write(args.summary, lambda f: f.write(_json_pretty(summary)))
     if args.format == "trace":
         def emit(f: IO[str]) -> None:
-            for rec in records:
+            for rec in records:  # (V1: a generator, written as the engine runs)
                 f.write(encoder.encode(rec).decode())
                 f.write("\n")
         _write(args.output, emit)
-    elif args.format == "summary":
-        _write(args.output, lambda f: f.write(_json_pretty(summary)))
-    else:
+    elif args.format == "report":
         from kvreplay.replay.result import replay_workload
 
         rep = replay_workload(data, profile=args.profile, label=label,
                               check_capacity=not args.allow_unfinishable)
         _write(args.output, lambda f: f.write(render_report(path, label, rep)))
+    for _ in records:  # run to the end (summary, report), keeping nothing
+        pass
+    summary, completed, steps = finish()
+    if args.format == "summary":
+        _write(args.output, lambda f: f.write(_json_pretty(summary)))
+    if args.summary:
+        _write(args.summary, lambda f: f.write(_json_pretty(summary)))
     if not completed:
         print(
             f"kvreplay simulate: not every request finished within max_steps "
-            f"({len(records)} steps run)",
+            f"({steps} steps run)",
             file=sys.stderr,
         )
         return 1
     return 0
 
 
-def _run_v1(data: dict[str, Any], profile_name: str, check: bool, check_capacity: bool):
-    from kvreplay.replay.engine import simulate
+def _run_v1(data: dict[str, Any], profile_name: str, check: bool, check_capacity: bool,
+            trace: bool = True):
+    from kvreplay.replay.engine import Engine, iter_trace
     from kvreplay.replay.profile import get_profile
     from kvreplay.replay.workload import parse_workload
 
     workload = parse_workload(data, check_capacity=check_capacity)
     profile = get_profile(profile_name)
-    records, run = simulate(workload, profile, check_invariants=check)
-    summary = run.to_dict()
-    summary["profile"] = profile.name
-    return records, summary, run.completed, f"vLLM V1 scheduler, profile {profile.name} ({profile.releases})"
+    # the block-hash table bounded by what is live (nothing here snapshots the engine)
+    engine = Engine(workload, profile, check_invariants=check, collect_hashes_every=HASH_GC_STEPS)
+
+    def finish() -> tuple[dict[str, Any], bool, int]:
+        summary = engine.summary.to_dict()
+        summary["profile"] = profile.name
+        return summary, engine.summary.completed, engine.summary.num_steps
+
+    # (no trace asked for: the engine's own step records, each dropped as it comes)
+    return (iter_trace(engine) if trace else engine.run(), finish,
+            f"vLLM V1 scheduler, profile {profile.name} ({profile.releases})")
 
 
 def _run_v0(data: dict[str, Any], check: bool):
@@ -112,7 +126,8 @@ def _run_v0(data: dict[str, Any], check: bool):
     records = v0.run_workload(data, check_invariants=check)
     summary = v0.summarize(records, data)
     completed = bool(summary.get("completed", True))
-    return records, summary, completed, "vLLM V0 scheduler (0.6.6.post1 rules)"
+    return (records, lambda: (summary, completed, len(records)),
+            "vLLM V0 scheduler (0.6.6.post1 rules)")
 
 
 def _json_pretty(obj: Any) -> str:

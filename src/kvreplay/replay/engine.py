@@ -89,7 +89,11 @@ class Engine:
         check_invariants: bool = False,
         block_hasher: Callable[[Request], None] | None = None,
         record_sampled: bool = False,
+        collect_hashes_every: int = 0,
     ) -> None:
+        """`collect_hashes_every`: every so many steps, forget the block-hash ids nothing
+        live can reach (BlockHasher.collect); 0: never (an engine that is snapshotted)."""
+        self.collect_hashes_every = collect_hashes_every
         self.workload = workload
         self.profile = profile
         self.scheduler = Scheduler(workload.config, profile, check_invariants=check_invariants)
@@ -198,6 +202,13 @@ class Engine:
                 return True
         return False
 
+    def _collect_hashes(self) -> None:
+        sched = self.scheduler
+        reachable: set[int] = set(sched.pool.cached_block_hash_to_block)
+        for r in sched.requests.values():
+            reachable.update(r.block_hashes)
+        self.block_hasher.collect(reachable)  # type: ignore[union-attr]
+
     def _abort_now(self, rid: str) -> None:
         self.scheduler.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
         self.summary.finished_step[rid] = self.step_index
@@ -228,6 +239,9 @@ class Engine:
         sched = self.scheduler
         batch_queue = self.batch_queue
         step = self.step_index
+        every = self.collect_hashes_every
+        if every and step % every == 0 and isinstance(self.block_hasher, BlockHasher):
+            self._collect_hashes()
         for rid in self.aborts_at.get(step, ()):
             self.abort(rid)
         arrivals: list[str] = []
@@ -421,8 +435,15 @@ def simulate(
     check_invariants: bool = False,
 ) -> tuple[list[dict[str, Any]], RunSummary]:
     """Run a workload; return its conformance trace (replay/trace.py) and the summary."""
+    engine = Engine(workload, profile, check_invariants=check_invariants)
+    records = list(iter_trace(engine))
+    return records, engine.summary
+
+
+def iter_trace(engine: Engine) -> Iterator[dict[str, Any]]:
+    """The conformance record of every step, as the engine runs (nothing kept: a trace
+    written as it goes needs memory for one step; engine.summary is complete at the end)."""
     from kvreplay.replay.trace import conformance_record
 
-    engine = Engine(workload, profile, check_invariants=check_invariants)
-    records = [conformance_record(engine, rec) for rec in engine.run()]
-    return records, engine.summary
+    for rec in engine.run():
+        yield conformance_record(engine, rec)

@@ -138,16 +138,40 @@ class BlockHasher:
     """Chained block hashes (A4). Only equality matters for replay, so a hash is an
     interned id of (parent id, block tokens): collision-free and deterministic."""
 
-    __slots__ = ("block_size", "_ids")
+    __slots__ = ("block_size", "_ids", "_next")
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._ids: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._next = 0  # ids are never reused (collect() drops entries)
 
     def __deepcopy__(self, memo: dict) -> "BlockHasher":
         # Shared by snapshots: the (parent, tokens) -> id table only grows, and a replay
         # resumed from a snapshot assigns the same ids to the same content.
         return self
+
+    def collect(self, reachable: set[int]) -> int:
+        """Forget the entries no live request or cached block can reach (and that are no
+        ancestor of one): the table then grows with what is live, not with every token ever
+        processed. Returns how many were dropped.
+
+        NOTE: equivalent for the replay. A dropped key seen again gets a new id where it
+        would have got its old one; the old id, and every id chained on it, is in no cached
+        block and no request, so both miss the prefix cache alike. A snapshot taken before
+        a collect holds ids the table no longer knows: engines that snapshot do not collect."""
+        by_id = {h: key for key, h in self._ids.items()}
+        keep: set[int] = set()
+        stack = list(reachable)
+        while stack:
+            h = stack.pop()
+            if h in keep or h not in by_id:
+                continue
+            keep.add(h)
+            stack.append(by_id[h][0])  # the parent: a cached child needs its chain
+        dropped = len(self._ids) - len(keep)
+        if dropped:
+            self._ids = {key: h for key, h in self._ids.items() if h in keep}
+        return dropped
 
     def __call__(self, request: Request) -> None:
         bs = self.block_size
@@ -171,7 +195,8 @@ class BlockHasher:
             key = (parent, tokens)
             h = ids.get(key)
             if h is None:
-                h = len(ids)
+                h = self._next
+                self._next = h + 1
                 ids[key] = h
             hashes.append(h)
             parent = h
