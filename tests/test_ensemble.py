@@ -147,3 +147,65 @@ def test_workers_give_the_same_ensemble(monkeypatch) -> None:
     monkeypatch.setattr(ens.os, "cpu_count", lambda: 2)
     many = to_json(_replay("f_prefix_caching", "server.reqbody.log", samples=6, seed=5))
     assert json.dumps(one, sort_keys=True) == json.dumps(many, sort_keys=True)
+
+
+def test_long_stages_report_progress() -> None:
+    """The core reports its stages to a sink (the console script's bar on a terminal);
+    without one nothing is printed. A log replay reports parsing, the fit and placement,
+    and the ensemble member by member."""
+    from kvreplay import progress
+    from kvreplay.sources import open_replay
+
+    seen: list[tuple[str, int | None, int]] = []
+
+    class Sink:
+        def start(self, name, total):
+            seen.append((name, total, 0))
+            return len(seen) - 1
+
+        def advance(self, handle, n):
+            name, total, done = seen[handle]
+            seen[handle] = (name, total, done + n)
+
+        def finish(self, handle):
+            pass
+
+    old = progress.set_sink(Sink())
+    try:
+        open_replay([str(CASES / "f_prefix_caching" / "server.reqbody.log")], year=2026,
+                    samples=5)
+    finally:
+        progress.set_sink(old)
+    names = [s[0] for s in seen]
+    assert names[0].startswith("parse server.reqbody.log")
+    assert any(n.startswith("fit the clock and place 10 arrivals") for n in names)
+    ens = [s for s in seen if s[0].startswith("uncertainty ensemble")]
+    assert ens and all(total == done == 5 for _, total, done in ens)
+
+
+def test_the_bar_is_only_for_a_terminal(capsys) -> None:
+    from kvreplay.cli import main
+
+    assert main(["replay", str(CASES / "b_fcfs_heavy" / "server.reqbody.log"), "--year",
+                 "2026", "--samples", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "\x1b[" not in err and "ensemble" not in err  # (stderr is no terminal here)
+
+
+def test_the_bar_leaves_the_report_on_stdout(capsys, monkeypatch) -> None:
+    """With the bar on (stderr a terminal), the report still goes to stdout, whole: rich
+    must not take stdout over for its live display."""
+    import sys
+
+    from kvreplay.cli import main
+
+    args = ["replay", str(CASES / "b_fcfs_heavy" / "server.reqbody.log"), "--year", "2026",
+            "--samples", "3"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    strip = [line for line in out.splitlines() if "replayed in" not in line]
+    assert strip == [line for line in plain.splitlines() if "replayed in" not in line]
+    assert len(strip) > 10

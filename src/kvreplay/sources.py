@@ -45,8 +45,11 @@ def read_log(paths: Sequence[str], *, vllm_version: str | None = None,
     """Parse log files (merged by time) into events, once."""
     from kvreplay.parsers import detect_version, merge_config, parse_files
 
+    from kvreplay.progress import stage
+
     _check_exist(paths)
-    events = list(parse_files(list(paths), year=year, vllm_version=vllm_version))
+    with stage(f"parse {', '.join(Path(p).name for p in paths)}"):
+        events = list(parse_files(list(paths), year=year, vllm_version=vllm_version))
     if not events:
         raise UserError(f"{', '.join(paths)}: empty log")
     return LogInput(list(paths), events, detect_version(events, vllm_version), merge_config(events))

@@ -90,18 +90,25 @@ def audit_many(paths: Iterable[str], *, jobs: int | None = None, profile: str | 
     from concurrent.futures import ProcessPoolExecutor
 
     from kvreplay.audit.record import empty_record
+    from kvreplay.progress import stage
 
     paths = list(paths)
     work = [(p, profile, replay, year) for p in paths]
     jobs = jobs or min(len(paths), os.cpu_count() or 1)
-    if jobs <= 1 or len(paths) <= 1:
-        results = [_audit_worker(w) for w in work]
-    else:
-        import multiprocessing as mp
+    results = []
+    with stage(f"audit {len(paths)} log{'s' if len(paths) != 1 else ''}", len(paths)) as bar:
+        if jobs <= 1 or len(paths) <= 1:
+            for w in work:
+                results.append(_audit_worker(w))
+                bar.advance()
+        else:
+            import multiprocessing as mp
 
-        ctx = mp.get_context("spawn" if os.name == "nt" else "fork")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
-            results = list(ex.map(_audit_worker, work, chunksize=1))
+            ctx = mp.get_context("spawn" if os.name == "nt" else "fork")
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
+                for r in ex.map(_audit_worker, work, chunksize=1):
+                    results.append(r)
+                    bar.advance()
     rows: list[dict[str, Any]] = []
     for p, (recs, err) in zip(paths, results):
         if recs is None:

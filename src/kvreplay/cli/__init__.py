@@ -60,8 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
+    from kvreplay.cli.progress_bar import progress_bar
+
     try:
-        return int(args._module.run(args) or 0)
+        # stderr a terminal: long stages show a bar (not under the TUI, which owns it)
+        with progress_bar(False if args.command == "tui" else None):
+            return int(args._module.run(args) or 0)
     except UserError as exc:
         print(f"kvreplay {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -28,6 +28,7 @@ from kvreplay.inference.prompts import fit_prompts
 from kvreplay.inference.verify import check_warnings, verify
 from kvreplay.replay.engine import without_cyclic_gc
 from kvreplay.replay.records import preemption_records
+from kvreplay.progress import stage
 from kvreplay.replay.result import Replay
 
 
@@ -48,17 +49,21 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
     pattern = arrival_pattern(facts)
     why_not = unusable(facts, fmt)
     if why_not is None and step_time is None:
-        return replay_by_iterations(facts, fmt, prof, pattern)
+        with stage(f"replay by {len(facts.iterations):,} Iteration lines"):
+            return replay_by_iterations(facts, fmt, prof, pattern)
     if facts.iterations:
         facts.notes.append(f"Iteration lines not used: {why_not or 'a step time was given'}")
-    rebuilt, f, unknown = fit_prompts(facts, fmt, prof, fit_placements(fmt, pattern), step_time)
+    with stage(f"fit the clock and place {len(facts.requests):,} arrivals"):
+        rebuilt, f, unknown = fit_prompts(facts, fmt, prof, fit_placements(fmt, pattern),
+                                          step_time)
+        run, phase, loss, anchored = place_arrivals(rebuilt, facts, fmt, prof, f, pattern,
+                                                    step_time)
     if starts is not None:
         rebuilt.notes.append(
             f"the access lines are not used: {starts}. uvicorn writes a request's access line "
             "when its response headers go out, which for a streaming response is as it "
             "starts, not when it ends; arrivals are placed by their seconds and the stats "
             "lines only")
-    run, phase, loss, anchored = place_arrivals(rebuilt, facts, fmt, prof, f, pattern, step_time)
     phase_known = phase_estimate(facts) is not None
     check = verify(run, facts, fmt, phase, prompts_known=not rebuilt.prompts_estimated)
     warnings = check_warnings(run, facts) if fmt.preemption_warnings else None

@@ -44,6 +44,7 @@ from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.lines import cum_generated, line_time, token_anchors
 from kvreplay.inference.placement import placed, windows
 from kvreplay.inference.rebuild import rebuild_workload
+from kvreplay.progress import stage
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.runs import Run, timed_replay
 from kvreplay.inference.verify import anchored_loss, verify
@@ -426,19 +427,30 @@ def _job(i: int) -> tuple[Member, Run | None]:
 
 def _map_members(c: _Context, samples: int, steps: int) -> list[tuple[Member, Run | None]]:
     """Every member of a round, in order; on a large log in forked worker processes (one
-    per core; the main thread only: forking a threaded process, the TUI, is not safe)."""
+    per core; from the main thread of a process that may have children only: forking a
+    threaded process, the TUI, is not safe)."""
     global _CTX
     cores = os.cpu_count() or 1
-    if (cores < 2 or samples * steps < PARALLEL_STEPS or "fork" not in
-            multiprocessing.get_all_start_methods()
-            or threading.current_thread() is not threading.main_thread()):
-        return [_draw_member(c, i) for i in range(samples)]
-    _CTX = c
-    try:
-        with multiprocessing.get_context("fork").Pool(min(cores, samples)) as pool:
-            return pool.map(_job, range(samples), chunksize=1)
-    finally:
-        _CTX = None
+    with stage(f"uncertainty ensemble, round {c.rnd + 1}", samples) as bar:
+        if (cores < 2 or samples * steps < PARALLEL_STEPS or "fork" not in
+                multiprocessing.get_all_start_methods()
+                or threading.current_thread() is not threading.main_thread()
+                or multiprocessing.current_process().daemon):  # (a pool's worker: no children)
+            out = []
+            for i in range(samples):
+                out.append(_draw_member(c, i))
+                bar.advance()
+            return out
+        _CTX = c
+        try:
+            with multiprocessing.get_context("fork").Pool(min(cores, samples)) as pool:
+                out = []
+                for m in pool.imap(_job, range(samples), chunksize=1):  # (in order)
+                    out.append(m)
+                    bar.advance()
+                return out
+        finally:
+            _CTX = None
 
 
 def _member(run: Run, facts: LogFacts, fmt: LogFormat, phase: float, bounds: list[float],
