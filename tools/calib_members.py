@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing
 import os
 import sys
@@ -60,115 +59,20 @@ FLOOR = 0.5
 ESS_FRACTION = None
 
 
-def ess(w):
-    return sum(w) ** 2 / sum(x * x for x in w)
+def score(recs: list[dict], temp: float, cost: float = 2.0, adapt: float = 0.0) -> dict:
+    """Another weighting tried offline: T = `temp` (x lines with --per-line), at least
+    ADAPT x the best member's loss per line (FLOOR), raised to keep --ess effective;
+    intervals widened by --widen on Poisson logs; raw (uncalibrated) probabilities."""
+    from kvreplay.inference.ensemble import temper
 
+    def weigh(sse: list[float], lines: int) -> list[float]:
+        t = max(temp * lines if PER_LINE else temp, adapt * max(FLOOR, min(sse) / lines), 1e-9)
+        return temper(sse, t, ESS_FRACTION or 0.0)
 
-def tempered(sse, frac):
-    """Weights exp(-(sse - best) / 2T), T the lowest that keeps ESS >= frac * N."""
-    best = min(sse)
-    n = len(sse)
-
-    def ws(t):
-        return [math.exp(-(x - best) / (2 * t)) for x in sse]
-
-    if frac >= 1.0:
-        return [1.0] * n
-    lo, hi = 1e-3, 1e9
-    if ess(ws(hi)) < frac * n:
-        return ws(hi)
-    for _ in range(60):
-        mid = math.sqrt(lo * hi)
-        if ess(ws(mid)) >= frac * n:
-            hi = mid
-        else:
-            lo = mid
-    return ws(hi)
-
-
-def _q(values, weights, q):
-    pairs = sorted(zip(values, weights))
-    tot = sum(w for _, w in pairs)
-    acc = 0.0
-    for v, w in pairs:
-        acc += w
-        if acc >= q * tot - 1e-12:
-            return v
-    return pairs[-1][0]
-
-
-def score(recs: list[dict], temp: float, cost: float = 2.0, level: float = 0.9,
-          adapt: float = 0.0) -> dict:
-    tail = (1 - level) / 2
-    cover = cover_r = n = 0
-    widths = []
-    brier = brier_base = 0.0
-    nreq = 0
-    hi8 = [0, 0]
-    hi5 = [0, 0]
-    bins = [[0, 0.0, 0] for _ in range(10)]
-    rows_bins = [[0, 0.0, 0] for _ in range(10)]
-    for r in recs:
-        ms = r["members"]
-        if not ms:
-            continue
-        for m in ms:
-            m["sse"] = m["loss"] + cost * m["inexact"]
-        best = min(m["sse"] for m in ms)
-        lines = max(1, len(ms[0]["windows"]) - 1)
-        t_eff = max(temp * lines if PER_LINE else temp, adapt * max(FLOOR, best / lines))
-        w = [math.exp(-(m["sse"] - best) / (2 * t_eff)) for m in ms]
-        if ESS_FRACTION is not None and ess(w) < ESS_FRACTION * len(w):
-            w = tempered([m["sse"] for m in ms], ESS_FRACTION)
-        tot = sum(w)
-        true = r["truth"]["preemptions"]
-        tc = len(true)
-        lo, hi = _q([m["count"] for m in ms], w, tail), _q([m["count"] for m in ms], w, 1 - tail)
-        med = _q([m["count"] for m in ms], w, 0.5)
-        wd = WIDEN if r.get("pattern") == "poisson" else 0.0
-        lo, hi = lo - round(wd * med), hi + round(wd * med)
-        n += 1
-        cover += lo <= tc <= hi
-        widths.append((hi - lo, (hi - lo) / max(1, tc)))
-        tr = r["truth"].get("recomputed_tokens")
-        if tr is not None:
-            rl = _q([m["recomputed"] for m in ms], w, tail)
-            rh = _q([m["recomputed"] for m in ms], w, 1 - tail)
-            rm = _q([m["recomputed"] for m in ms], w, 0.5)
-            rl, rh = rl - wd * rm, rh + wd * rm
-            cover_r += rl <= tr <= rh
-        victims = {v for _, v in true}
-        reqs = set(r["truth"]["requests"]) | victims | {v for m in ms for v in m["by_victim"]}
-        base = len(victims) / max(1, len(reqs))
-        for q in reqs:
-            p = sum(wi for wi, m in zip(w, ms) if q in m["by_victim"]) / tot
-            y = q in victims
-            brier += (p - y) ** 2
-            brier_base += (base - y) ** 2
-            nreq += 1
-            b = bins[min(9, int(p * 10))]
-            b[0] += 1; b[1] += p; b[2] += y
-            if p >= 0.8:
-                hi8[0] += 1; hi8[1] += y
-            if p >= 0.5:
-                hi5[0] += 1; hi5[1] += y
-        for step, v in r["rows"]:
-            p = sum(wi for wi, m in zip(w, ms)
-                    if any(abs(s - step) <= 5 for s in m["by_victim"].get(v, ()))) / tot
-            y = any(v == tv and abs(step - ts) <= 5 for ts, tv in true)
-            b = rows_bins[min(9, int(p * 10))]
-            b[0] += 1; b[1] += p; b[2] += y
-    return {"T": temp, "logs": n, "coverage": round(cover / max(1, n), 3),
-            "coverage_recomputed": round(cover_r / max(1, n), 3),
-            "mean_width": round(sum(a for a, _ in widths) / max(1, n), 2),
-            "mean_rel_width": round(sum(b for _, b in widths) / max(1, n), 3),
-            "brier": round(brier / max(1, nreq), 4), "brier_base": round(brier_base / max(1, nreq), 4),
-            "p>=0.8": [hi8[0], round(hi8[1] / max(1, hi8[0]), 3)],
-            "p>=0.5": [hi5[0], round(hi5[1] / max(1, hi5[0]), 3)],
-            "reliability": [[i / 10, b[0], round(b[1] / b[0], 3) if b[0] else None,
-                             round(b[2] / b[0], 3) if b[0] else None] for i, b in enumerate(bins)],
-            "rows": [[i / 10, b[0], round(b[1] / b[0], 3) if b[0] else None,
-                      round(b[2] / b[0], 3) if b[0] else None] for i, b in enumerate(rows_bins)]}
+    out = score_product(recs, weigh=weigh, cost=cost, calibrate=False,
+                        widen=lambda known, fit: WIDEN)
+    out["T"] = temp
+    return out
 
 
 def main() -> int:
@@ -289,11 +193,16 @@ def outcomes(recs: list[dict], temp_k: float = 4.0) -> dict[str, list[tuple[floa
     return out
 
 
-def score_product(recs: list[dict]) -> dict:
+def score_product(recs: list[dict], *, weigh=None, widen=None, cost: float = 2.0,
+                  calibrate: bool = True) -> dict:
     """The scores of what the product prints: its weights (noise_weights), its widened
-    intervals and its calibrated probabilities (ensemble.CALIBRATION, WIDEN)."""
+    intervals (widen_for, on Poisson logs) and its calibrated probabilities
+    (ensemble.CALIBRATION); `weigh(sse, lines)`, `widen(prompts_known, fit)`, `cost` (SSE
+    per inexact line) and `calibrate` try others (score)."""
     from kvreplay.inference.ensemble import (CALIBRATION, POOR_FIT, POOR_FIT_P_MAX, TOL_STEPS,
                                              _interval, calibrated, noise_weights, widen_for)
+    weigh = weigh or noise_weights
+    widen = widen or widen_for
     n = cover = cover_r = cover_w = nwin = 0
     widths = []
     brier = brier_base = 0.0
@@ -307,11 +216,12 @@ def score_product(recs: list[dict]) -> dict:
         if not ms:
             continue
         known = r["prompts"] == "exact"
-        cal = r.get("pattern") == "poisson"
-        sse = [m["loss"] + 2.0 * m["inexact"] for m in ms]
+        poisson = r.get("pattern") == "poisson"
+        cal = poisson and calibrate
+        sse = [m["loss"] + cost * m["inexact"] for m in ms]
         lines = len(ms[0]["windows"]) - 1
-        wd = widen_for(known, min(sse) / max(1, lines)) if cal else 0.0
-        w = noise_weights(sse, lines)
+        wd = widen(known, min(sse) / max(1, lines)) if poisson else 0.0
+        w = weigh(sse, max(1, lines))
         tot = sum(w)
         true = r["truth"]["preemptions"]
         tc = len(true)

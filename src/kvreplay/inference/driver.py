@@ -65,10 +65,16 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
             "starts, not when it ends; arrivals are placed by their seconds and the stats "
             "lines only")
     phase_known = phase_estimate(facts) is not None
-    check = verify(run, facts, fmt, phase, prompts_known=not rebuilt.prompts_estimated)
-    warnings = check_warnings(run, facts) if fmt.preemption_warnings else None
-    pre = preemption_records(run.steps, run.clock)
-    set_confidence(pre, check, warnings, rebuilt.prompts_estimated)
+
+    def judged(run: Any) -> tuple[dict[str, Any], Any, list]:
+        """The run against the log: verification, V0 warnings, confident records."""
+        check = verify(run, facts, fmt, phase, prompts_known=not rebuilt.prompts_estimated)
+        warnings = check_warnings(run, facts) if fmt.preemption_warnings else None
+        pre = preemption_records(run.steps, run.clock)
+        set_confidence(pre, check, warnings, rebuilt.prompts_estimated)
+        return check, warnings, pre
+
+    check, warnings, pre = judged(run)
     k = samples_wanted(samples, facts, fmt)
     unc = None
     if k > 0:
@@ -81,10 +87,7 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
             # a member agrees far better with the stats lines than the placed run: show it
             old = run.num_preemptions
             run = unc.representative
-            check = verify(run, facts, fmt, phase, prompts_known=not rebuilt.prompts_estimated)
-            warnings = check_warnings(run, facts) if fmt.preemption_warnings else None
-            pre = preemption_records(run.steps, run.clock)
-            set_confidence(pre, check, warnings, rebuilt.prompts_estimated)
+            check, warnings, pre = judged(run)
             facts.notes.append(
                 f"the uncertainty ensemble found a placement that agrees with the stats lines "
                 f"far better than the first one (its {old} preemptions): it is the replay shown")

@@ -188,17 +188,23 @@ def noise_weights(sse: Sequence[float], lines: int) -> list[float]:
     the members stay effective (the members cover what the log allows only coarsely, and
     one lucky draw is not the truth). Calibrated on rendered logs (docs/accuracy.md)."""
     best = min(sse)
+    return temper(sse, NOISE_K * max(NOISE_FLOOR, best / max(1, lines)), ESS_MIN)
+
+
+def temper(sse: Sequence[float], t: float, share: float) -> list[float]:
+    """exp(-(SSE - best) / 2T) with T = `t`, or higher, the lowest that keeps `share` of
+    the members effective (ESS)."""
+    best = min(sse)
     n = len(sse)
 
     def at(t: float) -> list[float]:
         return [math.exp(-(x - best) / (2.0 * t)) for x in sse]
 
-    t = NOISE_K * max(NOISE_FLOOR, best / max(1, lines))
-    if n > 1 and _ess(at(t)) < ESS_MIN * n:
+    if n > 1 and _ess(at(t)) < share * n:
         lo, hi = t, 1e12
         for _ in range(80):  # bisection on log T: the ESS grows with T
             mid = math.sqrt(lo * hi)
-            if _ess(at(mid)) >= ESS_MIN * n:
+            if _ess(at(mid)) >= share * n:
                 hi = mid
             else:
                 lo = mid
@@ -254,20 +260,15 @@ class _Draw:
     @staticmethod
     def _fix_order(arr: list[int]) -> list[int]:
         for i in range(1, len(arr)):
-            arr[i] = max(arr[i], arr[i - 1])
+            arr[i] = max(arr[i], arr[i - 1])  # file order
         if arr:
-            arr[0] = 0
+            arr[0] = 0  # the engine was idle before the first arrival
         return arr
 
     def _fix(self, arr: list[int]) -> list[int]:
-        out = []
-        for (lo, hi), a in zip(self.wins, arr):
-            out.append(min(max(a, lo), max(lo, hi)))
-        for i in range(1, len(out)):
-            out[i] = max(out[i], out[i - 1])  # file order
-        if out:
-            out[0] = 0  # the engine was idle before the first arrival
-        return out
+        """Each arrival inside its window, then in file order (_fix_order)."""
+        return self._fix_order([min(max(a, lo), max(lo, hi))
+                                for (lo, hi), a in zip(self.wins, arr)])
 
     def jitter(self, rng: random.Random, j: int) -> list[int]:
         return self._fix([b + rng.randint(-j, j) for b in self.base])
@@ -312,13 +313,8 @@ class _Draw:
         ones (before the first stats line, where the clock is extrapolated); plus a small
         jitter."""
         d = rng.randint(-self.early_steps // 2, self.early_steps // 2)
-        if rng.random() < 0.5:
-            arr = [b + d + rng.randint(-1, 1) for b in self.base]
-            for i in range(1, len(arr)):
-                arr[i] = max(arr[i], arr[i - 1])
-            if arr:
-                arr[0] = 0
-            return [max(0, a) for a in arr]  # (the base's windows move with the shift)
+        if rng.random() < 0.5:  # (the base's windows move with the shift: not applied)
+            return self._fix_order([max(0, b + d + rng.randint(-1, 1)) for b in self.base])
         arr = [b + rng.randint(-1, 1) for b in self.base]
         for i in self.early:
             arr[i] += d

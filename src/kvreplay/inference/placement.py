@@ -236,23 +236,3 @@ def exact_search(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
     if best is None or best[0] <= start_exact:
         return anchored
     return best[2]
-
-
-def alternative_placements(base: list[int], wins: list[tuple[int, int]], k: int,
-                           jitter: int) -> list[list[int]]:
-    """k arrival placements as consistent with the log's line order and seconds as `base`:
-    each arrival moved by up to `jitter` steps inside its window, file order kept, the
-    first arrival still at step 0. Seeded, so the same log gives the same placements."""
-    out = []
-    for seed in range(k):
-        rng = random.Random(seed)
-        arr = []
-        for (lo, hi), b in zip(wins, base):
-            hi = max(lo, hi)
-            arr.append(min(max(b + rng.randint(-jitter, jitter), lo), hi))
-        for i in range(1, len(arr)):
-            arr[i] = max(arr[i], arr[i - 1])
-        if arr:
-            arr[0] = 0
-        out.append(arr)
-    return out

@@ -135,7 +135,6 @@ class UnknownPrompts:
             rebuilt = rebuild_workload(facts, fmt, profile, prompt_lens=lens, shared_prefix=shared)
             f = fit(rebuilt, facts, fmt, profile, (f.placement,), rounds=3)
         self.rebuilt, self.fit, self.shared = rebuilt, f, shared
-        self.variants = length_variants(lens)
         self.lens = lens
         cfg = rebuilt.workload.config
         # 0.33 logs a request's priority only in its JSON body, which this log lacks: the
@@ -160,7 +159,7 @@ class UnknownPrompts:
         estimate of formats without an ensemble (ensemble.py)."""
         facts, fmt, profile, f, shared = self.facts, self.fmt, self.profile, self.fit, self.shared
         counts: dict[str, int] = {}
-        for name, var in self.variants:
+        for name, var in length_variants(self.lens):
             rb = rebuild_workload(facts, fmt, profile, prompt_lens=var, shared_prefix=shared)
             counts[name] = timed_replay(rb, facts, profile, f.model, f.placement,
                                         order_window_s=fmt.order_window_s).num_preemptions
