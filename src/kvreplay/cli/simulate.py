@@ -54,6 +54,13 @@ def _sample_path() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvreplay.replay.engine import without_cyclic_gc
+
+    # a collection walks every live object: the streamed run makes no cycles worth it
+    return without_cyclic_gc(_run)(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     import msgspec
 
     from kvreplay.replay.workload import load_workload
@@ -62,19 +69,28 @@ def run(args: argparse.Namespace) -> int:
     data = load_workload(path)
     # records: the trace (a generator for V1: nothing is kept); finish(): the summary and
     # whether every request finished, once the records are consumed
-    if data.get("engine") == "v0":
+    v1 = data.get("engine") != "v0"
+    if not v1:
         records, finish, label = _run_v0(data, args.check_invariants)
     else:
         records, finish, label = _run_v1(
             data, args.profile, args.check_invariants, not args.allow_unfinishable,
             trace=args.format == "trace")
 
-    encoder = msgspec.json.Encoder()
     if args.format == "trace":
         def emit(f: IO[str]) -> None:
-            for rec in records:  # (V1: a generator, written as the engine runs)
-                f.write(encoder.encode(rec).decode())
-                f.write("\n")
+            # V1: JSON lines made as the engine runs; V0: records, encoded here
+            lines = records if v1 else (encoder.encode(rec) + b"\n" for rec in records)
+            buf = getattr(f, "buffer", None)
+            if buf is None:  # a text-only stream (a test's StringIO)
+                for line in lines:
+                    f.write(line.decode())
+                return
+            f.flush()
+            for line in lines:
+                buf.write(line)
+            buf.flush()
+        encoder = msgspec.json.Encoder()
         _write(args.output, emit)
     elif args.format == "report":
         from kvreplay.replay.result import replay_workload
@@ -101,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_v1(data: dict[str, Any], profile_name: str, check: bool, check_capacity: bool,
             trace: bool = True):
-    from kvreplay.replay.engine import Engine, iter_trace
+    from kvreplay.replay.engine import Engine, iter_trace_lines
     from kvreplay.replay.profile import get_profile
     from kvreplay.replay.workload import parse_workload
 
@@ -116,7 +132,7 @@ def _run_v1(data: dict[str, Any], profile_name: str, check: bool, check_capacity
         return summary, engine.summary.completed, engine.summary.num_steps
 
     # (no trace asked for: the engine's own step records, each dropped as it comes)
-    return (iter_trace(engine) if trace else engine.run(), finish,
+    return (iter_trace_lines(engine) if trace else engine.run(), finish,
             f"vLLM V1 scheduler, profile {profile.name} ({profile.releases})")
 
 

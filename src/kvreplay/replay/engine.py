@@ -447,3 +447,14 @@ def iter_trace(engine: Engine) -> Iterator[dict[str, Any]]:
 
     for rec in engine.run():
         yield conformance_record(engine, rec)
+
+
+def iter_trace_lines(engine: Engine) -> Iterator[bytes]:
+    """`iter_trace` as JSON lines (bytes, newline included), each encoded at the cost of
+    what its step touched (replay/trace.py TraceWriter), byte-identical to encoding
+    `iter_trace`'s records."""
+    from kvreplay.replay.trace import TraceWriter
+
+    writer = TraceWriter(engine)
+    for rec in engine.run():
+        yield writer.line(rec)

@@ -8,6 +8,7 @@ request's num_computed_tokens, status and blocks), so it is written while the en
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from kvreplay.replay.records import AdmissionBlocked, PreemptionEvent, StepRecord
@@ -48,12 +49,19 @@ def blocked_dict(b: AdmissionBlocked) -> dict[str, Any]:
 
 def conformance_record(engine: Any, rec: StepRecord) -> dict[str, Any]:
     """The trace record of the step `engine` just ran (`rec` is what step() returned)."""
+    out_rec = conformance_head(engine, rec)
+    _state(engine, out_rec)
+    return out_rec
+
+
+def conformance_head(engine: Any, rec: StepRecord) -> dict[str, Any]:
+    """The record's fields up to `finished`: what the step did (no per-request state)."""
     out_rec: dict[str, Any] = {"step": rec.step, "arrivals": rec.arrivals}
     if rec.idle:
         out_rec["idle"] = True
     out = engine.last_output
     if out is not None:
-        out_rec["scheduled"] = [[rid, n] for rid, n in out.num_scheduled_tokens.items()]
+        out_rec["scheduled"] = list(map(list, out.num_scheduled_tokens.items()))
         out_rec["num_scheduled_tokens"] = out.total_num_scheduled_tokens
         out_rec["new"] = out.new_req_ids
         out_rec["resumed"] = out.resumed_req_ids
@@ -71,17 +79,16 @@ def conformance_record(engine: Any, rec: StepRecord) -> dict[str, Any]:
     if update is not None:
         b_step, result = update
         out_rec["updated_batch"] = b_step
-        out_rec["sampled"] = [r.request_id for r in sorted(result.sampled, key=_by_index)]
+        out_rec["sampled"] = list(map(_rid, sorted(result.sampled, key=_by_index)))
         out_rec["finished"] = rec.finished
     else:
         out_rec["sampled"] = []
         out_rec["finished"] = []
-    _state(engine, out_rec)
     return out_rec
 
 
-def _by_index(r: Any) -> int:
-    return r.index
+_by_index = attrgetter("index")  # trace dicts are in workload order
+_rid = attrgetter("request_id")
 
 
 def _state(engine: Any, rec: dict[str, Any]) -> None:
@@ -104,3 +111,160 @@ def _state(engine: Any, rec: dict[str, Any]) -> None:
             r.request_id: r.num_output_placeholders for r in live if r.num_output_placeholders
         }
         rec["in_flight_batches"] = [b[0] for b in engine.batch_queue]
+
+
+class TraceWriter:
+    """The conformance record of each step as one JSON line, byte-identical to
+    `msgspec.json.encode(conformance_record(engine, rec))`, at a cost that grows with what
+    the step touched rather than with every live request.
+
+    The per-request maps (num_computed_tokens, num_output_tokens, status, blocks_held,
+    num_output_placeholders) are kept between steps as one encoded fragment per live request.
+    After a step only the requests it touched are encoded again: arrivals, aborts, the ids
+    this step's schedule() scheduled or preempted, the ids of the batch update_from_output()
+    applied (sampled or not), and the finished. Invariants: each fragment map holds exactly
+    the live requests (checked by length every step; a miss rebuilds it) in index order
+    (an arrival with a lower index than a live one rebuilds it in order); a request's
+    fragment changes only when the scheduler touches it (tests/test_trace_writer.py checks
+    every step of the conformance cases and random workloads against conformance_record).
+    """
+
+    def __init__(self, engine: Any) -> None:
+        import msgspec
+
+        self.engine = engine
+        self.encode = msgspec.json.Encoder().encode
+        self.keys: dict[str, bytes] = {}  # request id -> b'"id":'
+        # request id -> encoded fragment, in index order ("" for blocks/placeholders of 0)
+        self.maps: tuple[dict[str, bytes], ...] = ({}, {}, {}, {}, {})
+        self.last: dict[str, tuple[Any, int]] = {}  # request id -> (status, blocks held)
+        self.max_index = -1
+        self.outputs: dict[int, Any] = {}  # step -> SchedulerOutput still in flight
+        if not _DIGITS:
+            _DIGITS.extend(b"%d" % n for n in range(1 << 15))
+
+    def line(self, rec: StepRecord) -> bytes:
+        """The record of the step `engine` just ran, as JSON bytes plus a newline."""
+        engine = self.engine
+        head = conformance_head(engine, rec)
+        self._refresh(rec.arrivals, self._touched(rec))
+        sched = engine.scheduler
+        tail: dict[str, Any] = {
+            "running": list(map(_rid, sched.running)),
+            "waiting": list(map(_rid, sched.waiting)),
+            "free_blocks": sched.pool.get_num_free_blocks(),
+            "kv_usage": round(sched.kv_cache_usage, 6),
+            "cached_blocks": sched.pool.num_cached_hashes(),
+        }
+        ntc, nout, status, blocks, holders = self.maps
+        parts = [self.encode(head)[:-1],
+                 b',"num_computed_tokens":{', b",".join(ntc.values()),
+                 b'},"num_output_tokens":{', b",".join(nout.values()),
+                 b'},"status":{', b",".join(status.values()),
+                 b'},"blocks_held":{', b",".join(filter(None, blocks.values())),
+                 b"},", self.encode(tail)[1:-1]]
+        if sched.async_scheduling:
+            parts += [b',"num_output_placeholders":{', b",".join(filter(None, holders.values())),
+                      b'},"in_flight_batches":', self.encode([b[0] for b in engine.batch_queue])]
+        parts.append(b"}\n")
+        return b"".join(parts)
+
+    def _touched(self, rec: StepRecord) -> set[str]:
+        engine = self.engine
+        touched = set(rec.aborted)
+        out = engine.last_output
+        outputs = self.outputs
+        if out is not None:
+            touched.update(out.num_scheduled_tokens)
+            touched.update(out.preempted_req_ids)
+            outputs[rec.step] = out
+        update = engine.last_update
+        if update is not None:
+            b_step, result = update
+            applied = outputs.pop(b_step, None)
+            if applied is not None:
+                touched.update(applied.num_scheduled_tokens)
+            touched.update(r.request_id for r in result.sampled)
+            touched.update(r.request_id for r in result.finished)
+        in_flight = {b[0] for b in engine.batch_queue}
+        for s in [s for s in outputs if s not in in_flight]:
+            del outputs[s]  # a batch no update will apply (nothing left to run)
+        return touched
+
+    def _refresh(self, arrivals: list[str], touched: set[str]) -> None:
+        requests = self.engine.scheduler.requests
+        ntc, nout, status, blocks, holders = self.maps
+        rebuild = False
+        for rid in arrivals:  # new keys first, in the order they arrived
+            req = requests.get(rid)
+            if req is not None:
+                if req.index < self.max_index:
+                    rebuild = True  # it would land after a live request with a higher index
+                self._encode(req)
+        keys, last, tables = self.keys, self.last, self.engine.scheduler.kv_cache_manager.req_to_blocks
+        placeholders = self.engine.scheduler.async_scheduling
+        digits = _DIGITS
+        ndigits = len(digits)
+        for rid in touched:
+            req = requests.get(rid)
+            if req is None:
+                for m in self.maps:
+                    m.pop(rid, None)
+                last.pop(rid, None)
+                continue
+            if rid not in ntc:
+                continue  # an arrival gone again in its own step, or rebuilt below
+            key = keys[rid]
+            n = req.num_computed_tokens
+            ntc[rid] = key + digits[n] if n < ndigits else b"%b%d" % (key, n)
+            n = req.num_output_tokens
+            nout[rid] = key + digits[n] if n < ndigits else b"%b%d" % (key, n)
+            table = tables.get(rid)
+            now = (req.status, len(table) if table else 0)
+            if now != last[rid]:  # status and blocks held change less often
+                last[rid] = now
+                status[rid] = b'%b"%b"' % (key, _STATUS[now[0]])
+                blocks[rid] = b"%b%d" % (key, now[1]) if now[1] else b""
+            if placeholders:
+                p = req.num_output_placeholders
+                holders[rid] = b"%b%d" % (key, p) if p else b""
+        if rebuild or len(ntc) != len(requests):
+            self._rebuild()
+
+    def _encode(self, req: Any) -> None:
+        rid = req.request_id
+        key = self.keys.get(rid)
+        if key is None:
+            key = self.keys[rid] = self.encode(rid) + b":"
+        ntc, nout, status, blocks, holders = self.maps
+        ntc[rid] = b"%b%d" % (key, req.num_computed_tokens)
+        nout[rid] = b"%b%d" % (key, req.num_output_tokens)
+        nb = self.engine.scheduler.kv_cache_manager.num_blocks(rid)
+        self.last[rid] = (req.status, nb)
+        status[rid] = b'%b"%b"' % (key, _STATUS[req.status])
+        blocks[rid] = b"%b%d" % (key, nb) if nb else b""
+        p = req.num_output_placeholders
+        holders[rid] = b"%b%d" % (key, p) if p else b""
+        if req.index > self.max_index:
+            self.max_index = req.index
+
+    def _rebuild(self) -> None:
+        for m in self.maps:
+            m.clear()
+        self.last.clear()
+        self.max_index = -1
+        live = self.engine.scheduler.requests
+        for rid in [rid for rid in self.keys if rid not in live]:
+            del self.keys[rid]
+        for req in sorted(live.values(), key=_by_index):
+            self._encode(req)
+
+
+def _status_names() -> dict[Any, bytes]:
+    from kvreplay.replay.request import RequestStatus
+
+    return {s: s.name.encode() for s in RequestStatus}
+
+
+_STATUS = _status_names()
+_DIGITS: list[bytes] = []  # the JSON text of the counts below 2**15 (TraceWriter makes it)

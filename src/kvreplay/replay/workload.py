@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from kvreplay.errors import UserError
 from kvreplay.replay.scheduler import SchedulerConfig
 
@@ -59,12 +61,20 @@ def load_workload(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: cannot read: {exc}") from None
     try:
-        data = json.loads(text)
+        data = msgspec.json.decode(text)  # same values as json.loads, 3-4x faster
+    except msgspec.DecodeError:
+        data = None
+    try:
+        if data is None:
+            data = json.loads(text)  # (for its message: line and column)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: a workload is a JSON object with 'config' and 'requests'")
     return data
+
+
+_INT = {int}
 
 
 def _int(value: Any, what: str, minimum: int | None = None) -> int:
@@ -164,7 +174,7 @@ def parse_workload(data: dict[str, Any], *, check_capacity: bool = True) -> Work
         prompt = r["prompt_token_ids"]
         if not isinstance(prompt, list) or not prompt:
             raise UserError(f"request {rid}: prompt_token_ids must be a non-empty list of integers")
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not set(map(type, prompt)) <= _INT:  # (bool is not int here)
             raise UserError(f"request {rid}: prompt_token_ids must be integers")
         if len(prompt) > config.max_model_len:
             raise UserError(
