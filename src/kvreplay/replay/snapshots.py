@@ -14,7 +14,9 @@ import io
 import pickle
 import sys
 import threading
+import zlib
 from array import array
+from operator import attrgetter
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,16 +27,20 @@ from kvreplay.replay.engine import Engine
 @dataclass(slots=True)
 class Snapshot:
     step: int  # engine.step_index: the next step to run
-    blob: bytes
-    refs: array
+    blob: bytes  # zlib: the engine's pickle (blocks, queue and tables by block id)
+    refs: bytes  # zlib: array of every block's ref count (V1; empty for V0)
     hashes: array | list | None
-    free: array
+    free: bytes  # zlib: array of the free queue's block ids, in order
     n_events: int
 
     @property
     def nbytes(self) -> int:
         h = 0 if self.hashes is None else len(self.hashes) * 8
-        return len(self.blob) + self.refs.itemsize * len(self.refs) + h + 4 * len(self.free)
+        return len(self.blob) + len(self.refs) + h + len(self.free)
+
+
+_NO_OUTPUTS: list[int] = []  # stands for a request's output tokens inside a snapshot
+_block_id = attrgetter("block_id")
 
 
 class SnapshotCodec:
@@ -42,7 +48,13 @@ class SnapshotCodec:
 
     A restored engine resumes to the identical trace. Its summary holds what the master's
     held at the snapshot (the containers that grow with the run are rebuilt from the
-    master's, so a snapshot's size does not grow with the run)."""
+    master's, so a snapshot's size does not grow with the run).
+
+    NOTE: what a snapshot leaves out is made again on restore: the blocks (from the ref
+    count and hash arrays), the free-queue links (from its order), each block table (from
+    its block ids) and each request's output tokens (the fake model's, a function of
+    their number: Workload.fake_outputs). At 128 running long decodes that is 40-60 KiB a
+    snapshot instead of 1.3 MiB."""
 
     def __init__(self, engine: Engine, lock: threading.RLock) -> None:
         self.master = engine
@@ -50,12 +62,14 @@ class SnapshotCodec:
         sched = engine.scheduler
         pool = sched.pool
         self.n_blocks = len(pool.blocks)
+        self.id_code = "H" if self.n_blocks < 1 << 16 else "i"
         self.null_id = pool.null_block.block_id if pool.null_block is not None else None
         s = engine.summary
-        # memo layout: blocks, the free queue, the summary's growing containers, shared.
-        self._per_restore = [*pool.blocks, pool.free_block_queue, s.preemption_events,
+        # memo layout: the block list, the free queue, the containers that grow with the
+        # run (summary, arrival steps), shared.
+        self._per_restore = [pool.blocks, pool.free_block_queue, s.preemption_events,
                              s.finished_step, s.first_scheduled_step, s.first_token_step,
-                             s.preemptions_per_request]
+                             s.preemptions_per_request, engine.arrival_step]
         shared: list[Any] = [engine.workload, engine.profile, sched.profile, sched.config,
                              engine.by_step, engine.aborts_at, engine.mid_aborts, engine.order,
                              engine.all_ids]
@@ -68,12 +82,14 @@ class SnapshotCodec:
             if id(o) not in seen:
                 seen.add(id(o))
                 self._shared.append(o)
-        # persistent ids: 0..n-1 blocks, then the queue, the summary containers, shared
+        # persistent ids: blocks are ("b", id), the rest their index in the table below
         self._pids = {id(o): i for i, o in enumerate(self._per_restore + self._shared)}
+        self._block_pids = {id(b): ("b", b.block_id) for b in pool.blocks}
 
     def take(self) -> Snapshot:
         e = self.master
         pool = e.scheduler.pool
+        kv = e.scheduler.kv_cache_manager
         blocks = pool.blocks
         refs = array("i", [b.ref_cnt for b in blocks])
         hashes: array | list | None = None
@@ -85,24 +101,43 @@ class SnapshotCodec:
                     hashes = raw
             except (TypeError, OverflowError):
                 hashes = raw
-        free = array("i", pool.free_block_queue.block_ids())
+        free = array(self.id_code, pool.free_block_queue.block_ids())
         buf = io.BytesIO()
         p = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
-        pids = self._pids
-        p.persistent_id = lambda obj: pids.get(id(obj))  # type: ignore[method-assign]
+        pids, block_pids = self._pids, self._block_pids
+
+        def persistent_id(obj: Any) -> Any:
+            i = pids.get(id(obj))
+            return i if i is not None else block_pids.get(id(obj))
+
+        p.persistent_id = persistent_id  # type: ignore[method-assign]
         # what the last step left for its observers is not state
         last = (e.last_output, e.last_sample_ids, e.last_update)
         e.last_output, e.last_sample_ids, e.last_update = None, [], None
+        live = list(e.scheduler.requests.values())
+        outputs = [r.output_token_ids for r in live]
+        for r in live:
+            r.output_token_ids = _NO_OUTPUTS
+        tables = kv.req_to_blocks
+        code = self.id_code
+        kv.req_to_blocks = {rid: array(code, map(_block_id, t))  # type: ignore[misc]
+                            for rid, t in tables.items()}
         try:
             p.dump(e)
         finally:
             e.last_output, e.last_sample_ids, e.last_update = last
-        return Snapshot(e.step_index, buf.getvalue(), refs, hashes, free,
-                        len(e.summary.preemption_events))
+            kv.req_to_blocks = tables
+            for r, out in zip(live, outputs):
+                r.output_token_ids = out
+        return Snapshot(e.step_index, zlib.compress(buf.getvalue(), 1),
+                        zlib.compress(refs.tobytes(), 1), hashes,
+                        zlib.compress(free.tobytes(), 1), len(e.summary.preemption_events))
 
     def restore(self, snap: Snapshot) -> Engine:
         blocks = [KVCacheBlock(i) for i in range(self.n_blocks)]
-        for b, r in zip(blocks, snap.refs):
+        refs = array("i")
+        refs.frombytes(zlib.decompress(snap.refs))
+        for b, r in zip(blocks, refs):
             b.ref_cnt = r
         if snap.hashes is not None:
             if isinstance(snap.hashes, array):
@@ -114,7 +149,9 @@ class SnapshotCodec:
                     b.block_hash = h
         if self.null_id is not None:
             blocks[self.null_id].is_null = True
-        queue = FreeKVCacheBlockQueue(blocks[i] for i in snap.free)
+        free = array(self.id_code)
+        free.frombytes(zlib.decompress(snap.free))
+        queue = FreeKVCacheBlockQueue(blocks[i] for i in free)
         s = snap.step
         ms = self.master.summary
         with self.lock:
@@ -123,15 +160,24 @@ class SnapshotCodec:
             first_sched = {k: v for k, v in ms.first_scheduled_step.items() if v < s}
             first_tok = {k: v for k, v in ms.first_token_step.items() if v < s}
             per_req = dict.fromkeys(ms.preemptions_per_request, 0)
+            arrived = [a if a < s else -1 for a in self.master.arrival_step]
         for ev in events:
             per_req[ev["req"]] += 1
-        table = [*blocks, queue, events, finished, first_sched, first_tok, per_req,
+        table = [blocks, queue, events, finished, first_sched, first_tok, per_req, arrived,
                  *self._shared]
-        u = pickle.Unpickler(io.BytesIO(snap.blob))
-        u.persistent_load = table.__getitem__  # type: ignore[method-assign]
-        return u.load()
 
+        def persistent_load(pid: Any) -> Any:
+            return blocks[pid[1]] if type(pid) is tuple else table[pid]
 
+        u = pickle.Unpickler(io.BytesIO(zlib.decompress(snap.blob)))
+        u.persistent_load = persistent_load  # type: ignore[method-assign]
+        eng = u.load()
+        kv = eng.scheduler.kv_cache_manager
+        kv.req_to_blocks = {rid: [blocks[i] for i in ids] for rid, ids in kv.req_to_blocks.items()}
+        fake = eng.workload.fake_outputs
+        for r in eng.scheduler.requests.values():
+            r.output_token_ids = fake(r.num_output_tokens)
+        return eng
 
 
 class PickleCodec:
@@ -149,7 +195,7 @@ class PickleCodec:
             blob = pickle.dumps(e, protocol=pickle.HIGHEST_PROTOCOL)
         finally:
             sys.setrecursionlimit(limit)
-        return Snapshot(e.step_index, blob, array("i"), None, array("i"), 0)
+        return Snapshot(e.step_index, blob, b"", None, b"", 0)
 
     def restore(self, snap: Snapshot) -> Any:
         limit = sys.getrecursionlimit()

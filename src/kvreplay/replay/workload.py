@@ -46,6 +46,17 @@ class Workload:
             return self.fixed_token
         return 1000 + (num_output_tokens % 30000)
 
+    def fake_outputs(self, n: int) -> list[int]:
+        """A request's first n output tokens: [fake_token(k) for k in range(n)], fast."""
+        if self.fake_token_mode == "fixed":
+            return [self.fixed_token] * n
+        if n <= 30000:
+            return _PERIOD[:n]
+        return (_PERIOD * (n // 30000 + 1))[:n]
+
+
+_PERIOD = list(range(1000, 31000))  # fake_token(k) for k in 0..29999
+
 
 def load_workload(path: str | Path) -> dict[str, Any]:
     """Read a workload file as JSON ("-" is stdin)."""
