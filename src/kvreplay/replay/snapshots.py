@@ -82,9 +82,9 @@ class SnapshotCodec:
             if id(o) not in seen:
                 seen.add(id(o))
                 self._shared.append(o)
-        # persistent ids: blocks are ("b", id), the rest their index in the table below
-        self._pids = {id(o): i for i, o in enumerate(self._per_restore + self._shared)}
-        self._block_pids = {id(b): ("b", b.block_id) for b in pool.blocks}
+        # persistent ids: a block is ("b", its id), the rest their index in the restore table
+        self._pids: dict[int, Any] = {id(b): ("b", b.block_id) for b in pool.blocks}
+        self._pids.update((id(o), i) for i, o in enumerate(self._per_restore + self._shared))
 
     def take(self) -> Snapshot:
         e = self.master
@@ -104,13 +104,8 @@ class SnapshotCodec:
         free = array(self.id_code, pool.free_block_queue.block_ids())
         buf = io.BytesIO()
         p = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
-        pids, block_pids = self._pids, self._block_pids
-
-        def persistent_id(obj: Any) -> Any:
-            i = pids.get(id(obj))
-            return i if i is not None else block_pids.get(id(obj))
-
-        p.persistent_id = persistent_id  # type: ignore[method-assign]
+        pids = self._pids.get
+        p.persistent_id = lambda obj: pids(id(obj))  # type: ignore[method-assign]
         # what the last step left for its observers is not state
         last = (e.last_output, e.last_sample_ids, e.last_update)
         e.last_output, e.last_sample_ids, e.last_update = None, [], None

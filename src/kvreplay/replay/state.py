@@ -5,12 +5,19 @@ Nothing here decides anything; it reads the engine."""
 from __future__ import annotations
 
 from array import array
+from itertools import repeat
+from operator import attrgetter
 from dataclasses import dataclass
 from typing import Any
 
 # Block states in the block map.
 NULL, FREE, CACHED, HELD, SHARED = range(5)
 BLOCK_STATE_NAMES = ("null", "free", "cached", "held", "shared")
+# min(ref count, 2) -> state, before the cached and null blocks are marked
+_BY_REFS = bytes([FREE, HELD, SHARED]) + bytes(253)
+_ref_cnt = attrgetter("ref_cnt")
+_block_id = attrgetter("block_id")
+_index = attrgetter("index")
 
 
 @dataclass(slots=True)
@@ -39,7 +46,9 @@ class EngineState:
     requests: dict[str, RequestState]
     block_states: bytes  # one code per block: NULL FREE CACHED HELD SHARED
     block_refs: array
-    owners: dict[int, list[str]]  # block id -> requests whose table holds it
+    # block id -> requests whose table holds it, in workload order (None: made from
+    # `requests` when first read; most step views never show the block map)
+    _owners: dict[int, list[str]] | None
     free_queue: list[int]  # eviction order
     free_blocks: int
     kv_usage: float
@@ -54,25 +63,25 @@ class EngineState:
         sched = engine.scheduler
         pool = sched.pool
         kv = sched.kv_cache_manager
-        refs = array("i", [b.ref_cnt for b in pool.blocks])
-        states = bytearray(len(refs))
-        for b in pool.blocks:
-            i = b.block_id
-            if b.is_null:
-                states[i] = NULL
-            elif b.ref_cnt == 0:
-                states[i] = FREE if b.block_hash is None else CACHED
-            else:
-                states[i] = HELD if b.ref_cnt == 1 else SHARED
-        owners: dict[int, list[str]] = {}
+        blocks = pool.blocks
+        # (C-level passes over the pool: at 10^4-10^5 blocks a Python loop per block is
+        # most of a TUI step view)
+        refs = array("i", map(_ref_cnt, blocks))
+        states = bytearray(bytes(map(min, refs, repeat(2))).translate(_BY_REFS))
+        for entry in pool.cached_block_hash_to_block.values():
+            for b in entry.values():  # a freed block that keeps its hash
+                if b.ref_cnt == 0:
+                    states[b.block_id] = CACHED
+        if pool.null_block is not None:
+            states[pool.null_block.block_id] = NULL
         reqs: dict[str, RequestState] = {}
-        for r in sorted(sched.requests.values(), key=lambda r: r.index):
-            table = kv.req_to_blocks.get(r.request_id) or ()
-            ids = tuple(b.block_id for b in table)
-            for i in ids:
-                owners.setdefault(i, []).append(r.request_id)
-            reqs[r.request_id] = RequestState(
-                r.request_id, r.status.name, r.priority, r.num_prompt_tokens, r.num_tokens,
+        tables = kv.req_to_blocks
+        for r in sorted(sched.requests.values(), key=_index):
+            rid = r.request_id
+            table = tables.get(rid)
+            ids = tuple(map(_block_id, table)) if table else ()
+            reqs[rid] = RequestState(
+                rid, r.status.name, r.priority, r.num_prompt_tokens, r.num_tokens,
                 r.num_computed_tokens, r.num_preemptions, ids,
             )
         return cls(
@@ -82,12 +91,26 @@ class EngineState:
             requests=reqs,
             block_states=bytes(states),
             block_refs=refs,
-            owners=owners,
+            _owners=None,
             free_queue=pool.free_block_queue.block_ids(),
             free_blocks=pool.get_num_free_blocks(),
             kv_usage=round(sched.kv_cache_usage, 6),
             cached_blocks=pool.num_cached_hashes(),
         )
+
+    @property
+    def owners(self) -> dict[int, list[str]]:
+        owners = self._owners
+        if owners is None:
+            owners = self._owners = {}
+            for rid, r in self.requests.items():
+                for i in r.blocks:
+                    o = owners.get(i)
+                    if o is None:
+                        owners[i] = [rid]
+                    else:
+                        o.append(rid)
+        return owners
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(BLOCK_STATE_NAMES, 0)
@@ -171,7 +194,7 @@ def _v0_state(cls: Any, steps: Any, step: int, preemptions: dict[str, int]) -> E
         step=step,
         running=[g.request_id for g in sched.running],
         waiting=[g.request_id for g in sched.waiting] + [g.request_id for g in sched.swapped],
-        requests=reqs, block_states=bytes(states), block_refs=refs, owners=owners,
+        requests=reqs, block_states=bytes(states), block_refs=refs, _owners=owners,
         free_queue=list(gpu.free_ids), free_blocks=free, kv_usage=round(1.0 - free / n, 6),
         cached_blocks=len(cached),
     )

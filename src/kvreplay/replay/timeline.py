@@ -166,13 +166,17 @@ class Timeline:
         budget = self.resim_budget_s
         since_snap = 0
         steps = self.replay.steps
+        # NOTE: the run's length is known, so snapshots are spaced to fit the cap from the
+        # start (`spacing` steps at least, from their mean size so far) rather than taken
+        # densely and thinned: each one costs a pickle, and thinning throws most away.
+        spacing = 8
         while self.num_steps < len(steps):
             if max_steps is not None and self.num_steps >= max_steps:
                 break
             if every is not None:
                 due = since_snap >= every or not self.snapshots
             else:
-                due = not self.snapshots or (since_snap >= 8 and perf() - t_snap >= budget)
+                due = not self.snapshots or (since_snap >= spacing and perf() - t_snap >= budget)
             if due:
                 with lock:
                     snap = codec.take()
@@ -182,6 +186,9 @@ class Timeline:
                 if self.snapshot_bytes > self.snapshot_cap:
                     self._thin()
                     budget *= 2
+                mean = self.snapshot_bytes / len(self.snapshots)
+                fit = int(len(steps) * mean / (0.8 * self.snapshot_cap)) + 1
+                spacing = max(spacing, fit)
                 since_snap = 0
                 t_snap = perf()
             want = steps[self.num_steps]
