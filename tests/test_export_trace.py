@@ -1,7 +1,7 @@
 """`kvreplay export`: the trace read back from its file (protobuf decoded with the perfetto
 package's own classes; Chrome JSON with `json`) agrees with the replay it came from, for
 the embedded sample log (inferred, with an ensemble), a log case (exact by its Iteration
-lines, prefix caching), a V1 workload and two V0 workloads (recompute and swap).
+lines, prefix caching), a V1 workload, two V0 workloads (recompute and swap) and a V0 log.
 
 The expected times and lives are read here from the replay's own records (arrival,
 finish and abort steps; the clock, or the step-time model's durations for a workload),
@@ -32,6 +32,7 @@ INPUTS = {
     "v1-workload": sample_path("fcfs_heavy.workload.json"),
     "v0-recompute": DATA / "conformance/v0/v0_a_recompute_basic/workload.json",
     "v0-swap": DATA / "conformance/v0/v0_f_swap_enough_cpu/workload.json",
+    "v0-log-swap": DATA / "v0_logs/v066_swap_1s.log",
 }
 FORMATS = {"perfetto": ".pftrace", "chrome": ".json"}
 _replays: dict[str, object] = {}

@@ -68,8 +68,8 @@ def read_perfetto(path: Path) -> Read:
             stacks[ev.track_uuid].pop()["end"] = ts
         elif ev.type == TrackEvent.TYPE_INSTANT:
             out.instants.append({"track": ev.track_uuid, "name": ev.name, "ts": ts,
-                                 "args": args,
-                                 "flow_out": list(ev.flow_ids), "flow_in": list(ev.terminating_flow_ids)})
+                                 "args": args, "flow_out": list(ev.flow_ids),
+                                 "flow_in": list(ev.terminating_flow_ids)})
         elif ev.type == TrackEvent.TYPE_COUNTER:
             v = ev.double_counter_value if ev.HasField("double_counter_value") else ev.counter_value
             out.counters[counter_names[ev.track_uuid]].append((ts, v))

@@ -87,9 +87,10 @@ def run(args: argparse.Namespace) -> int:
         sizes = {path: write_trace(trace, path, fmt) for fmt, path in outputs.items()}
     t2 = time.perf_counter()
     m = trace.meta
+    n_req = sum(1 for t in trace.tracks if t.kind == "request")
     for path, size in sizes.items():
         print(f"kvreplay export: {path}: {size:,} bytes; steps {m['first_step']}-{m['last_step']} "
-              f"of {rep.num_steps}, {len(trace.tracks) - 1} tracks, {m['preemptions']} "
+              f"of {rep.num_steps}, {n_req} requests, {m['preemptions']} "
               f"preemptions; open it in https://ui.perfetto.dev"
               + (" or chrome://tracing" if path == args.chrome else ""), file=sys.stderr)
     print(f"kvreplay export: replay {t1 - t0:.2f} s, export {t2 - t1:.2f} s", file=sys.stderr)

@@ -1,8 +1,8 @@
 """The trace as Chrome's JSON trace-event format (chrome://tracing, Perfetto UI, and any
 other viewer of that format); needs nothing beyond kvreplay's own dependencies.
 
-One process (pid 1) is the engine; thread 1 is the engine's own track, each request a
-thread of its own (tid = its track uid, named by `thread_name` metadata). Slices are
+One process (pid 1) is the engine's group; thread 1 is the engine's own track, each request
+a thread of its own (tid = its track uid, named by `thread_name` metadata). Slices are
 complete events ("X"), instants "i" (thread scope), counters "C" (one series, `value`),
 flows "s" (at the trigger) and "f" (at the victim, bound to the enclosing slice). `ts` and
 `dur` are whole microseconds: the same instants as the protobuf trace.
@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from kvreplay.export.model import ENGINE, Trace
+from kvreplay.export.model import GROUP, Trace
 
 PID = 1
 
@@ -22,14 +22,13 @@ PID = 1
 def chrome_events(trace: Trace) -> list[dict[str, Any]]:
     names = {t.uid: t.name for t in trace.tracks}
     out: list[dict[str, Any]] = [
-        {"ph": "M", "name": "process_name", "pid": PID, "tid": ENGINE,
-         "args": {"name": names[ENGINE]}}]
+        {"ph": "M", "name": "process_name", "pid": PID, "args": {"name": names[GROUP]}}]
     rank = 0
     for t in trace.tracks:
-        if t.kind == "counter":
+        if t.kind in ("group", "counter"):
             continue
         out.append({"ph": "M", "name": "thread_name", "pid": PID, "tid": t.uid,
-                    "args": {"name": "engine" if t.uid == ENGINE else t.name}})
+                    "args": {"name": t.name}})
         out.append({"ph": "M", "name": "thread_sort_index", "pid": PID, "tid": t.uid,
                     "args": {"sort_index": rank}})
         rank += 1

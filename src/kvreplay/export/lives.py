@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from kvreplay.export.model import ENGINE, Instant, Slice, _scalar
+from kvreplay.export.model import ENGINE, Instant, Slice, scalar
 from kvreplay.replay.records import PreemptionRecord, StepRecord
 from kvreplay.replay.result import Replay
 
@@ -70,7 +70,7 @@ class Lives:
         a = {"step": step, **self.common}
         if rid in self.p_request:
             a["p_preempted"] = self.p_request[rid]
-        a.update({k: _scalar(v) for k, v in args.items() if v is not None})
+        a.update({k: scalar(v) for k, v in args.items() if v is not None})
         life = _Life(phase, t, a)
         self.lives[rid] = life
         return life
@@ -173,7 +173,7 @@ class Lives:
         self.open_pre[p.victim] = p
         if not in_window:
             return
-        inst = {"step": s, "victim": p.victim, **{k: _scalar(v) for k, v in args.items()
+        inst = {"step": s, "victim": p.victim, **{k: scalar(v) for k, v in args.items()
                                                    if v is not None}}
         flow = None
         trig = p.trigger

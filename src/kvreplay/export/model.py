@@ -32,7 +32,8 @@ from kvreplay.inference.clock import StepTimeModel
 from kvreplay.replay.records import StepRecord
 from kvreplay.replay.result import Replay
 
-ENGINE = 1  # the engine's track uid; counters and requests are its children
+GROUP = 1 << 40  # the engine's group: its own track, the counters and the requests under it
+ENGINE = 1  # the engine's own track: its steps and every preemption
 
 # (name, unit, value type, sampled at): what each counter track shows
 COUNTERS: list[tuple[str, str, str, str]] = [
@@ -52,7 +53,7 @@ COUNTERS: list[tuple[str, str, str, str]] = [
 class Track:
     uid: int
     name: str
-    kind: str  # engine | counter | request
+    kind: str  # group | engine | counter | request
     parent: int | None = None
     unit: str = ""  # counters
     value_type: str = "int"  # counters: int | float
@@ -138,7 +139,7 @@ def step_starts(replay: Replay, model: StepTimeModel) -> list[int]:
     return out
 
 
-def _scalar(v: Any) -> Any:
+def scalar(v: Any) -> Any:
     """Args are scalars (str, int, float, bool) in both formats."""
     if v is None or isinstance(v, (str, int, float, bool)):
         return v
@@ -158,9 +159,9 @@ def _meta(replay: Replay, model: StepTimeModel, lo: int, hi: int, n_pre: int) ->
     unc = replay.uncertainty
     if unc is not None:
         m["headline"] = unc.headline
-        m["preemptions_90pct"] = _scalar(unc.preemptions)
-        m["recomputed_tokens_90pct"] = _scalar(unc.recomputed_tokens)
-    return {k: _scalar(v) for k, v in m.items() if v is not None}
+        m["preemptions_90pct"] = scalar(unc.preemptions)
+        m["recomputed_tokens_90pct"] = scalar(unc.recomputed_tokens)
+    return {k: scalar(v) for k, v in m.items() if v is not None}
 
 
 def build_trace(replay: Replay, steps: tuple[int, int] | None = None,
@@ -177,16 +178,17 @@ def build_trace(replay: Replay, steps: tuple[int, int] | None = None,
     model = model or replay.step_time_model or StepTimeModel()
     starts = step_starts(replay, model)
     w0, w1 = starts[lo], starts[hi + 1]
-    tracks = [Track(ENGINE, f"vLLM engine {replay.engine_name}: {replay.label}", "engine")]
+    tracks = [Track(GROUP, f"vLLM engine {replay.engine_name}: {replay.label}", "group"),
+              Track(ENGINE, "engine", "engine", GROUP)]
     counters: dict[str, Counter] = {}
     v0 = replay.engine_name == "V0"
     for name, unit, vtype, _ in COUNTERS:
         if name == "swapped" and not v0:
             continue
-        uid = len(tracks) + 1
-        tracks.append(Track(uid, name, "counter", ENGINE, unit, vtype))
+        uid = len(tracks)
+        tracks.append(Track(uid, name, "counter", GROUP, unit, vtype))
         counters[name] = Counter(uid)
-    first_request = len(tracks) + 1
+    first_request = len(tracks)
     ids = [s.id for s in replay.workload.requests]
     uid_of = {rid: first_request + i for i, rid in enumerate(ids)}
     lives = Lives(replay, starts, w0, w1, uid_of)
@@ -218,7 +220,7 @@ def build_trace(replay: Replay, steps: tuple[int, int] | None = None,
             break
     lives.close_all(starts[hi + 1])
     used = {sl.track for sl in lives.slices} | {e.track for e in lives.instants}
-    tracks += [Track(uid_of[rid], rid, "request", ENGINE) for rid in ids if uid_of[rid] in used]
+    tracks += [Track(uid_of[rid], rid, "request", GROUP) for rid in ids if uid_of[rid] in used]
     n_pre = sum(1 for e in lives.instants if e.track == ENGINE and e.name == "preemption")
     meta = _meta(replay, model, lo, hi, n_pre)
     instants = [Instant(ENGINE, "replay", w0, dict(meta)), *lives.instants]

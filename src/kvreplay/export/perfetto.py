@@ -1,11 +1,12 @@
 """The trace as Perfetto's protobuf trace (`.pftrace`), built with the official `perfetto`
 package (`TraceProtoBuilder`, the optional extra `kvreplay[perfetto]`).
 
-One trusted packet sequence: first a TrackDescriptor per track (the engine's, its counter
-tracks and one per request under it, in that order), then the TrackEvents in the order
-`Trace.events()` gives (slice begin/end, instants, counters; flows as flow ids on the
-trigger's instant and terminating flow ids on the victim's). Timestamps are ns: the
-replay's wall clock for a log (epoch), the step-time model's from 0 otherwise.
+One trusted packet sequence: first a TrackDescriptor per track (the engine's group, and
+under it the engine's own track, the counters and one per request, in that order), then
+the TrackEvents in the order `Trace.events()` gives (slice begin/end, instants, counters;
+flows as flow ids on the trigger's instant and terminating flow ids on the victim's).
+Timestamps are ns: the replay's wall clock for a log (epoch), the step-time model's from
+0 otherwise.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvreplay.errors import UserError
-from kvreplay.export.model import ENGINE, Trace
+from kvreplay.export.model import GROUP, Trace
 
 SEQUENCE = 1
 MISSING = ("the Perfetto trace needs the perfetto package: pip install 'kvreplay[perfetto]' "
@@ -64,7 +65,7 @@ def build_proto(trace: Trace) -> bytes:
         if t.parent is not None:
             d.parent_uuid = t.parent
             d.sibling_order_rank = rank
-        if t.uid == ENGINE:
+        if t.uid == GROUP:
             d.child_ordering = pb.TrackDescriptor.EXPLICIT
         if t.kind == "counter":
             d.counter.unit_name = t.unit
