@@ -31,6 +31,10 @@ def test_both_formats_from_one_run(tmp_path: Path, capsys) -> None:
     assert a.counters["KV free blocks"] == b.counters["KV free blocks"]
     # b_fcfs_heavy has 5 preemptions (logcases README)
     assert sum(1 for i in a.instants if i["name"] == "preemption" and i["track"] == 1) == 5
+    # a second run, from the log again: byte-identical files
+    pf2, js2 = tmp_path / "c.pftrace", tmp_path / "c.json"
+    assert main(["export", "--perfetto", str(pf2), "--chrome", str(js2), str(LOG)]) == 0
+    assert pf2.read_bytes() == pf.read_bytes() and js2.read_bytes() == js.read_bytes()
 
 
 def test_a_workload_and_a_step_range(tmp_path: Path) -> None:
