@@ -28,6 +28,7 @@ LAYERS: dict[str, str] = {
     "kvreplay.parsers": "parsers",
     "kvreplay.replay": "model",
     "kvreplay.inference": "inference",
+    "kvreplay.export": "export",
     "kvreplay.vllm_plugin": "vllm_plugin",
     "kvreplay.__main__": "front",
     "kvreplay.sources": "front",
@@ -43,13 +44,14 @@ MAY_IMPORT: dict[str, set[str]] = {
     "parsers": {"base", "events", "parsers"},
     "model": {"base", "events", "model"},
     "inference": {"base", "events", "model", "inference"},
+    "export": {"base", "events", "model", "inference", "export"},  # core side: no UI
     "vllm_plugin": {"vllm_plugin"},  # runs inside vLLM: nothing of kvreplay's core
-    "front": {"base", "events", "parsers", "model", "inference", "front", "tui"},
-    "tui": {"base", "events", "model", "inference", "front", "tui"},
+    "front": {"base", "events", "parsers", "model", "inference", "export", "front", "tui"},
+    "tui": {"base", "events", "model", "inference", "export", "front", "tui"},
 }
 # third-party packages only some layers may import
 RESTRICTED = {"textual": {"tui"}, "polars": {"front"}, "rich": {"tui", "front"},
-              "vllm": {"vllm_plugin"}}
+              "vllm": {"vllm_plugin"}, "perfetto": {"export"}}
 
 
 def layer_of(module: str) -> str:
@@ -116,12 +118,14 @@ def test_every_module_imports_and_the_core_loads_no_ui() -> None:
         "import kvreplay\n"
         "names = sorted(m.name for m in pkgutil.walk_packages(kvreplay.__path__, 'kvreplay.'))\n"
         "core = [n for n in names if not n.endswith('__main__') and n.split('.')[1] in (\n"
-        "        'events', 'errors', 'parsers', 'replay', 'inference', 'sources', 'samples', 'cli')]\n"
+        "        'events', 'errors', 'parsers', 'replay', 'inference', 'export', 'sources', 'samples',\n"
+        "        'cli')]\n"
         "for n in core:\n"
         "    importlib.import_module(n)\n"
         "from kvreplay.cli import build_parser\n"
         "build_parser()\n"
-        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'polars'))\n"
+        "loaded = sorted(m for m in sys.modules\n"
+        "                if m.split('.')[0] in ('textual', 'polars', 'perfetto'))\n"
         "print('core-loaded:' + ','.join(loaded))\n"
         "for n in names:\n"
         "    if n == 'kvreplay.vllm_plugin._scheduler' or n.endswith('__main__'):\n"
@@ -165,6 +169,7 @@ def test_the_checker_sees_a_broken_contract(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name, layer", [("kvreplay.replay.v0.steps", "model"),
                                          ("kvreplay.inference.facts", "inference"),
+                                         ("kvreplay.export.model", "export"),
                                          ("kvreplay.cli.tui", "front"), ("kvreplay", "base")])
 def test_layer_of(name: str, layer: str) -> None:
     assert layer_of(name) == layer

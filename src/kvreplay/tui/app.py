@@ -73,6 +73,8 @@ KEYS: list[tuple[str, str, str, bool]] = [
     ("3", "tab('request')", "Request view", False),
     ("4", "tab('diff')", "State diff", False),
     ("5", "tab('log')", "Log lines", False),
+    ("e", "export", "Export the timeline's steps as a Perfetto trace (JSON without the package)",
+     False),
     ("question_mark,f1", "help", "Help: every key", True),
     ("escape", "stop", "Stop loading", False),
     ("q", "quit", "Quit", True),
@@ -208,6 +210,8 @@ class ReplayApp(App[None]):
         self.load_error: str | None = None
         self.load_exception: BaseException | None = None
         self.loaded = False
+        self.export_dir = Path.cwd()  # where `e` writes its trace
+        self.exported: Path | None = None
 
     # -- layout --------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -297,6 +301,8 @@ class ReplayApp(App[None]):
         if event.worker.group == "load" and event.state == WorkerState.ERROR:
             self.load_exception = event.worker.error
             self.exit(return_code=1)
+        elif event.worker.group == "export" and event.state == WorkerState.ERROR:
+            self.notify(f"Export failed: {event.worker.error!r}", severity="error", timeout=8)
 
     def action_stop(self) -> None:
         if not self.loaded:
@@ -554,6 +560,35 @@ class ReplayApp(App[None]):
         self.zoom = max(0, min(24, self.zoom + delta))
         if self.tl is not None:
             self.query_one(TimelineBar).render_for(self)
+
+    def action_export(self) -> None:
+        if self.tl is None or self.tl.num_steps == 0:
+            self.notify("Nothing to export yet.", timeout=2)
+            return
+        lo, hi = self.window()  # the timeline's steps: all, or the zoomed window
+        self.export_trace(lo, hi - 1)
+
+    @work(thread=True, group="export", exit_on_error=False)
+    def export_trace(self, lo: int, hi: int) -> None:
+        from kvreplay.export import build_trace, write_trace
+        from kvreplay.export.perfetto import protos
+
+        try:
+            protos()
+            fmt, ext, note = "perfetto", ".pftrace", ""
+        except UserError:
+            fmt, ext = "chrome", ".json"
+            note = " (JSON: pip install 'kvreplay[perfetto]' for .pftrace)"
+        stem = Path(self.paths[0]).stem if self.paths else "replay"
+        path = self.export_dir / f"{stem}.steps{lo}-{hi}{ext}"
+        try:
+            size = write_trace(build_trace(self.tl.replay, (lo, hi)), path, fmt)  # type: ignore[union-attr]
+        except UserError as exc:
+            self.call_from_thread(self.notify, str(exc), severity="error", timeout=6)
+            return
+        self.exported = path
+        self.call_from_thread(self.notify, f"Steps {lo}-{hi} written to {path} ({size:,} bytes)"
+                              f"{note}: open it in ui.perfetto.dev", timeout=8)
 
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab

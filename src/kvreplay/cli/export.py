@@ -1,0 +1,97 @@
+"""`kvreplay export --perfetto OUT.pftrace | --chrome OUT.json LOG|WORKLOAD.json|TRACE-LOG`:
+the replay as a timeline trace for the Perfetto UI or chrome://tracing."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from kvreplay.errors import ReplayError, UserError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="*", metavar="LOG|WORKLOAD.json",
+                   help="vLLM server log(s), a step-trace log with its KV-event files, or a "
+                        "workload JSON (default: the embedded sample)")
+    p.add_argument("--perfetto", metavar="OUT.pftrace",
+                   help="write Perfetto's protobuf trace (needs: pip install 'kvreplay[perfetto]')")
+    p.add_argument("--chrome", metavar="OUT.json",
+                   help="write Chrome's JSON trace-event format (chrome://tracing, Perfetto UI)")
+    p.add_argument("--steps", metavar="LO:HI",
+                   help="only steps LO to HI (inclusive; either may be left out)")
+    p.add_argument("--profile", default="auto",
+                   help="vLLM release whose scheduler rules apply (default: from the log)")
+    p.add_argument("--step-time-ms", type=float, metavar="MS",
+                   help="take every engine step to last MS milliseconds instead of fitting a "
+                        "step-time model to the stats lines")
+    p.add_argument("--samples", type=int, metavar="N",
+                   help="replays in the uncertainty ensemble (as kvreplay replay; 0: off)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the ensemble")
+    p.add_argument("--vllm-version", help="the release that wrote the log, if not detected")
+    p.add_argument("--year", type=int, help="year of the log's time stamps (they have none)")
+
+
+def parse_steps(text: str | None, num_steps: int) -> tuple[int, int] | None:
+    """`LO:HI`, `LO:` or `:HI` -> (lo, hi) inclusive; None: every step."""
+    if text is None:
+        return None
+    lo_s, sep, hi_s = text.partition(":")
+    try:
+        lo = int(lo_s) if lo_s.strip() else 0
+        hi = int(hi_s) if hi_s.strip() else num_steps - 1
+    except ValueError:
+        raise UserError(f"--steps {text!r}: give LO:HI, e.g. 100:400") from None
+    if not sep:
+        raise UserError(f"--steps {text!r}: give LO:HI, e.g. 100:400")
+    return lo, hi
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvreplay.export import build_trace, write_trace
+    from kvreplay.inference.clock import fixed_step_time
+    from kvreplay.progress import stage
+    from kvreplay.sources import open_replay
+
+    outputs = {k: v for k, v in (("perfetto", args.perfetto), ("chrome", args.chrome)) if v}
+    if not outputs:
+        raise UserError("say where to write: --perfetto OUT.pftrace and/or --chrome OUT.json")
+    if "perfetto" in outputs:
+        from kvreplay.export.perfetto import protos
+
+        protos()  # a missing package is said before the replay runs
+    paths = list(args.paths)
+    if not paths:
+        from kvreplay.samples import DEFAULT_LOG, DEFAULT_LOG_YEAR, sample_path
+
+        paths = [str(sample_path(DEFAULT_LOG))]
+        if args.year is None:
+            args.year = DEFAULT_LOG_YEAR
+    step_time = None
+    if args.step_time_ms is not None:
+        if args.step_time_ms <= 0:
+            raise UserError("--step-time-ms must be positive")
+        step_time = fixed_step_time(args.step_time_ms)
+    if args.samples is not None and args.samples < 0:
+        raise UserError("--samples must be 0 or more")
+    t0 = time.perf_counter()
+    try:
+        rep = open_replay(paths, profile=args.profile, vllm_version=args.vllm_version,
+                          year=args.year, samples=args.samples, seed=args.seed,
+                          step_time=step_time)
+    except ReplayError as exc:
+        raise UserError(str(exc)) from None
+    t1 = time.perf_counter()
+    with stage("export: trace", None):
+        trace = build_trace(rep, parse_steps(args.steps, rep.num_steps))
+        sizes = {path: write_trace(trace, path, fmt) for fmt, path in outputs.items()}
+    t2 = time.perf_counter()
+    m = trace.meta
+    n_req = sum(1 for t in trace.tracks if t.kind == "request")
+    for path, size in sizes.items():
+        print(f"kvreplay export: {path}: {size:,} bytes; steps {m['first_step']}-{m['last_step']} "
+              f"of {rep.num_steps}, {n_req} requests, {m['preemptions']} "
+              f"preemptions; open it in https://ui.perfetto.dev"
+              + (" or chrome://tracing" if path == args.chrome else ""), file=sys.stderr)
+    print(f"kvreplay export: replay {t1 - t0:.2f} s, export {t2 - t1:.2f} s", file=sys.stderr)
+    return 0
