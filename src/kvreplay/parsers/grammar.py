@@ -263,7 +263,8 @@ def cut_fields(kind: str, text: str) -> list[tuple[str, str]] | None:
     except LarkError:
         return None
     rest = text[pos:]
-    if rest and not any(_could_begin(p.get_terminal(name), rest) for name in expected if not name.startswith("$")):
+    names = {t.name for t in p.terminals}
+    if rest and not any(_could_begin(p.get_terminal(name), rest) for name in expected if name in names):
         return None
     out: list[tuple[str, str]] = []
     stack = ip.parser_state.value_stack
