@@ -15,10 +15,14 @@ is printed for the full file and for a quarter of it: flat memory means equal fi
 Two mixes of 1,000,000 lines each: "bench" (the lines above: 1/6 are 1.4 kB JSON-body lines
 with 200 token ids, 1/5 are 600-byte Received lines; 438 bytes a line) and "typical" (the
 serving phase of a real 0.33 log, tests/data/logcases/p1_poisson_fcfs_200/server.log:
-Received / Added / access / stats lines; 256 bytes a line). Per-kind figures use 200,000
-lines of one kind each. Each kvreplay figure is the best of --repeat runs, with the range.
+Received / Added / access / stats lines; 256 bytes a line) and "iter" (the same log written
+with --enable-logging-iteration-details, server.iter.log: three lines in four are
+`Iteration(N)` lines). Per-kind figures use 200,000 lines of one kind each. Each kvreplay
+figure is the best of --repeat runs, with the range; `grep -c` runs on the same file in the
+same run, its output written to a file (GNU grep stops at the first match when its output is
+/dev/null).
 
-    python bench/bench_parse.py [--lines 1000000] [--lark-lines 20000] [--repeat 3] [--no-kinds]
+    python bench/bench_parse.py [--lines 1000000] [--lark-lines 20000] [--repeat 3] [--mixes bench,typical,iter,kinds]
 """
 
 from __future__ import annotations
@@ -106,8 +110,8 @@ def _write_repeated(path: Path, tpl: list[str], n_lines: int, step: int = 1, rid
             rep += 1
 
 
-def build_typical(path: Path, n_lines: int) -> None:
-    src = TYPICAL.read_text(encoding="utf-8").splitlines()
+def build_typical(path: Path, n_lines: int, source: Path = TYPICAL) -> None:
+    src = source.read_text(encoding="utf-8").splitlines()
     first = next(i for i, ln in enumerate(src) if "Received request" in ln)
     _write_repeated(path, src[first:], n_lines, step=60, rid=_TYP_RID)
 
@@ -141,11 +145,17 @@ def bench_lark(path: Path, limit: int) -> tuple[float, int]:
 
 
 def bench_grep(path: Path, repeat: int = 3) -> tuple[float, int]:
+    """`grep -c` over the whole file. Its output goes to a regular file: GNU grep stops at the
+    first match when its standard output is /dev/null, which would time nothing."""
     el = float("inf")
+    out = path.with_suffix(".grep")
     for _ in range(repeat):
-        t = time.perf_counter()
-        subprocess.run(["grep", "-c", "Engine 000:", str(path)], capture_output=True, text=True)
-        el = min(el, time.perf_counter() - t)
+        with open(out, "w") as f:
+            t = time.perf_counter()
+            subprocess.run(["grep", "-c", "Engine 000:", str(path)], stdout=f, check=False)
+            el = min(el, time.perf_counter() - t)
+        assert int(out.read_text().split()[0]) > 0  # grep read the file (and found the lines)
+    out.unlink()
     lines = int(subprocess.run(["wc", "-l", str(path)], capture_output=True, text=True).stdout.split()[0])
     return el, lines
 
@@ -176,68 +186,82 @@ def _rng(times: list[float], n: int) -> str:
     return f"{n / max(times):,.0f}-{n / min(times):,.0f}"
 
 
+def _serving_mix(td: str, name: str, source: Path, what: str, lines: int, repeat: int, jsonl: bool = True) -> None:
+    """A serving-phase log repeated to `lines` lines: grep -c and kvreplay in the same run."""
+    path = Path(td) / f"{name}.log"
+    build_typical(path, lines, source)
+    size = path.stat().st_size
+    g_el, g_n = bench_grep(path)
+    k_el, k_n, k_times = bench_kvreplay(path, repeat)
+    assert k_n == g_n == lines, (k_n, g_n)
+    k_rate, g_rate = k_n / k_el, g_n / g_el
+    print(f"{name} mix: {lines:,} lines, {size / 1e6:.1f} MB, {size / lines:.0f} bytes a line ({what}):")
+    print(f"  grep -c            : {g_rate:12,.0f} lines/s  ({g_el:.3f} s)")
+    print(f"  kvreplay (events)  : {k_rate:12,.0f} lines/s  ({k_el:.2f} s best of {repeat}; range {_rng(k_times, k_n)} lines/s)")
+    if jsonl:
+        j_el, j_rss = bench_jsonl(path, Path(td) / f"{name}.jsonl")
+        print(f"  kvreplay -> JSONL  : {lines / j_el:12,.0f} lines/s  ({j_el:.2f} s; max RSS {j_rss / 1024:.0f} MiB)")
+    print(f"  grep -c / kvreplay : {g_rate / k_rate:8.1f}x   (target <= 30x)")
+    path.unlink()
+
+
+MIXES = ("bench", "typical", "iter", "kinds")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=1_000_000)
     ap.add_argument("--lark-lines", type=int, default=20_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-kinds", action="store_true", help="skip the per-kind figures")
+    ap.add_argument("--mixes", default=",".join(MIXES), help=f"comma-separated subset of {','.join(MIXES)}")
     args = ap.parse_args()
+    mixes = set(args.mixes.split(","))
+    if args.no_kinds:
+        mixes.discard("kinds")
+    if not mixes <= set(MIXES):
+        ap.error(f"--mixes: choose from {','.join(MIXES)}")
     with tempfile.TemporaryDirectory() as td:
-        log = Path(td) / "big.log"
-        build_log(log, args.lines)
-        quarter = Path(td) / "quarter.log"
-        build_log(quarter, args.lines // 4)
-        typical = Path(td) / "typical.log"
-        build_typical(typical, args.lines)
-        size = log.stat().st_size
-        print(f"log: {args.lines:,} lines, {size / 1e6:.1f} MB (repeated real lines, rising times and ids)")
-        t_size = typical.stat().st_size
-        print(f"typical log: {args.lines:,} lines, {t_size / 1e6:.1f} MB (serving phase of a real 0.33 log, repeated)")
-
-        g_el, g_n = bench_grep(log)
-        k_el, k_n, k_times = bench_kvreplay(log, args.repeat)
-        assert k_n == g_n == args.lines, (k_n, g_n)
-        l_el, l_n = bench_lark(log, args.lark_lines)
-        j_el, j_rss = bench_jsonl(log, Path(td) / "out.jsonl")
-        jq_el, jq_rss = bench_jsonl(quarter, Path(td) / "q.jsonl")
-        jsonl_mb = (Path(td) / "out.jsonl").stat().st_size / 1e6
-        tg_el, tg_n = bench_grep(typical)
-        tk_el, tk_n, tk_times = bench_kvreplay(typical, args.repeat)
-        assert tk_n == tg_n == args.lines, (tk_n, tg_n)
-        tj_el, tj_rss = bench_jsonl(typical, Path(td) / "t.jsonl")
-        kinds = []
-        if not args.no_kinds:
-            tpl = template_lines() + [ln for ln in ITER_LOG.read_text().splitlines()
-                                      if "Iteration(" in ln][:500]
+        if "bench" in mixes:
+            log = Path(td) / "big.log"
+            build_log(log, args.lines)
+            quarter = Path(td) / "quarter.log"
+            build_log(quarter, args.lines // 4)
+            size = log.stat().st_size
+            g_el, g_n = bench_grep(log)
+            k_el, k_n, k_times = bench_kvreplay(log, args.repeat)
+            assert k_n == g_n == args.lines, (k_n, g_n)
+            l_el, l_n = bench_lark(log, args.lark_lines)
+            j_el, j_rss = bench_jsonl(log, Path(td) / "out.jsonl")
+            jq_el, jq_rss = bench_jsonl(quarter, Path(td) / "q.jsonl")
+            jsonl_mb = (Path(td) / "out.jsonl").stat().st_size / 1e6
+            k_rate, l_rate, g_rate = k_n / k_el, l_n / l_el, g_n / g_el
+            print(f"bench mix: {args.lines:,} lines, {size / 1e6:.1f} MB, {size / args.lines:.0f} bytes a line (repeated real lines, rising times and ids):")
+            print(f"  grep -c            : {g_rate:12,.0f} lines/s  ({g_el:.3f} s)")
+            print(f"  kvreplay (events)  : {k_rate:12,.0f} lines/s  ({k_el:.2f} s best of {args.repeat}; range {_rng(k_times, k_n)} lines/s)")
+            print(f"  kvreplay -> JSONL  : {args.lines / j_el:12,.0f} lines/s  ({j_el:.2f} s, {jsonl_mb:.0f} MB written)")
+            print(f"  plain Lark per line: {l_rate:12,.0f} lines/s  (first {l_n:,} lines, {l_el:.2f} s)")
+            print(f"  kvreplay / Lark    : {k_rate / l_rate:8.1f}x   (target >= 10x)")
+            print(f"  grep -c / kvreplay : {g_rate / k_rate:8.1f}x   (target <= 30x)")
+            print(f"  max RSS streaming to JSONL: {j_rss / 1024:.0f} MiB for {args.lines:,} lines, {jq_rss / 1024:.0f} MiB for {args.lines // 4:,} lines")
+            for p in (log, quarter):
+                p.unlink()
+        if "typical" in mixes:
+            _serving_mix(td, "typical", TYPICAL, "serving phase of a real 0.33 log, repeated", args.lines, args.repeat)
+        if "iter" in mixes:
+            _serving_mix(td, "iter", ITER_LOG, "the same log written with --enable-logging-iteration-details, repeated",
+                         args.lines, args.repeat)
+        if "kinds" in mixes:
+            print("per kind (200,000 lines each):")
+            tpl = template_lines() + [ln for ln in ITER_LOG.read_text().splitlines() if "Iteration(" in ln][:500]
             for name, pred in [*KINDS.items(), ("noise", None)]:
                 kp = Path(td) / f"{name}.log"
                 _write_repeated(kp, NOISE if pred is None else [ln for ln in tpl if pred(ln)], 200_000)
-                kg_el, kg_n = bench_grep(kp)
-                kk_el, kk_n, kk_times = bench_kvreplay(kp, args.repeat)
-                kinds.append((name, kk_n, kk_el, kk_times, kg_el, kp.stat().st_size / kk_n))
+                kg_el, _kg_n = bench_grep(kp) if name != "noise" else (float("nan"), 0)
+                el, n, times = bench_kvreplay(kp, args.repeat)
+                bpl = kp.stat().st_size / n
+                print(f"  {name:12s}: {n / el:10,.0f} lines/s (range {_rng(times, n)}), {bpl:5.0f} bytes a line, grep -c {n / kg_el:12,.0f} lines/s, ratio {el / kg_el:6.1f}x")
                 kp.unlink()
-
-    k_rate, l_rate, g_rate = k_n / k_el, l_n / l_el, g_n / g_el
-    print(f"bench mix ({size / args.lines:.0f} bytes a line):")
-    print(f"  grep -c            : {g_rate:12,.0f} lines/s  ({g_el:.3f} s)")
-    print(f"  kvreplay (events)  : {k_rate:12,.0f} lines/s  ({k_el:.2f} s best of {args.repeat}; range {_rng(k_times, k_n)} lines/s)")
-    print(f"  kvreplay -> JSONL  : {args.lines / j_el:12,.0f} lines/s  ({j_el:.2f} s, {jsonl_mb:.0f} MB written)")
-    print(f"  plain Lark per line: {l_rate:12,.0f} lines/s  (first {l_n:,} lines, {l_el:.2f} s)")
-    print(f"  kvreplay / Lark    : {k_rate / l_rate:8.1f}x   (target >= 10x)")
-    print(f"  grep -c / kvreplay : {g_rate / k_rate:8.1f}x   (target <= 30x)")
-    print(f"  max RSS streaming to JSONL: {j_rss / 1024:.0f} MiB for {args.lines:,} lines, {jq_rss / 1024:.0f} MiB for {args.lines // 4:,} lines")
-    tk_rate, tg_rate = tk_n / tk_el, tg_n / tg_el
-    print(f"typical serving-log mix ({t_size / args.lines:.0f} bytes a line):")
-    print(f"  grep -c            : {tg_rate:12,.0f} lines/s  ({tg_el:.3f} s)")
-    print(f"  kvreplay (events)  : {tk_rate:12,.0f} lines/s  ({tk_el:.2f} s best of {args.repeat}; range {_rng(tk_times, tk_n)} lines/s)")
-    print(f"  kvreplay -> JSONL  : {args.lines / tj_el:12,.0f} lines/s  ({tj_el:.2f} s; max RSS {tj_rss / 1024:.0f} MiB)")
-    print(f"  kvreplay / Lark    : {tk_rate / l_rate:8.1f}x")
-    print(f"  grep -c / kvreplay : {tg_rate / tk_rate:8.1f}x   (target <= 30x)")
-    if kinds:
-        print("per kind (200,000 lines each):")
-        for name, n, el, times, gel, bpl in kinds:
-            print(f"  {name:12s}: {n / el:10,.0f} lines/s (range {_rng(times, n)}), {bpl:5.0f} bytes a line, grep -c {n / gel:12,.0f} lines/s, ratio {gel and el / gel:6.1f}x")
     return 0
 
 

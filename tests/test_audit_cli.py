@@ -83,7 +83,7 @@ def test_missing_file_exits_2(capsys):
 def test_formats(tmp_path, capsys):
     assert main(["audit", THIN, DP, "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["engine"] for r in rows] == [None, 0, 1]
+    assert [r["engine"] for r in rows] == [None, 0, 1, 2]  # DP: engines 0, 1 and the cut line of engine 2
     assert rows[0]["status"] == "not established"
 
     assert main(["audit", THIN, "--format", "markdown"]) == 0
@@ -97,7 +97,7 @@ def test_formats(tmp_path, capsys):
     out = tmp_path / "fleet.parquet"
     assert main(["audit", THIN, DP, "--format", "parquet", "-o", str(out)]) == 0
     df = pl.read_parquet(out)
-    assert df.height == 3 and "recompute_ratio" in df.columns
+    assert df.height == 4 and "recompute_ratio" in df.columns
     html = (tmp_path / "fleet.html").read_text()
     assert html.startswith("<!DOCTYPE html>") and "<svg" in html and "<script" not in html
     assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
@@ -121,4 +121,4 @@ def test_folder_of_logs(tmp_path, capsys):
     shutil.copy(DP, tmp_path / "y.log")
     assert main(["audit", str(tmp_path), "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["log"].rsplit("/", 1)[1] for r in rows] == ["x.log", "y.log", "y.log"]
+    assert [r["log"].rsplit("/", 1)[1] for r in rows] == ["x.log", "y.log", "y.log", "y.log"]  # y: engines 0, 1, 2

@@ -3,8 +3,8 @@
 
 Expected counts were checked by hand: `grep -c` for 'Avg prompt throughput',
 'Received request' and 'is preempted by' per file, then each hit read to see whether the
-excerpt cut it (TRUNC-END / mangled lines in SOURCES.md): a cut line must become an
-Unparsed event, not a typed one. Columns: (stats, received, preemption, unparsed, physical lines).
+excerpt cut it (TRUNC-END / mangled lines in SOURCES.md): a cut line is a typed event marked
+`truncated` with the fields before the cut (issue 18; tests/test_parse_mangled.py). Columns: (stats, received, preemption, unparsed, physical lines).
 """
 
 from __future__ import annotations
@@ -23,23 +23,23 @@ SAMPLES = Path(__file__).parent.parent / "src" / "kvreplay" / "samples"
 EXPECTED = {
     # file: (stats, received, preemption, unparsed, lines)
     "01-v03-metrics-single-line.log": (1, 0, 0, 0, 1),
-    "03-v03-stuck-engine-completions.log": (1, 0, 0, 1, 6),  # Received line cut mid-params
-    "05-v050-tqdm-interleaved-swap-preemption.log": (2, 0, 1, 1, 4),  # 3 stats, last cut; stats glued after tqdm bars
-    "07-v060-received-request-chat-escaped-prompt.log": (0, 0, 0, 1, 1),  # Received cut
-    "09-v063-swap-preemption-chat-ids.log": (2, 0, 0, 1, 3),  # preemption cut inside total_num_cumulative_pr...
+    "03-v03-stuck-engine-completions.log": (1, 1, 0, 0, 6),  # Received line cut mid-params: typed, truncated
+    "05-v050-tqdm-interleaved-swap-preemption.log": (3, 0, 1, 0, 4),  # 3 stats, last cut (truncated); glued after tqdm bars
+    "07-v060-received-request-chat-escaped-prompt.log": (0, 1, 0, 0, 1),  # Received cut: truncated
+    "09-v063-swap-preemption-chat-ids.log": (2, 0, 1, 0, 3),  # preemption cut inside total_num_cumulative_pr...: truncated, no count
     "11-v064-received-request-chatcmpl-health.log": (0, 1, 0, 0, 4),
     "13-v065-init-engine-config-specdecode.log": (0, 0, 0, 0, 2),  # one config record wrapped over 2 lines
     "15-v07x-v1-startup-gpu-blocks.log": (0, 0, 0, 1, 10),  # the shell command line
-    "17-v080-v0engine-startup-404-received.log": (0, 0, 0, 1, 13),  # Received cut
+    "17-v080-v0engine-startup-404-received.log": (0, 1, 0, 0, 13),  # Received cut: truncated
     "19-v083-dp-engine-init-config.log": (0, 0, 0, 1, 3),  # wrapped config (2 lines) + cut "(EngineCore_7 pid=..) I"
     "21-v09x-v1-startup-kv-capacity.log": (0, 0, 0, 2, 14),  # 2 continuation lines of a raw Python warning
     "23-v011-enginecore-dp0-kv-capacity.log": (0, 0, 0, 0, 3),
     "25-v011-enginedead-mangled-brackets.log": (0, 0, 0, 0, 10),  # 2 tracebacks (6 + 4 lines)
-    "27-v014-dp8-waiting-skew.log": (2, 0, 0, 1, 3),  # Engine 002 line cut
-    "29-v016-queue-drain-full-isl.log": (5, 0, 0, 1, 6),
-    "31-v02x-docker-rfc3339-timestamps.log": (4, 0, 0, 1, 5),
+    "27-v014-dp8-waiting-skew.log": (3, 0, 0, 0, 3),  # Engine 002 line cut: truncated
+    "29-v016-queue-drain-full-isl.log": (6, 0, 0, 0, 6),  # last one cut: truncated
+    "31-v02x-docker-rfc3339-timestamps.log": (5, 0, 0, 0, 5),  # last one cut: truncated
     "33-v02x-specdecode-uvicorn-interleaved.log": (2, 0, 0, 1, 7),  # last access line cut
-    "35-v024-idle-gaps-trailing-spaces.log": (5, 0, 0, 1, 6),
+    "35-v024-idle-gaps-trailing-spaces.log": (6, 0, 0, 0, 6),  # last one cut after "Running: 1 reqs,"
     "37-v07x-preemption-foreign-formatter.log": (0, 0, 1, 0, 3),  # foreign formatter, no envelope
     "39-v02x-mm-cache-hit-specdecode.log": (2, 0, 0, 0, 3),
 }
@@ -81,7 +81,15 @@ def test_corpus_details():
     tb = _parse(CORPUS / "25-v011-enginedead-mangled-brackets.log")
     assert [(e.lines, e.category) for e in tb] == [(6, "engine_dead"), (4, None)]
     st = [e for e in _parse(CORPUS / "27-v014-dp8-waiting-skew.log") if e.__struct_config__.tag == "stats"]
-    assert [(e.engine, e.waiting, e.gpu_kv_usage, e.mm_cache_hit_rate) for e in st] == [(0, 117, 100.0, 0.0), (1, 108, 98.6, 0.0)]
+    assert [(e.engine, e.waiting, e.gpu_kv_usage, e.mm_cache_hit_rate, e.truncated) for e in st] == [
+        (0, 117, 100.0, 0.0, False), (1, 108, 98.6, 0.0, False), (2, None, None, None, True)]
+    assert st[2].prompt_throughput == 0.0  # "Engine 002: Avg prompt throughput: 0.0 tok": what is there
+    (pre,) = [e for e in _parse(CORPUS / "09-v063-swap-preemption-chat-ids.log") if e.__struct_config__.tag == "preemption"]
+    assert (pre.request_id, pre.mode, pre.cumulative, pre.truncated) == ("chat-7e630abf1a8b4c8a88775b1e98a54cf2", "SWAP", None, True)
+    (rr,) = [e for e in _parse(CORPUS / "03-v03-stuck-engine-completions.log") if e.__struct_config__.tag == "request_received"]
+    # cut after "length_penalty=1.0, early": the complete key=value items before the cut
+    assert (rr.request_id, rr.n, rr.best_of, rr.temperature, rr.max_tokens, rr.truncated) == (
+        "cmpl-a523b4f84b1b491d9f61ddc4558f532b-0", 1, 1, 0.0, None, True)
     kv = _parse(CORPUS / "21-v09x-v1-startup-kv-capacity.log")
     assert merge_config(kv).kv_cache_tokens == 251920 and merge_config(kv).num_gpu_blocks == 15745
     assert merge_config(kv).block_size == 16

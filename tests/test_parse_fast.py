@@ -296,20 +296,41 @@ def test_envelope_memo_agrees_with_envelope():
 
 
 def test_fast_route_takes_iteration_lines():
-    """The per-step line has a fused handler too (bench_parse: about twice the general
-    route's rate); both routes give the same event, with and without the engine prefix."""
+    """The per-step line has a fused handler too (`_engine`, for both first words); both
+    routes give the same event, with and without the engine prefix."""
     lines = ["(APIServer pid=1) INFO 05-07 10:01:00 [loggers.py:199] Engine 000: Iteration(4): 1 context "
              "requests, 336 context tokens, 2 generation requests, 2 generation tokens, iteration "
              "elapsed time: 15.26 ms, GPU KV cache usage: 7.5%",
              "(EngineCore pid=2) INFO 05-07 10:01:00 [core.py:400] Iteration(5): 0 context requests, "
              "0 context tokens, 3 generation requests, 3 generation tokens, iteration elapsed time: 6.54 ms"]
     calls = []
-    orig = fast._iteration
-    fast._iteration = lambda *a: calls.append(1) or orig(*a)
-    fast.FAST["Ite"] = fast._iteration
+    orig = fast._engine
+    wrapped = lambda *a: calls.append(1) or orig(*a)  # noqa: E731
+    fast.FAST["Ite"] = fast.FAST["Eng"] = wrapped
     try:
         _same("\n".join(lines) + "\n")
     finally:
-        fast._iteration = orig
-        fast.FAST["Ite"] = orig
+        fast.FAST["Ite"] = fast.FAST["Eng"] = orig
     assert len(calls) == 2
+
+
+_NUM = st.one_of(st.integers(0, 40000).map(str), st.sampled_from(["007", "0", "16383", "16384", "99999999999"]))
+_MS = st.one_of(st.floats(0, 1e5, allow_nan=False).map(lambda x: f"{x:.2f}"), st.sampled_from(["nan", "inf", "-1", "12"]))
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.sampled_from(["", "Engine 000: ", "Engine 3: ", "Engine 12345678901: "]), _NUM, _NUM, _NUM, _NUM, _NUM, _MS,
+                          st.sampled_from([None, ("GPU", "6.4"), ("XPU", "100.0"), ("GPU", "nan"), ("GPU + host", "0")]),
+                          st.sampled_from(["(APIServer pid=1) INFO 05-07 10:01:00 [loggers.py:199] ",
+                                           "(APIServer pid=1) INFO 05-07 10:01:01 [loggers.py:199] ",
+                                           "(EngineCore_DP1 pid=9) DEBUG 05-07 10:01:01 [loggers.py:199] "])),
+                min_size=1, max_size=6))
+def test_iteration_fast_path_agrees_with_general_route(rows):
+    """The Iteration fast path (numbers from caches, the event a copy of a template shared by
+    lines of the same envelope) gives the general route's events, line after line."""
+    out = []
+    for eng, step, cr, ct, gr, gt, ms, kv, env in rows:
+        tail = "" if kv is None else f", {kv[0]} KV cache usage: {kv[1]}%"
+        out.append(f"{env}{eng}Iteration({step}): {cr} context requests, {ct} context tokens, {gr} generation requests, "
+                   f"{gt} generation tokens, iteration elapsed time: {ms} ms{tail}")
+    _same("\n".join(out) + "\n")

@@ -215,21 +215,24 @@ V0 = "cannot replay this V0-engine log: it lacks "
 V0_EXCERPTS = {
     "01-v03-metrics-single-line.log": (V0, "# GPU blocks", "max_model_len", "request lines",
                                        "(it has only 1 stats line(s))"),
-    "03-v03-stuck-engine-completions.log": (V0, "# GPU blocks", "request lines",
-                                            "(it has only 1 stats line(s))"),
+    # (its Received line is cut mid-params: a truncated request line, counted)
+    "03-v03-stuck-engine-completions.log": (V0, "# GPU blocks", "max_model_len",
+                                            "(it has only 1 stats line(s), 1 request line(s))"),
     "05-v050-tqdm-interleaved-swap-preemption.log": (
-        V0, "# GPU blocks", "request lines", "2 stats line(s)",
+        V0, "# GPU blocks", "request lines", "3 stats line(s)",  # (the 3rd is cut: truncated)
         "1 preemption warning(s) (total_num_cumulative_preemption=151)"),
+    # (the warning is cut before its count: truncated, no cumulative count)
     "09-v063-swap-preemption-chat-ids.log": (V0, "# GPU blocks", "request lines",
-                                             "(it has only 2 stats line(s))"),
+                                             "(it has only 2 stats line(s), 1 preemption warning(s))"),
     "13-v065-init-engine-config-specdecode.log": (V0, "# GPU blocks", "request lines"),
     "37-v07x-preemption-foreign-formatter.log": (
         V0, "# GPU blocks", "request lines", "total_num_cumulative_preemption=51"),
     # Not recognised as V0 (no startup line, no stats or preemption fingerprint; the
-    # Received lines of 07 and 17 are cut mid-line): the V1 path says what is missing.
-    "07-v060-received-request-chat-escaped-prompt.log": ("the log has no request lines",),
+    # Received lines of 07 and 17 are cut mid-line, truncated request lines): the V1 path
+    # says what is missing.
+    "07-v060-received-request-chat-escaped-prompt.log": ("the log does not give the KV cache size",),
     "11-v064-received-request-chatcmpl-health.log": ("the log does not give the KV cache size",),
-    "17-v080-v0engine-startup-404-received.log": ("the log has no request lines",),
+    "17-v080-v0engine-startup-404-received.log": ("the log does not give the KV cache size",),
 }
 
 

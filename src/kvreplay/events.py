@@ -14,6 +14,8 @@ Invariants shared by all kinds:
 * `process`/`pid` come from the `(APIServer pid=N)` prefix or the JSON record; `engine` is the
   data-parallel rank from `Engine 003:` or from the process name (`EngineCore_DP3`).
 * Optional fields are `None` when the log did not say; nothing is guessed here.
+* `truncated` marks a line cut short (the fields before the cut are kept); `repeat` is Ray's
+  `[repeated Nx across cluster]` count.
 
 JSON Lines in and out: `encode_jsonl(events) -> bytes`, `decode_jsonl(data) -> list[Event]`.
 """
@@ -40,6 +42,12 @@ class Base(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=True):
     # the time stamp a container runtime or log shipper wrote before the line (`docker logs
     # -t`, `kubectl logs --timestamps`): epoch seconds, UTC, with its sub-second digits
     wrapper_time: float | None = None
+    # the line was cut short (terminal width, a paste limit, a crash): the event has the
+    # fields before the cut, the rest are None
+    truncated: bool = False
+    # Ray's log de-duplication: `... [repeated 3x across cluster]`, the line stands for 3
+    # more lines like it (the event is the first; None: not de-duplicated)
+    repeat: int | None = None
 
 
 # the fields every event has (where and when its line was written), as opposed to what the

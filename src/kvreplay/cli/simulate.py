@@ -105,6 +105,10 @@ def _run(args: argparse.Namespace) -> int:
         _write(args.output, lambda f: f.write(_json_pretty(summary)))
     if args.summary:
         _write(args.summary, lambda f: f.write(_json_pretty(summary)))
+    terminal = summary.get("terminal_error")
+    if terminal:  # vLLM itself stops in that step (V0): the run ends there, as vLLM's does
+        print(f"kvreplay simulate: {terminal_line(steps - 1, terminal)}", file=sys.stderr)
+        return 0
     if not completed:
         print(
             f"kvreplay simulate: not every request finished within max_steps "
@@ -167,4 +171,12 @@ def render_report(path: str, label: str, rep: Any) -> str:
              f"{t.computed_tokens_lost:,} computed tokens thrown away, "
              f"{t.tokens_recomputed:,} recomputed at readmission"]
     lines += preemption_table(rep.preemptions)
+    if rep.terminal is not None:
+        lines.append("  " + terminal_line(rep.terminal.step, rep.terminal.terminal_error))
     return "\n".join(lines) + "\n"
+
+
+def terminal_line(step: int, err: dict[str, Any]) -> str:
+    """The one-line account of the step in which vLLM stops (its own exception)."""
+    victim = f" (swap-out of {err['victim']})" if err.get("victim") and err["type"] == "RuntimeError" else ""
+    return f"vLLM stops at step {step}: {err['type']}: {err['message']}{victim}; the run ends there, as vLLM's does"

@@ -8,6 +8,7 @@ Consumes: the stages' results. Produces: the placed and clocked final run
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from kvreplay.inference.clock import clocked, finish_steps
@@ -146,9 +147,16 @@ def make_replay(facts: LogFacts, fmt: LogFormat, prof: Any, rebuilt: Rebuilt, ru
         prom = sum(r.prometheus_preemptions for r in run.steps)
         notes.append(f"Prometheus vllm:num_preemptions_total (replayed): {prom}; scheduler "
                      f"cumulative count: {max((p.cumulative or 0 for p in pre), default=0)}")
-    err = next((r.terminal_error for r in run.steps if r.terminal_error), None)
-    if err:
-        notes.append(f"the replay ends with vLLM's own error: {err['type']}: {err['message']}")
+    last = run.steps[-1] if run.steps else None
+    if last is not None and last.terminal_error:  # vLLM itself stops in this step (V0)
+        err = last.terminal_error
+        at = ""
+        if last.step < len(run.clock):
+            t = round(run.clock[last.step], 3)  # as a PreemptionRecord gives the step's time
+            at = f" ({time.strftime('%H:%M:%S', time.gmtime(t))}.{int((t % 1) * 1000):03d})"
+        victim = f" at the swap-out of {err['victim']}" if err.get("victim") and err["type"] == "RuntimeError" else ""
+        notes.append(f"the server would have failed at step {last.step}{at}{victim}: {err['type']}: "
+                     f"{err['message']} (vLLM's own error; the replay ends there)")
     if pattern == "poisson" and pre and fmt.placement == "anchored" and "iterations" not in check:
         notes.append(
             "arrivals spread over time: the log pins each one only to a window of steps, and "

@@ -120,6 +120,11 @@ def b_stats(f: Fields, base: dict) -> ev.Event:
             kw[k] = float(v)
     if "swapped" in kw:
         era = "v0"
+    elif era == "v1" and "waiting" not in kw and "engine" not in dict(f) and "aggregated_engines" not in kw:
+        # a line cut before the counts that tell the eras apart: V1 prints it from loggers.py
+        src = base.get("source") or ""
+        if not (src.startswith("loggers.py") or "/loggers.py" in src):
+            era = "v0"
     return ev.Stats(era=era, **base, **kw)
 
 
@@ -130,7 +135,8 @@ def b_prefix_v0(f: Fields, base: dict) -> ev.Event:
 
 def b_preemption(f: Fields, base: dict) -> ev.Event:
     d = dict(f)
-    return ev.Preemption(request_id=d["request_id"], mode=d["mode"], cumulative=int(d["cumulative"]), **base)
+    c = d.get("cumulative")  # (None: the line was cut before it)
+    return ev.Preemption(request_id=d["request_id"], mode=d.get("mode"), cumulative=None if c is None else int(c), **base)
 
 
 def b_iteration(f: Fields, base: dict) -> ev.Event:
@@ -155,7 +161,7 @@ def b_iteration(f: Fields, base: dict) -> ev.Event:
 
 def b_received(f: Fields, base: dict) -> ev.Event:
     d = dict(f)
-    p = parse_params(d["params"])
+    p = parse_params(d["params"]) if "params" in d else {"__call__": None}  # (a line cut before them)
     ids = _ids(d.get("prompt_token_ids"))
     lora = d.get("lora")
     stop = p.get("stop")

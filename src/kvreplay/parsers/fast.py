@@ -48,30 +48,92 @@ _STATS_V0 = re.compile(
 
 
 # The per-step line (--enable-logging-iteration-details), its common complete shape: no
-# "(dummy)", no encoder part (those take the general route).
+# "(dummy)", no encoder part (those take the general route). A log written with the flag is
+# one such line per engine step (10-50x the lines of a plain log), so this is the hottest
+# path: `_ITERATION_ENGINE` is the shape vLLM 0.14+ writes (engine prefix and KV usage, the
+# same groups `_ITERATION` gives them), tried first; numbers come from small caches; the
+# event is a copy of a private template with the fields of the line set.
 _ITERATION = re.compile(
     r"(?:Engine (\d+): )?Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, "
     rf"(\d+) generation requests, (\d+) generation tokens, iteration elapsed time: {_F} ms"
     rf"(?:, {_DEV} KV cache usage: {_F}%)?"
 ).fullmatch
+# (Three ASCII digits after "Engine " as the dispatcher requires, ASCII digits only, the printed "%.2f" form tried first: it only narrows `_ITERATION`,
+# and each number is delimited by literals no alternative can contain, so the groups agree.)
+_F_DEC = r"(\d+\.\d+|-?\d+(?:\.\d+)?|nan|inf)"
+_ITERATION_ENGINE = re.compile(
+    r"Engine (\d{3}): Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, "
+    rf"(\d+) generation requests, (\d+) generation tokens, iteration elapsed time: {_F_DEC} ms, "
+    rf"{_DEV} KV cache usage: {_F_DEC}%", re.ASCII
+).fullmatch
 
 
-def _iteration(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process: Any, pid: Any, engine: Any, source: Any, note: Any) -> ev.Event | None:
-    m = _ITERATION(msg)
+class _Ints(dict):
+    """str -> int for the decimal texts a regex group `\\d+` captured: the canonical texts of
+    0..16383 are looked up, every other text goes through int() (same value: int("007") is 7)."""
+
+    __slots__ = ()
+
+    def __missing__(self, k: str) -> int:
+        return int(k)
+
+
+class _Floats(dict):
+    """str -> float, memoised (bounded): KV usages and step times repeat."""
+
+    __slots__ = ()
+
+    def __missing__(self, k: str) -> float:
+        v = float(k)
+        if len(self) < 8192:
+            self[k] = v
+        return v
+
+
+_INT = _Ints((str(i), i) for i in range(1 << 14))
+_FLOAT = _Floats()
+# The template an Iteration event is copied from, with the fields its line shares with the
+# line before (file, time, level, process, pid, engine, source, note: `_iter_ctx`); it is
+# never handed out, so never mutated after it is made.
+_iter_ctx: tuple | None = None
+_replace = msgspec.structs.replace
+_iter_tpl: Any = None
+
+
+def _engine(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process: Any, pid: Any, engine: Any, source: Any, note: Any) -> ev.Event | None:
+    """`Engine N: ...` and `Iteration(N): ...`: the Iteration line (the hottest), else a stats line."""
+    global _iter_ctx, _iter_tpl
+    m = _ITERATION_ENGINE(msg)
     if m is None:
-        return None
+        if msg.startswith("Iteration(", 12) or msg.startswith("Iteration("):
+            m = _ITERATION(msg)
+            if m is None:
+                return None
+        else:
+            return _stats(msg, file, line, t, tt, level, process, pid, engine, source, note)
     eng, step, cr, ct, gr, gt, ms, dev, usage = m.groups()
-    return ev.Iteration(
-        step=int(step), context_requests=int(cr), context_tokens=int(ct), generation_requests=int(gr),
-        generation_tokens=int(gt), elapsed_ms=float(ms), dummy=False, kv_device=dev,
-        kv_usage=None if usage is None else float(usage), file=file, line=line, time=t, time_text=tt,
-        level=level, process=process, pid=pid, engine=engine if eng is None else int(eng), source=source, note=note,
-    )
+    i = _INT
+    ctx = (file, t, tt, level, process, pid, engine, source, note)
+    if ctx != _iter_ctx:
+        _iter_tpl = ev.Iteration(step=0, context_requests=0, context_tokens=0, generation_requests=0, generation_tokens=0,
+                                 elapsed_ms=0.0, file=file, line=0, time=t, time_text=tt, level=level, process=process,
+                                 pid=pid, engine=engine, source=source, note=note)
+        _iter_ctx = ctx
+    if eng is not None and dev is not None:  # the shape vLLM 0.14+ writes
+        return _replace(_iter_tpl, step=i[step], context_requests=i[cr], context_tokens=i[ct], generation_requests=i[gr],
+                        generation_tokens=i[gt], elapsed_ms=_FLOAT[ms], kv_device=dev, kv_usage=_FLOAT[usage], line=line,
+                        engine=i[eng])
+    e = _replace(_iter_tpl, step=i[step], context_requests=i[cr], context_tokens=i[ct], generation_requests=i[gr],
+                 generation_tokens=i[gt], elapsed_ms=_FLOAT[ms], line=line)
+    if dev is not None:
+        e.kv_device = dev
+        e.kv_usage = _FLOAT[usage]
+    if eng is not None:
+        e.engine = i[eng]
+    return e
 
 
 def _stats(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process: Any, pid: Any, engine: Any, source: Any, note: Any) -> ev.Event | None:
-    if msg.startswith("Iteration(", 12):
-        return _iteration(msg, file, line, t, tt, level, process, pid, engine, source, note)
     m = _STATS_V1(msg)
     if m is not None:
         eng, pt, gt, run, wait, dev, usage, phr, mmhr = m.groups()
@@ -305,14 +367,14 @@ def _preemption(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, pro
 # first three characters of the message -> handler. Each handler checks its own leading
 # words ("Engine N: ", "Avg ", "Added request ", ...), the same ones `matchers._FIRST` selects.
 FAST: dict[str, Callable[..., ev.Event | None]] = {
-    "Eng": _stats,
+    "Eng": _engine,
     "Avg": _stats,
     "Add": _added,
     "Fin": _finished,
     "Rec": _received,
     "Req": _request,
     "Seq": _preemption,
-    "Ite": _iteration,
+    "Ite": _engine,
 }
 _FAST_GET = FAST.get
 

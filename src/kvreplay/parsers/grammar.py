@@ -225,3 +225,104 @@ _PyRepr = _PyReprProxy
 def iter_grammar_files() -> Iterator[Path]:
     yield ENVELOPE_GRAMMAR
     yield MESSAGES_GRAMMAR
+
+
+# ------------------------------------------------------------------ lines cut short
+
+
+def cut_fields(kind: str, text: str) -> list[tuple[str, str]] | None:
+    """The fields of a message of `kind` that was cut short (terminal width, a paste limit, a
+    crash), or None when `text` is not a cut sentence of the grammar.
+
+    `text` is cut when the LALR parse fails only because the text ends: at the end itself,
+    or where the rest could begin a terminal the parser expected there (a prefix of its
+    literal, or of its regex with a literal look-ahead). The fields are those parsed before
+    the cut, except one that reaches the end of the text (it may itself be cut: "0" of
+    "0.0%"). Defined by messages.lark alone: the same answer on both routes."""
+    from lark import Token, Tree
+    from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
+
+    p = messages_parser()
+    text = text.rstrip()
+    try:
+        ip = p.parse_interactive(text, start=kind)
+        for _ in ip.iter_parse():
+            pass
+        ip.feed_eof()
+        return None  # a complete sentence: not cut (the matcher decides about it)
+    except UnexpectedEOF:
+        pos = len(text)
+        expected: set[str] = set()
+    except UnexpectedToken as e:
+        if e.token.type == "$END":
+            pos, expected = len(text), set()
+        else:
+            pos, expected = e.token.start_pos, set(e.expected)
+    except UnexpectedCharacters as e:
+        pos, expected = e.pos_in_stream, set(e.allowed or ())
+    except LarkError:
+        return None
+    rest = text[pos:]
+    names = {t.name for t in p.terminals}
+    if rest and not any(_could_begin(p.get_terminal(name), rest) for name in expected if name in names):
+        return None
+    out: list[tuple[str, str]] = []
+    stack = ip.parser_state.value_stack
+    tail: list[tuple[str, str]] = []
+    keep = _cut_keeps().get(kind)
+    if keep is not None:  # a field whose text up to the cut is still usable
+        stack, tail = _cut_tail(stack, text, *keep)
+    for item in stack:
+        if isinstance(item, Token):
+            if item.type.startswith("F_") and item.end_pos is not None and item.end_pos < len(text):
+                out.append((item.type[2:].lower(), str(item)))
+        elif isinstance(item, Tree):
+            fields = tree_fields(Tree("_", [item]), text)
+            end = item.meta.end_pos if not item.meta.empty else 0
+            if end < len(text):
+                out += fields
+    return out + tail
+
+
+def _cut_tail(stack: list, text: str, name: str, literals: frozenset[str]) -> tuple[list, list[tuple[str, str]]]:
+    """(stack before, [(name, text from its start to the cut)]) when the parse was cut inside
+    the field that follows one of `literals` (no field after that literal), else (stack, [])."""
+    from lark import Token, Tree
+
+    for i in range(len(stack) - 1, -1, -1):
+        it = stack[i]
+        if isinstance(it, Token) and str(it) in literals:
+            if i + 1 == len(stack):
+                return stack, []
+            nxt = stack[i + 1]
+            start = nxt.start_pos if isinstance(nxt, Token) else nxt.meta.start_pos
+            return stack[:i], [(name, text[start:])]
+        if (isinstance(it, Token) and it.type.startswith("F_")) or (isinstance(it, Tree) and str(it.data).startswith("f_")):
+            return stack, []
+    return stack, []
+
+
+_CUT_KEEPS = re.compile(r"^// cut-keeps (\w+) (\w+): (.*)$", re.M)
+
+
+@functools.cache
+def _cut_keeps() -> dict[str, tuple[str, frozenset[str]]]:
+    """`// cut-keeps KIND FIELD: LITERAL ...` directives of messages.lark."""
+    return {m.group(1): (m.group(2), frozenset(m.group(3).split()))
+            for m in _CUT_KEEPS.finditer(MESSAGES_GRAMMAR.read_text(encoding="utf-8"))}
+
+
+def _could_begin(term: Any, rest: str) -> bool:
+    """Could `rest` (the end of a cut text) be the beginning of `term`'s match?"""
+    pat = term.pattern
+    if pat.type == "str":
+        return pat.value.startswith(rest)
+    rx = pat.to_regexp()
+    m = re.fullmatch(r"(?s)(.*)\(\?=((?:[^()\\\[\]{}*+?|^$.]|\\.)*)\)", rx)  # a literal look-ahead at the end
+    if m is None:
+        return re.fullmatch(rx, rest) is not None
+    main, ahead = m.group(1), re.sub(r"\\(.)", r"\1", m.group(2))
+    for k in range(len(rest), -1, -1):
+        if ahead.startswith(rest[k:]) and re.fullmatch(main, rest[:k]):
+            return True
+    return False

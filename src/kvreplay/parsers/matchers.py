@@ -31,7 +31,17 @@ ENVELOPE = re.compile(
 )
 # A record glued after other text (tqdm bar without newline, quoted in prose ...).
 ENVELOPE_SEARCH = re.compile(
-    r"(?:\([A-Za-z][\w-]*(?: [\w=-]+)*? pid=\d+\) +)*(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +\d\d-\d\d +\d\d:\d\d:\d\d +\[?[^\s\[\]:]+\.py:\d+(?:\]|\[\])"
+    r"(?:\([A-Za-z][\w-]*(?: [\w=-]+)*? pid=\d+(?:, ip=[^)]+)?\) +)*(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +\d\d-\d\d +\d\d:\d\d:\d\d +\[?[^\s\[\]:]+\.py:\d+(?:\]|\[\])"
+)
+# A vLLM message after another formatter's prefix (a serving framework's logger: its own time
+# stamp, pid, logger name, level): the first words of a typed message kind (the dispatcher's
+# table below), after a separator.
+MESSAGE_SEARCH = re.compile(
+    r"(?:^|(?<=[\s|\]:>-]))(?=Received request |Added request |Finished request |Aborted request|Avg prompt throughput: "
+    r"|Engine \d{3}: |\d+ Engines Aggregated: |Sequence group \S+ is preempted|Running: \d+ reqs|Iteration\(\d+\): "
+    r"|Generated response |GPU KV cache size: |# GPU blocks: |Maximum concurrency for |Available KV cache memory: "
+    r"|Initializing an? (?:V[01] )?LLM engine|Chunked prefill is enabled|SpecDecoding metrics: |Speculative metrics: "
+    r"|Prefix cache hit rate: GPU: |vllm cache_config_info |Overriding num_gpu_blocks=)"
 )
 PROC = re.compile(r"\(([A-Za-z][\w-]*(?: [\w=-]+)*?) pid=(\d+)(?:, ip=([^)]+))?\)")
 
@@ -255,7 +265,12 @@ def dispatch(msg: str) -> tuple[str, str] | None:
     return None
 
 
+_ENGINE_N = re.compile(r"Engine \d+: ").match
+
+
 def _engine(msg: str) -> tuple[str, str] | None:
+    if _ENGINE_N(msg) is None:  # "Engine background task failed", "Engine core ..." : not a stats line
+        return None
     if msg.startswith("Iteration(", 12):
         return "iteration", msg
     if "cache_config_info" in msg:

@@ -46,6 +46,9 @@ _RANK = re.compile(r"\[rank\d+\]: ?")
 _FOREIGN_SRC = re.compile(r" \(([\w/]+\.py):(\d+)\)$")
 _PY_WARNING = re.compile(r"\S+\.py:\d+: \w*Warning: ")
 _TB_LEVELS = frozenset({"ERROR", "CRITICAL", "WARNING"})
+_QUOTES = {'"': '"', "'": "'", "`": "`", "\u201c": "\u201d", "\u2018": "\u2019"}  # opening -> closing
+_FOREIGN_TIME = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?")
+_FOREIGN_LEVEL = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
 
 
 # ------------------------------------------------------------------ record -> events
@@ -70,8 +73,17 @@ def _procs(text: str) -> tuple[str | None, int | None, int | None]:
     return r
 
 
+_REPEATED = re.compile(r" *\[repeated (\d+)x across cluster\]$")
+
+
 def message_event(msg: str, base: dict[str, Any], level: str | None, lark: bool = False) -> ev.Event:
     """One log message (envelope already removed) -> one event."""
+    if msg.endswith("across cluster]"):  # Ray's de-duplication suffix
+        m = _REPEATED.search(msg)
+        if m is not None:
+            e = message_event(msg[: m.start()], base, level, lark)
+            e.repeat = int(m.group(1))
+            return e
     d = _DISPATCH(msg)
     if d is not None:
         kind, text = d
@@ -83,12 +95,25 @@ def message_event(msg: str, base: dict[str, Any], level: str | None, lark: bool 
             fields = _MATCHERS[kind](text)
             if fields is not None and kind == "generated":
                 fields = [(matchers.RENAME.get(k, k), v) for k, v in fields]
-        if fields is None:
-            return ev.Unparsed(reason=f"malformed {kind} line (cut or unknown variant)", text=msg, **base)
+        truncated = False
+        if fields is None:  # cut short? the grammar says which fields came before the cut
+            from kvreplay.parsers.grammar import cut_fields
+
+            fields = cut_fields(kind, text)
+            if not fields:
+                return ev.Unparsed(reason=f"malformed {kind} line (cut or unknown variant)", text=msg, **base)
+            if kind == "generated":
+                fields = [(matchers.RENAME.get(k, k), v) for k, v in fields]
+            truncated = True
         try:
-            return _BUILDERS[kind](fields, base)
+            e = _BUILDERS[kind](fields, base)
         except Exception as exc:  # a builder rejecting odd values must not stop the parse
+            if truncated:
+                return ev.Unparsed(reason=f"{kind} line cut before its required fields", text=msg, **base)
             return ev.Unparsed(reason=f"bad {kind} line: {type(exc).__name__}: {str(exc)[:80]}", text=msg, **base)
+        if truncated:
+            e.truncated = True
+        return e
     e = build.config_line(msg, base)
     if e is not None:
         return e
@@ -332,10 +357,16 @@ class FileParser:
         if t[:1] == "{":
             out.append(self._json_record(t, base))
             return
-        # a record glued after other text (tqdm bar without newline, a wrapper we do not know)
+        # a record glued after other text (tqdm bar without newline, a wrapper we do not know,
+        # quoted in prose)
         m = matchers.ENVELOPE_SEARCH.search(t)
         if m is not None and m.start() > 0:
             inner = t[m.start():]
+            quote = _QUOTES.get(t[m.start() - 1])
+            if quote is not None:  # "... "INFO 10-27 ... Running: 2 reqs ..."." : the record ends at its quote
+                q = inner.rfind(quote)
+                if q > 0:
+                    inner = inner[:q]
             im = _ENV_MATCH(inner)
             if im is not None:
                 wt, comp, wdt, procs, level, date, hms, source = im.groups()
@@ -365,6 +396,20 @@ class FileParser:
         if _DISPATCH(msg) is not None:
             base["note"] = "no log envelope" + (f"; {note}" if note else "")
             out.append(message_event(msg, base, None, self.lark))
+            return
+        mm = matchers.MESSAGE_SEARCH.search(msg)
+        if mm is not None and mm.start() > 0 and _DISPATCH(msg[mm.start():]) is not None:
+            # another formatter's prefix before a vLLM message: its time stamp and level, if any
+            prefix = msg[: mm.start()]
+            ts = _FOREIGN_TIME.search(prefix)
+            if ts is not None:
+                base["time"] = _abs_time(ts.group(0).replace("T", " "))
+                base["time_text"] = ts.group(0)
+            lv = _FOREIGN_LEVEL.search(prefix)
+            level = lv.group(1) if lv is not None else None
+            base["level"] = level
+            base["note"] = "vLLM message after a foreign prefix" + (f"; {note}" if note else "")
+            out.append(message_event(msg[mm.start():], base, level, self.lark))
             return
         e = build.error_event(msg, base) if ("Error" in msg or "error" in msg) else None
         if e is not None:

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from kvreplay.events import LINE_FIELDS
+
 Doc = dict[str, Any]  # section name -> {key: value} or, for "preemptions", [record, ...]
 
 SECTIONS = ("input", "events", "version", "config", "workload", "replay", "preemptions")
@@ -78,10 +80,7 @@ LOG_REPLAY_NOTE = (
     "with `pytest --kvreplay-update` and review the diff.",
 )
 
-_LOCATION_FIELDS = frozenset(
-    ("origin", "file", "line", "lines", "time", "time_text", "level", "process", "pid",
-     "engine", "source", "note")
-)
+_LOCATION_FIELDS = LINE_FIELDS | {"origin"}  # where a config line was, not what it says
 _SUMMARY_KEYS = (
     "profile",
     "requests",

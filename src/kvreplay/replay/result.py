@@ -64,6 +64,13 @@ class Replay:
     def cut_short(self) -> bool:
         return self.inputs.max_steps is not None
 
+    @property
+    def terminal(self) -> StepRecord | None:
+        """The step in which vLLM itself stops (V0: the swap-space RuntimeError, an assertion
+        of the 0.6.6 scheduler), the run's last; None when the run ended otherwise."""
+        last = self.steps[-1] if self.steps else None
+        return last if last is not None and last.terminal_error else None
+
     def totals(self) -> Totals:
         return totals(self.steps, self.preemptions)
 
@@ -160,8 +167,7 @@ class Replay:
                 r.prometheus_preemptions for r in self.steps)
             out["num_cumulative_preemption"] = max(
                 (p.cumulative or 0 for p in self.preemptions), default=0)
-            out["terminal_error"] = next(
-                (r.terminal_error for r in reversed(self.steps) if r.terminal_error), None)
+            out["terminal_error"] = self.terminal.terminal_error if self.terminal else None
         return out
 
 

@@ -379,7 +379,8 @@ def summarize(trace: List[dict], workload: Optional[dict] = None) -> dict:
     all_pre = [p for r in trace for p in r.get("preemptions", [])]
     by_mode = {"recompute": 0, "swap": 0}
     for p in all_pre:
-        by_mode[p["mode"]] += 1
+        # (a record without a mode: the swap-out itself stopped vLLM, inside the allocator)
+        by_mode[p.get("mode", "swap")] += 1
     unfinished = [rid for rid in order if rid not in finished]
     arrived_all = True
     if workload is not None and trace:
