@@ -1,18 +1,21 @@
-"""The fleet dataset: a folder of Parquet files, hive-partitioned, one file per input.
+"""The fleet dataset: a folder of Parquet files, hive-partitioned, one file per log.
 
-    DIR/day=2026-05-07/deployment=meta-llama%2FLlama-3.1-8B-Instruct/part-<key>.parquet
-    DIR/day=unknown/deployment=file%3Abroken.log/error-<key>.parquet
+    DIR/day=2026-05-07/deployment=meta-llama%2FLlama-3.1-8B-Instruct/part-<log id>-<key>.parquet
+    DIR/day=unknown/deployment=file%3Abroken.log/error-<log id>-<key>.parquet
 
-- one file per input, named by its key (task.input_key: the bytes and the options), holding
-  its rows (one per engine) with the record's fields plus `input_key`; `part-` for an
-  audited input, `error-` for an error row. A key has at most one file: that is what makes
-  a rerun skip what is done and never double a row.
+- one file per log (task.log_id: its label, the `log` column), holding its rows (one per
+  engine): `input_key` (task.input_key: a hash of the bytes and the audit options) then
+  the record's fields; `part-` for an audited log, `error-` for an error row. A rerun skips
+  a log whose file has the same key, and replaces it when the key differs (the log grew,
+  other options): one file per log, so no row is ever doubled, and two copies of a log
+  under two names are two logs.
 - `day`: the date of the log's first request / stats line (`log_start`), `unknown` when
   the input has no time; `deployment`: the model the log serves, else `file:<name>`.
   Values are percent-encoded as Hive does ('/' -> %2F); polars decodes them on read.
 - a file is written under a hidden temporary name in its folder and renamed into place
-  (os.replace is atomic): a killed writer leaves no partial `.parquet`; a stale temporary
-  is removed by the next run (`scan`).
+  (os.replace is atomic): a killed writer leaves no partial `.parquet`; the next run
+  removes a stale temporary, and of a log found twice (killed between writing a new file
+  and removing the one it replaces) keeps the newest (`scan`).
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-KEY_COLUMNS = {"input_key": str}
 PARTITIONS = ("day", "deployment")
-_NAME = re.compile(r"^(part|error)-([0-9a-f]{16,64})\.parquet$")
-_TMP = re.compile(r"^\.(part|error)-[0-9a-f]{16,64}\.parquet\.[0-9]+\.tmp$")
+NO_KEY = "unreadable"  # the key of an input whose bytes could not be read
+_NAME = re.compile(r"^(part|error)-([0-9a-f]{24})-([0-9a-f]{24}|unreadable)\.parquet$")
+_TMP = re.compile(r"^\.(part|error)-[0-9a-f]{24}-\w+\.parquet\.[0-9]+\.tmp$")
 
 
 def schema():
@@ -53,20 +56,19 @@ def _enc(v: str) -> str:
 
 @dataclass(slots=True)
 class Part:
-    key: str
+    log: str  # log id
+    key: str  # input key, or NO_KEY
     kind: str  # "part" | "error"
     path: str
 
 
-def part_path(root: str, partition: dict[str, str], key: str, kind: str) -> str:
+def part_path(root: str, partition: dict[str, str], log: str, key: str, kind: str) -> str:
     dirs = [f"{k}={_enc(partition[k])}" for k in PARTITIONS]
-    return os.path.join(root, *dirs, f"{kind}-{key}.parquet")
+    return os.path.join(root, *dirs, f"{kind}-{log}-{key}.parquet")
 
 
 def scan(root: str) -> dict[str, Part]:
-    """key -> its file. Repairs what an interrupted run can leave: stale temporaries are
-    removed; a key found twice (killed between a rename and the removal of the file it
-    replaces) keeps its newest file."""
+    """log id -> its file, repairing what an interrupted run can leave (module docstring)."""
     found: dict[str, list[Part]] = {}
     if not os.path.isdir(root):
         return {}
@@ -75,39 +77,49 @@ def scan(root: str) -> dict[str, Part]:
         for n in sorted(names):
             m = _NAME.match(n)
             if m:
-                found.setdefault(m.group(2), []).append(Part(m.group(2), m.group(1), os.path.join(d, n)))
+                found.setdefault(m.group(2), []).append(
+                    Part(m.group(2), m.group(3), m.group(1), os.path.join(d, n)))
             elif _TMP.match(n):
                 os.unlink(os.path.join(d, n))
     out = {}
-    for key, parts in found.items():
-        parts.sort(key=lambda p: (os.stat(p.path).st_mtime_ns, p.kind == "part"))
+    for log, parts in found.items():
+        parts.sort(key=lambda p: (os.stat(p.path).st_mtime_ns, p.kind == "part", p.path))
         for old in parts[:-1]:
             os.unlink(old.path)
-        out[key] = parts[-1]
+        out[log] = parts[-1]
     return out
 
 
-def write_part(root: str, key: str, records: list[dict[str, Any]], path: str, *,
-               error: bool, replaces: list[Part] = ()) -> Part:
-    """Write one input's rows atomically; then remove the files it `replaces` (the same
-    key's earlier file under --force / --retry-errors, or its unreadable-path key)."""
+def write_part(root: str, log: str, key: str | None, records: list[dict[str, Any]],
+               path: str, *, error: bool, replaces: Part | None = None) -> Part:
+    """Write one log's rows atomically, then remove the file it `replaces` (the log's
+    earlier file, when that is elsewhere: another key, day or deployment)."""
     import polars as pl
 
     kind = "error" if error else "part"
-    dest = part_path(root, partition_of(records, path), key, kind)
+    key = key or NO_KEY
+    dest = part_path(root, partition_of(records, path), log, key, kind)
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.{os.getpid()}.tmp")
-    rows = [{"input_key": key, **r} for r in records]
+    rows = [{"input_key": None if key == NO_KEY else key, **r} for r in records]
     try:
         pl.DataFrame(rows, schema=schema()).write_parquet(tmp)
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    for old in replaces:
-        if old.path != dest and os.path.exists(old.path):
-            os.unlink(old.path)
-    return Part(key, kind, dest)
+    if replaces is not None and replaces.path != dest and os.path.exists(replaces.path):
+        os.unlink(replaces.path)
+    return Part(log, key, kind, dest)
+
+
+def files(root: str) -> list[str]:
+    """The dataset's files, sorted (temporaries are not among them)."""
+    out = []
+    for d, subdirs, names in os.walk(root):
+        subdirs.sort()
+        out += [os.path.join(d, n) for n in sorted(names) if _NAME.match(n)]
+    return out
 
 
 def scan_dataset(root: str):
@@ -119,15 +131,8 @@ def scan_dataset(root: str):
     if not os.path.isdir(root):
         raise UserError(f"{root}: no such folder (an audit dataset is written by "
                         "`kvreplay audit LOGS -o DIR/`)")
-    if not scan_names(root):
+    found = files(root)
+    if not found:
         raise UserError(f"{root}: no audit files (part-*.parquet / error-*.parquet) in it")
-    return pl.scan_parquet(os.path.join(root, "**", "*.parquet"), hive_partitioning=True,
+    return pl.scan_parquet(found, hive_partitioning=True,
                            hive_schema={k: pl.String for k in PARTITIONS})
-
-
-def scan_names(root: str) -> list[str]:
-    out = []
-    for d, subdirs, names in os.walk(root):
-        subdirs.sort()
-        out += [os.path.join(d, n) for n in sorted(names) if _NAME.match(n)]
-    return out

@@ -82,13 +82,16 @@ class LocalExecutor:
         futures = list(futures)
         lazy = [f for f in futures if isinstance(f, _Lazy)]
         for f in lazy:
-            f.run()
+            if not f.done():
+                f.run()
             yield f
         rest = [f for f in futures if not isinstance(f, _Lazy)]
         if rest:
             yield from cf.as_completed(rest)
 
     def result(self, future: cf.Future) -> Any:
+        if isinstance(future, _Lazy) and not future.done():
+            future.run()
         return future.result()
 
     def cancel(self, futures: Iterable[cf.Future]) -> None:
@@ -106,6 +109,7 @@ class DaskExecutor:
     processes (the audit is CPU-bound Python), or on the scheduler at `address`."""
 
     name = "dask"
+    connect_timeout = "20s"
 
     def __init__(self, address: str | None = None, workers: int | None = None, *,
                  client: Any = None) -> None:
@@ -122,7 +126,7 @@ class DaskExecutor:
             self.client = client
         elif address:
             try:
-                self.client = distributed.Client(address, timeout="20s")
+                self.client = distributed.Client(address, timeout=self.connect_timeout)
             except (OSError, TimeoutError) as exc:
                 raise UserError(f"--executor dask:{address}: cannot reach the scheduler: {exc}") from None
         else:

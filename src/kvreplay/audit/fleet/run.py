@@ -2,7 +2,7 @@
 complete, and either write each input's file into the dataset or collect the rows.
 
 Invariants: every input ends as exactly one result (rows, or an error row with its
-reason); in a dataset, exactly one file per key; a file appears whole or not at all.
+reason); in a dataset, exactly one file per log; a file appears whole or not at all.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from kvreplay.audit.fleet import dataset as ds
-from kvreplay.audit.fleet.task import Options, Result, audit_task, keys_task, path_key
+from kvreplay.audit.fleet.task import Options, Result, audit_task, keys_task, log_id
 
 KEY_CHUNK = 64  # inputs hashed per task when looking for what a dataset already has
 
@@ -78,10 +78,11 @@ def run(paths: Sequence[str], executor, *, options: Options = Options(),
     with stage(f"audit {len(paths)} {noun} ({fr.executor})", len(paths)) as bar:
         if have and not force:
             keys = _known_keys(executor, paths, options, token)
-            done = {k for k, p in have.items() if not (retry_errors and p.kind == "error")}
-            todo = [i for i in todo if keys[i] is None or keys[i] not in done]
+            todo = [i for i in todo if not _current(have.get(log_id(paths[i])), keys[i],
+                                                    retry_errors)]
             fr.skipped = len(paths) - len(todo)
             bar.advance(fr.skipped)
+            bar.status(fr.status())
         pending = {}
         for i in todo:
             f = executor.submit(audit_task, i, paths[i], options,
@@ -94,9 +95,8 @@ def run(paths: Sequence[str], executor, *, options: Options = Options(),
                     res = executor.result(f)
                 except executor.lost_errors as exc:
                     res = _lost(paths[i], exc)
-                    res.key = path_key(paths[i], options)
                 res.index = i
-                _take(fr, res, paths[i], out_dir, have, options)
+                _take(fr, res, paths[i], out_dir, have)
                 fr.seconds = time.perf_counter() - t0
                 bar.advance()
                 bar.status(fr.status())
@@ -109,8 +109,15 @@ def run(paths: Sequence[str], executor, *, options: Options = Options(),
     return fr
 
 
+def _current(part: ds.Part | None, key: str | None, retry_errors: bool) -> bool:
+    """The dataset has this log as it is now (same bytes and options)."""
+    if part is None or key is None or part.key != key:
+        return False
+    return not (retry_errors and part.kind == "error")
+
+
 def _take(fr: FleetRun, res: Result, path: str, out_dir: str | None,
-          have: dict[str, ds.Part], options: Options) -> None:
+          have: dict[str, ds.Part]) -> None:
     if res.error is None:
         fr.audited += 1
     else:
@@ -121,9 +128,8 @@ def _take(fr: FleetRun, res: Result, path: str, out_dir: str | None,
     if out_dir is None:
         fr.results[res.index] = res
         return
-    assert res.key is not None
-    old = [p for p in (have.get(res.key), have.get(path_key(path, options))) if p]
-    part = ds.write_part(out_dir, res.key, res.records, path, error=res.error is not None,
-                         replaces=old)
-    have[res.key] = part
+    lid = log_id(path)
+    part = ds.write_part(out_dir, lid, res.key, res.records, path, error=res.error is not None,
+                         replaces=have.get(lid))
+    have[lid] = part
     fr.written.append(part.path)

@@ -34,13 +34,13 @@ def summarize(root: str, top: int = TOP) -> dict[str, Any]:
     ok = base.filter(pl.col("error").is_null())
     days = sorted(d for d in base["day"].unique().to_list() if d != "unknown")
     out: dict[str, Any] = {
-        "dataset": root, "records": base.height, "inputs": base["input_key"].n_unique(),
+        "dataset": root, "records": base.height, "inputs": base["log"].n_unique(),
         "errors": base.filter(pl.col("error").is_not_null()).height,
         "days": [days[0], days[-1]] if days else [],
         "deployments": ok["deployment"].n_unique(),
     }
     counts = dict(ok.group_by("status").agg(pl.len()).iter_rows())
-    logs = dict(ok.group_by("status").agg(pl.col("input_key").n_unique()).iter_rows())
+    logs = dict(ok.group_by("status").agg(pl.col("log").n_unique()).iter_rows())
     deps = dict(ok.group_by("status").agg(pl.col("deployment").n_unique()).iter_rows())
     out["status"] = [{"status": s, "records": counts.get(s, 0), "logs": logs.get(s, 0),
                       "deployments": deps.get(s, 0)}

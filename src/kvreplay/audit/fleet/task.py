@@ -1,5 +1,6 @@
 """The unit of fleet work: one input (a log file, or a folder of Prometheus scrapes), keyed
-by a hash of its bytes and of the audit options, audited where the executor runs it.
+by a hash of its bytes and of the audit options (`input_key`), audited where the executor
+runs it.
 
 Everything here runs on a worker: it must be importable there (kvreplay installed) and
 the input readable there (a shared file system). A task never raises for a bad input or a
@@ -15,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-KEY_HEX = 32  # 128 bits of sha256: the dataset's file names and `input_key`
+KEY_HEX = 24  # 96 bits of sha256: `input_key` and the dataset's file names
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +64,10 @@ def input_key(path: str, options: Options) -> str:
     return h.hexdigest()[:KEY_HEX]
 
 
-def path_key(path: str, options: Options) -> str:
-    """The key of an input whose bytes cannot be read: its path (and the options)."""
-    h = hashlib.sha256(options.token() + b"unreadable\0" + os.path.abspath(path).encode())
-    return h.hexdigest()[:KEY_HEX]
+def log_id(path: str) -> str:
+    """The identity of an input in a dataset: its label (the path as given, normalised),
+    the dataset's `log` column. One file per log; the content key says if it is current."""
+    return hashlib.sha256(os.path.normpath(path).encode()).hexdigest()[:KEY_HEX]
 
 
 def keys_task(paths: list[str], options: Options) -> list[str | None]:
@@ -114,7 +115,5 @@ def audit_task(index: int, path: str, options: Options) -> Result:
         where = f" (at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno})" if tb else ""
         error = f"{type(exc).__name__}: {exc}{where}"
         records = [error_record(path, error, "bug")]
-    if key is None:
-        key = path_key(path, options)
     return Result(index, key, records, error, f"{socket.gethostname()}:{os.getpid()}",
                   _peak_rss_kb(), time.perf_counter() - t)
