@@ -179,6 +179,30 @@ def test_a_worker_killed_mid_run_loses_and_doubles_nothing(fleet, local_ds, clie
     assert killed[0][1] not in client.run(os.getpid).values()  # it really died
 
 
+def test_a_local_worker_killed_mid_run_loses_and_doubles_nothing(fleet, local_ds, tmp_path):
+    """The stdlib pool breaks when one of its processes dies: the executor starts another
+    and resubmits what had not finished."""
+    logs = _good(fleet)[:12]
+    out = str(tmp_path / "ds")
+    ex = LocalExecutor(2)
+    killed = []
+
+    def kill_one(res, fr):
+        if not killed and fr.audited == 2 and ex.pool is not None:
+            pid = sorted(ex.pool._processes)[0]
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    try:
+        fr = run(logs, ex, options=OPTS, out_dir=out, on_result=kill_one)
+    finally:
+        ex.close()
+    assert killed and ex.generation == 2
+    assert (fr.audited, fr.failed) == (12, 0)
+    ref = _rows(local_ds).filter(pl.col("log").is_in(logs))
+    assert _rows(out).equals(ref)
+
+
 def test_dask_scheduler_address_and_missing_dask(monkeypatch, client, capsys):
     monkeypatch.setattr(DaskExecutor, "connect_timeout", "1s")
     ex = make_executor(f"dask:{client.scheduler.address}")

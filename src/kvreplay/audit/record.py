@@ -216,8 +216,9 @@ def _check_readable(events, label: str) -> None:
         if e.note and e.note.startswith("read error"):
             raise UserError(f"{e.file}: unreadable at line {e.line}: {e.note[len('read error: '):]}")
     if all(isinstance(e, (ev.Unparsed, ev.Noise)) for e in events):
-        raise UserError(f"{label}: not a vLLM log (none of its {len(events)} lines is a vLLM "
-                        "log line)")
+        n = len(events)
+        raise UserError(f"{label}: not a vLLM log (no vLLM log line in its {n} "
+                        f"line{'s' if n != 1 else ''})")
 
 
 def _origin(events, stats) -> float:

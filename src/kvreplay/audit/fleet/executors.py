@@ -53,50 +53,84 @@ class _Lazy(cf.Future):
                 raise
 
 
+class _Task:
+    """A local task: its call and its current future (replaced when the pool is rebuilt)."""
+
+    __slots__ = ("call", "future", "generation", "tries")
+
+    def __init__(self, call: tuple, future: cf.Future, generation: int) -> None:
+        self.call, self.future, self.generation, self.tries = call, future, generation, 0
+
+    def done(self) -> bool:
+        return self.future.done()
+
+
 class LocalExecutor:
-    """Processes of this machine (fork), or this process alone with one worker."""
+    """Processes of this machine (fork), or this process alone with one worker.
+
+    A worker process that dies (OOM-killed, a segfault) breaks the whole stdlib pool: every
+    task not yet finished fails with BrokenProcessPool. The executor then starts a new pool
+    and submits those tasks again, up to `tries` times each, as Dask's scheduler does."""
 
     name = "local"
     lost_errors: tuple[type[BaseException], ...] = (BrokenProcessPool,)
+    tries = 3
 
     def __init__(self, workers: int | None = None) -> None:
         if workers is not None and workers < 1:
             raise UserError("--jobs must be >= 1")
         self.workers = workers or (os.cpu_count() or 1)
         self.pool: cf.ProcessPoolExecutor | None = None
+        self.generation = 0  # pools started
 
     def describe(self) -> str:
         return f"local, {self.workers} process{'es' if self.workers != 1 else ''}"
 
-    def submit(self, fn: Callable, *args: Any, key: str | None = None) -> cf.Future:
-        if self.workers == 1:
-            return _Lazy(fn, args)
+    def _pool(self) -> cf.ProcessPoolExecutor:
         if self.pool is None:
             import multiprocessing as mp
 
             ctx = mp.get_context("spawn" if os.name == "nt" else "fork")
             self.pool = cf.ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
-        return self.pool.submit(fn, *args)
+            self.generation += 1
+        return self.pool
 
-    def as_completed(self, futures: Iterable[cf.Future]) -> Iterator[cf.Future]:
+    def submit(self, fn: Callable, *args: Any, key: str | None = None):
+        if self.workers == 1:
+            return _Lazy(fn, args)
+        pool = self._pool()
+        return _Task((fn, args), pool.submit(fn, *args), self.generation)
+
+    def as_completed(self, futures: Iterable[Any]) -> Iterator[Any]:
         futures = list(futures)
-        lazy = [f for f in futures if isinstance(f, _Lazy)]
-        for f in lazy:
-            if not f.done():
-                f.run()
-            yield f
-        rest = [f for f in futures if not isinstance(f, _Lazy)]
-        if rest:
-            yield from cf.as_completed(rest)
+        for f in futures:
+            if isinstance(f, _Lazy):
+                if not f.done():
+                    f.run()
+                yield f
+        live = {t.future: t for t in futures if isinstance(t, _Task)}
+        while live:
+            for f in cf.as_completed(list(live)):
+                t = live.pop(f)
+                if isinstance(f.exception(), BrokenProcessPool) and t.tries < self.tries:
+                    if t.generation == self.generation:  # this pool broke: a new one
+                        self.pool.shutdown(wait=False, cancel_futures=True)
+                        self.pool = None
+                    fn, args = t.call
+                    t.future, t.generation = self._pool().submit(fn, *args), self.generation
+                    t.tries += 1
+                    live[t.future] = t
+                    break  # wait again, on the new futures too
+                yield t
 
-    def result(self, future: cf.Future) -> Any:
+    def result(self, future: Any) -> Any:
         if isinstance(future, _Lazy) and not future.done():
             future.run()
-        return future.result()
+        return (future.future if isinstance(future, _Task) else future).result()
 
-    def cancel(self, futures: Iterable[cf.Future]) -> None:
+    def cancel(self, futures: Iterable[Any]) -> None:
         for f in futures:
-            f.cancel()
+            (f.future if isinstance(f, _Task) else f).cancel()
 
     def close(self, cancel: bool = False) -> None:
         if self.pool is not None:
