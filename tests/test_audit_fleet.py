@@ -411,6 +411,8 @@ def test_cli_dataset_rerun_and_fail_on(fleet, tmp_path, capsys):
     assert main(["audit", THIN, "--executor", "ray"]) == 2
     assert "use local, dask, or dask:ADDRESS" in capsys.readouterr().err
     assert main(["audit"]) == 2
+    assert main(["audit", str(tmp_path / "none" / "*.log")]) == 2
+    assert "no file matches" in capsys.readouterr().err
 
 
 def test_progress_counts(fleet, tmp_path):

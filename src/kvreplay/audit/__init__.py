@@ -75,14 +75,20 @@ def audit_many(paths: Iterable[str], *, jobs: int | None = None, profile: str | 
 
 def expand_paths(args: Sequence[str]) -> list[str]:
     """CLI arguments -> logs: a file is a log; a folder of .prom files is one scrape series;
-    any other folder contributes its *.log, *.log.gz, *.txt and *.prom files (sorted)."""
-    import os
+    any other folder contributes its *.log, *.log.gz, *.txt and *.prom files (sorted); a
+    glob that is not a file's name ('logs/**/*.log.gz', quoted past the shell) its matches."""
+    import glob
 
     from kvreplay.errors import UserError
 
     out: list[str] = []
     for a in args:
-        if os.path.isdir(a):
+        if any(c in a for c in "*?[") and not os.path.exists(a):
+            hits = sorted(glob.glob(a, recursive=True))
+            if not hits:
+                raise UserError(f"{a}: no file matches")
+            out.extend(expand_paths(hits))
+        elif os.path.isdir(a):
             names = sorted(os.listdir(a))
             if names and all(n.endswith(".prom") for n in names if not n.startswith(".")):
                 out.append(a)

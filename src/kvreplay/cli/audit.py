@@ -55,24 +55,6 @@ def _is_dataset(out: str) -> bool:
     return out not in (None, "-") and (out.endswith(("/", os.sep)) or os.path.isdir(out))
 
 
-def _expand(args: list[str]) -> list[str]:
-    """Globs are expanded here too (a shell that did not, or quoted to beat ARG_MAX)."""
-    import glob
-
-    from kvreplay.audit import expand_paths
-
-    out: list[str] = []
-    for a in args:
-        if any(c in a for c in "*?[") and not os.path.exists(a):
-            hits = sorted(glob.glob(a, recursive=True))
-            if not hits:
-                raise UserError(f"{a}: no file matches")
-            out += expand_paths(hits)
-        else:
-            out += expand_paths([a])
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     from kvreplay.audit.expr import compile_fail_on
     from kvreplay.audit.fleet import parse_spec
@@ -93,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UserError("--jobs must be >= 1")
     parse_spec(args.executor)
-    paths = _expand(args.logs)
+    from kvreplay.audit import expand_paths
+
+    paths = expand_paths(args.logs)
     if dataset:
         return _write_dataset(args, paths, expr)
     from kvreplay.audit import audit_many, report
