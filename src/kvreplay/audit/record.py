@@ -151,7 +151,7 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
 
     log = read_log(paths, year=year)
     events, dialect, config = log.events, log.dialect, log.config
-    _check_readable(events, label)
+    _check_readable(events, label, paths)
     by_engine: dict[int | None, list[ev.Stats]] = {}
     for e in events:
         if isinstance(e, ev.Stats) and e.time is not None:
@@ -206,16 +206,19 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
 
 
 # ---------------------------------------------------------------- pieces
-def _check_readable(events, label: str) -> None:
-    """A file the reader could not finish (a truncated .gz), or with no vLLM line at all, is
-    not audited: a record of nulls would pass for a quiet server."""
+def _check_readable(events, label: str, paths: list[str]) -> None:
+    """A file the reader could not finish (a truncated .gz), or with no vLLM line at all
+    (and not a workload JSON, which the replay reads), is not audited: a record of nulls
+    would pass for a quiet server."""
     from kvreplay import events as ev
     from kvreplay.errors import UserError
+    from kvreplay.sources import looks_like_workload
 
     for e in events:
         if e.note and e.note.startswith("read error"):
             raise UserError(f"{e.file}: unreadable at line {e.line}: {e.note[len('read error: '):]}")
-    if all(isinstance(e, (ev.Unparsed, ev.Noise)) for e in events):
+    if (all(isinstance(e, (ev.Unparsed, ev.Noise)) for e in events)
+            and not (len(paths) == 1 and looks_like_workload(paths[0]))):
         n = len(events)
         raise UserError(f"{label}: not a vLLM log (no vLLM log line in its {n} "
                         f"line{'s' if n != 1 else ''})")
