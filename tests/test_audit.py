@@ -228,6 +228,15 @@ def test_audit_many_reports_unreadable_logs(tmp_path):
     df = audit_many([str(bad)], on_error=lambda p, m: seen.append((p, m)))
     assert df.height == 1 and seen and "empty" in seen[0][1]
     assert df["status"][0] == UNKNOWN
+    assert df["error"][0].endswith("empty log") and df["error_kind"][0] == "input"
+    # a file with no vLLM line is not a quiet server: an error row, not a row of nulls
+    junk = tmp_path / "notes.txt"
+    junk.write_text("hello\nworld\n")
+    df = audit_many([str(junk), f"{DATA}/corpus/29-v016-queue-drain-full-isl.log"], jobs=1,
+                    year=2025)
+    assert df["error"].to_list() == [f"{junk}: not a vLLM log (no vLLM log line in its 2 lines)",
+                                     None]
+    assert df["log_start"].to_list() == [None, "2025-03-17 15:38:10"]  # its first stats line
 
 
 # ---------------------------------------------------------------- Prometheus scrapes

@@ -51,6 +51,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 # third-party packages only some layers may import
 RESTRICTED = {"textual": {"tui"}, "polars": {"front"}, "rich": {"tui", "front"},
+              "dask": {"front"}, "distributed": {"front"},  # the fleet executor (audit)
               "vllm": {"vllm_plugin"}, "perfetto": {"export"}}
 
 

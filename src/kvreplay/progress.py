@@ -13,6 +13,7 @@ class Sink(Protocol):
     def start(self, name: str, total: int | None) -> object: ...
     def advance(self, handle: object, n: int) -> None: ...
     def finish(self, handle: object) -> None: ...
+    # optional: `status(handle, text)`, a line of counts shown beside the bar
 
 
 _sink: Sink | None = None
@@ -34,6 +35,11 @@ class Stage:
     def advance(self, n: int = 1) -> None:
         if _sink is not None and self._handle is not None:
             _sink.advance(self._handle, n)
+
+    def status(self, text: str) -> None:
+        """Counts beside the bar (e.g. done / failed / skipped, rate), if the sink shows them."""
+        if _sink is not None and self._handle is not None and hasattr(_sink, "status"):
+            _sink.status(self._handle, text)
 
 
 @contextmanager

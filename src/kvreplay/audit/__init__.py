@@ -9,38 +9,15 @@ Public API:
 `audit_log` is a pure function of its input: the same log gives the same row(s), so its
 results can be cached, compared across runs and written to Parquet one file per log.
 
-Fleets too large for one machine: map `audit_log` over an engine you already run and
-concatenate the Parquet parts; nothing in kvreplay schedules work across machines.
-
-Ray::
-
-    import ray, polars as pl
-    from kvreplay.audit import audit_log
-
-    @ray.remote
-    def audit_one(path: str, out_dir: str) -> str:
-        out = f"{out_dir}/{abs(hash(path)):x}.parquet"
-        audit_log(path).write_parquet(out)
-        return out
-
-    parts = ray.get([audit_one.remote(p, "s3://bucket/audit") for p in paths])
-    fleet = pl.read_parquet("s3://bucket/audit/*.parquet")
-
-Dask::
-
-    import dask.bag as db, polars as pl
-    from kvreplay.audit import audit_log
-
-    frames = db.from_sequence(paths, npartitions=256).map(audit_log).compute()
-    fleet = pl.concat(frames, how="vertical")
-    fleet.write_parquet("fleet.parquet")
-
-(`audit_log` needs the log readable where it runs: a shared file system or object store
-paths that the worker can open; each call is independent and holds no global state.)
+Fleets: `kvreplay audit LOGS --executor local|dask[:ADDRESS] -o DIR/` (kvreplay.audit.fleet)
+audits on this machine's processes or a dask.distributed cluster into a hive-partitioned
+Parquet dataset keyed by each input's content hash: a rerun skips what is there, a failed
+input is an error row, `kvreplay audit --summarize DIR/` prints the fleet tables.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterable, Sequence
 
 __all__ = ["audit_log", "audit_many", "records_to_frame", "schema", "expand_paths"]
@@ -68,73 +45,50 @@ def audit_log(path: str | Sequence[str], *, profile: str | None = None, replay: 
     return records_to_frame(audit_records(path, profile=profile, replay=replay, year=year))
 
 
-def _audit_worker(args: tuple) -> tuple[list[dict[str, Any]] | None, str | None]:
-    path, profile, replay, year = args
-    from kvreplay.audit.record import audit_records
-    from kvreplay.errors import UserError
-
-    try:
-        return audit_records(path, profile=profile, replay=replay, year=year), None
-    except UserError as exc:
-        return None, str(exc)
-
-
 def audit_many(paths: Iterable[str], *, jobs: int | None = None, profile: str | None = None,
-               replay: bool = True, year: int | None = None, on_error=None):
-    """Audit many logs in parallel processes; rows come out in input order (deterministic).
+               replay: bool = True, year: int | None = None, on_error=None, executor=None):
+    """Audit many logs in parallel (local processes, or `executor`: kvreplay.audit.fleet);
+    rows come out in input order (deterministic).
 
-    A log that cannot be read at all gives a row with status 'not established' and the
-    error in `null_reasons` (and `on_error(path, message)` is called), so one bad file does
-    not hide the fleet."""
-    import os
-    from concurrent.futures import ProcessPoolExecutor
-
-    from kvreplay.audit.record import empty_record
-    from kvreplay.progress import stage
+    A log that cannot be audited gives an error row (status 'not established', the reason
+    in `error` and `null_reasons`; `on_error(path, message)` is called), so one bad file
+    does not hide the fleet."""
+    from kvreplay.audit.fleet import Options, make_executor, run
 
     paths = list(paths)
-    work = [(p, profile, replay, year) for p in paths]
-    jobs = jobs or min(len(paths), os.cpu_count() or 1)
-    results = []
-    with stage(f"audit {len(paths)} log{'s' if len(paths) != 1 else ''}", len(paths)) as bar:
-        if jobs <= 1 or len(paths) <= 1:
-            for w in work:
-                results.append(_audit_worker(w))
-                bar.advance()
-        else:
-            import multiprocessing as mp
-
-            ctx = mp.get_context("spawn" if os.name == "nt" else "fork")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
-                for r in ex.map(_audit_worker, work, chunksize=1):
-                    results.append(r)
-                    bar.advance()
+    own = executor is None
+    if own:
+        executor = make_executor("local", jobs or min(len(paths), os.cpu_count() or 1) or 1)
+    try:
+        fr = run(paths, executor, options=Options(profile, replay, year))
+    finally:
+        if own:
+            executor.close()
     rows: list[dict[str, Any]] = []
-    for p, (recs, err) in zip(paths, results):
-        if recs is None:
-            if on_error is not None:
-                on_error(p, err)
-            rec = empty_record(p)
-            rec["status"] = "not established"
-            rec["status_evidence"] = f"could not audit: {err}"
-            rec["replay"] = "skipped"
-            rec["null_reasons"] = [f"all fields: {err}"]
-            rows.append(rec)
-        else:
-            rows.extend(recs)
+    for p, res in zip(paths, fr.results):
+        assert res is not None
+        if res.error is not None and on_error is not None:
+            on_error(p, res.error)
+        rows.extend(res.records)
     return records_to_frame(rows)
 
 
 def expand_paths(args: Sequence[str]) -> list[str]:
     """CLI arguments -> logs: a file is a log; a folder of .prom files is one scrape series;
-    any other folder contributes its *.log, *.log.gz, *.txt and *.prom files (sorted)."""
-    import os
+    any other folder contributes its *.log, *.log.gz, *.txt and *.prom files (sorted); a
+    glob that is not a file's name ('logs/**/*.log.gz', quoted past the shell) its matches."""
+    import glob
 
     from kvreplay.errors import UserError
 
     out: list[str] = []
     for a in args:
-        if os.path.isdir(a):
+        if any(c in a for c in "*?[") and not os.path.exists(a):
+            hits = sorted(glob.glob(a, recursive=True))
+            if not hits:
+                raise UserError(f"{a}: no file matches")
+            out.extend(expand_paths(hits))
+        elif os.path.isdir(a):
             names = sorted(os.listdir(a))
             if names and all(n.endswith(".prom") for n in names if not n.startswith(".")):
                 out.append(a)

@@ -32,6 +32,11 @@ COLUMNS: dict[str, Any] = {
     "log": str, "engine": int, "source": str,
     "status": str, "status_evidence": str,
     "replay": str, "null_reasons": [str],
+    # why the input could not be audited (null for an audited log): the message, and its
+    # kind: "input" (unreadable, empty, not a vLLM log), "bug" (kvreplay raised) or "worker"
+    # (the process auditing it died every time it was tried)
+    "error": str, "error_kind": str,
+    "log_start": str,  # first request / stats line, "YYYY-MM-DD HH:MM:SS" (the log's clock)
     # scheduler
     "vllm_version": str, "engine_version": str, "profile": str, "model": str,
     "policy": str, "preemption_mode": str,
@@ -95,6 +100,23 @@ def empty_record(log: str) -> dict[str, Any]:
     return rec
 
 
+def error_record(log: str, message: str, kind: str = "input") -> dict[str, Any]:
+    """The row of an input that could not be audited: every field null, the reason kept."""
+    rec = empty_record(log)
+    rec["status"] = "not established"
+    rec["status_evidence"] = f"could not audit: {message}"
+    rec["replay"] = "skipped"
+    rec["null_reasons"] = [f"all fields: {message}"]
+    rec["error"], rec["error_kind"] = message, kind
+    return rec
+
+
+def _stamp(t: float | None) -> str | None:
+    import time
+
+    return None if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+
 def _version(v: str | None) -> tuple[int, int, int] | None:
     if not v:
         return None
@@ -129,6 +151,7 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
 
     log = read_log(paths, year=year)
     events, dialect, config = log.events, log.dialect, log.config
+    _check_readable(events, label, paths)
     by_engine: dict[int | None, list[ev.Stats]] = {}
     for e in events:
         if isinstance(e, ev.Stats) and e.time is not None:
@@ -161,6 +184,7 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
         _fill_config(rec, config, dialect)
         stats = by_engine.get(eng, [])
         origin = _origin(events, stats)
+        rec["log_start"] = _stamp(origin) if origin else None
         _fill_stats(rec, stats, origin, dialect.vllm_version, dialect.engine_version, v0_pre)
         if rp is not None:
             rec["replay"] = "ok"
@@ -182,6 +206,24 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
 
 
 # ---------------------------------------------------------------- pieces
+def _check_readable(events, label: str, paths: list[str]) -> None:
+    """A file the reader could not finish (a truncated .gz), or with no vLLM line at all
+    (and not a workload JSON, which the replay reads), is not audited: a record of nulls
+    would pass for a quiet server."""
+    from kvreplay import events as ev
+    from kvreplay.errors import UserError
+    from kvreplay.sources import looks_like_workload
+
+    for e in events:
+        if e.note and e.note.startswith("read error"):
+            raise UserError(f"{e.file}: unreadable at line {e.line}: {e.note[len('read error: '):]}")
+    if (all(isinstance(e, (ev.Unparsed, ev.Noise)) for e in events)
+            and not (len(paths) == 1 and looks_like_workload(paths[0]))):
+        n = len(events)
+        raise UserError(f"{label}: not a vLLM log (no vLLM log line in its {n} "
+                        f"line{'s' if n != 1 else ''})")
+
+
 def _origin(events, stats) -> float:
     from kvreplay import events as ev
 
@@ -509,9 +551,11 @@ def audit_prometheus(path: str, label: str) -> list[dict[str, Any]]:
     dp = len(engines) > 1
     timed = all(s.time is not None for s in scrapes)
     t0 = scrapes[0].time if timed else 0.0
+    start = _stamp(t0) if timed else None
     for eng in engines:
         rec = empty_record(label)
         rec["source"] = "prometheus"
+        rec["log_start"] = start
         rec["engine"] = int(eng) if dp and eng.isdigit() else None
         rec["model"] = next((s.model for s in scrapes if s.model), None)
         rec["block_size"] = next((s.block_size for s in scrapes if s.block_size), None)

@@ -1,4 +1,5 @@
-"""`kvreplay audit LOG...`: one record per log (per engine for data-parallel logs)."""
+"""`kvreplay audit LOG...`: one record per log (per engine for data-parallel logs).
+`-o DIR/` writes the fleet dataset (kvreplay.audit.fleet); `--summarize DIR/` reads it."""
 
 from __future__ import annotations
 
@@ -10,19 +11,32 @@ from kvreplay.errors import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("logs", nargs="+", metavar="LOG",
+    p.add_argument("logs", nargs="*", metavar="LOG",
                    help="vLLM server logs (.log/.gz), Prometheus scrape files (.prom, several "
-                   "scrapes each) or folders of them; each file is one log")
+                   "scrapes each), folders or globs of them; each file is one log")
     p.add_argument("--format", choices=("table", "json", "markdown", "parquet"), default="table")
     p.add_argument("-o", "--output", metavar="PATH", default="-",
                    help="write here instead of stdout (required for parquet); an HTML report "
-                   "with the plots is written next to it")
+                   "with the plots is written next to it. A folder (DIR/, ending in '/', or "
+                   "an existing folder): the fleet dataset, one Parquet file per log, "
+                   "hive-partitioned by day and deployment")
+    p.add_argument("--executor", default="local", metavar="local|dask[:ADDRESS]",
+                   help="where logs are audited: local processes (default); dask: a "
+                   "dask.distributed LocalCluster; dask:tcp://host:8786: an existing "
+                   "scheduler (needs kvreplay[fleet])")
+    p.add_argument("--summarize", metavar="DIR",
+                   help="print the fleet tables of a dataset written with -o DIR/")
+    p.add_argument("--force", action="store_true",
+                   help="-o DIR/: audit again the logs the dataset already has")
+    p.add_argument("--retry-errors", action="store_true",
+                   help="-o DIR/: audit again the logs whose rows are error rows")
     p.add_argument("--html", metavar="PATH", help="write the HTML report (inline SVG plots) here")
     p.add_argument("--fail-on", metavar="EXPR",
                    help="exit 1 when EXPR holds for any record, e.g. 'recompute_ratio > 0.05' "
                    "(fields, numbers, 'strings', comparisons, and/or/not)")
     p.add_argument("-j", "--jobs", type=int, default=None,
-                   help="parallel processes (default: one per CPU, at most one per log)")
+                   help="parallel processes, or LocalCluster workers (default: one per CPU, "
+                   "at most one per log)")
     p.add_argument("--profile", default=None, help="vLLM release whose scheduler rules the replay uses (default: the log's)")
     p.add_argument("--no-replay", action="store_true", help="only the stats lines and config: faster, no replay fields")
     p.add_argument("--year", type=int, default=None, help="year of the log's timestamps (default: the file's mtime)")
@@ -37,23 +51,46 @@ def _html_path(args) -> str | None:
     return None
 
 
+def _is_dataset(out: str) -> bool:
+    return out not in (None, "-") and (out.endswith(("/", os.sep)) or os.path.isdir(out))
+
+
 def run(args: argparse.Namespace) -> int:
-    from kvreplay.audit import audit_many, expand_paths
-    from kvreplay.audit import report
     from kvreplay.audit.expr import compile_fail_on
+    from kvreplay.audit.fleet import parse_spec
 
     expr = compile_fail_on(args.fail_on) if args.fail_on is not None else None  # fail fast
+    if args.summarize:
+        return _summarize(args)
+    if not args.logs:
+        raise UserError("give logs to audit (LOG, DIR or GLOB ...), or --summarize DIR/")
+    dataset = _is_dataset(args.output)
     if args.format == "parquet" and args.output in (None, "-"):
         raise UserError("--format parquet needs -o PATH")
+    if dataset and args.format not in ("table", "parquet"):
+        raise UserError(f"-o {args.output}: a folder is the Parquet dataset; --format "
+                        f"{args.format} needs -o FILE")
+    if (args.force or args.retry_errors) and not dataset:
+        raise UserError("--force / --retry-errors apply to a dataset (-o DIR/)")
     if args.jobs is not None and args.jobs < 1:
         raise UserError("--jobs must be >= 1")
+    parse_spec(args.executor)
+    from kvreplay.audit import expand_paths
+
     paths = expand_paths(args.logs)
+    if dataset:
+        return _write_dataset(args, paths, expr)
+    from kvreplay.audit import audit_many, report
 
     def warn(path, msg):
-        print(f"kvreplay audit: {path}: {msg}", file=sys.stderr)
+        print(f"kvreplay audit: {_about(path, msg)}", file=sys.stderr)
 
-    df = audit_many(paths, jobs=args.jobs, profile=args.profile, replay=not args.no_replay,
-                    year=args.year, on_error=warn)
+    ex = _executor(args, len(paths))
+    try:
+        df = audit_many(paths, profile=args.profile, replay=not args.no_replay,
+                        year=args.year, on_error=warn, executor=ex)
+    finally:
+        ex.close()
     rows = df.to_dicts()
     if args.format == "parquet":
         df.write_parquet(args.output)
@@ -73,13 +110,90 @@ def run(args: argparse.Namespace) -> int:
         with open(html, "w", encoding="utf-8") as f:
             f.write(report.audit_html(rows))
         print(f"kvreplay audit: report {html}", file=sys.stderr)
-    if expr is not None:
-        hits = [r for r in rows if expr.evaluate(r)]
-        if hits:
-            for r in hits:
-                eng = "" if r.get("engine") is None else f" (engine {r['engine']})"
-                vals = ", ".join(f"{n}={report.fmt(r.get(n), n)}" for n in expr.names)
-                print(f"kvreplay audit: --fail-on {args.fail_on!r} holds for {r['log']}{eng}: {vals}",
-                      file=sys.stderr)
-            return 1
+    return _fail_on(args, expr, rows)
+
+
+def _about(path: str, msg: str) -> str:
+    return msg if msg.startswith(path) else f"{path}: {msg}"
+
+
+def _executor(args, n: int):
+    from kvreplay.audit.fleet import make_executor, parse_spec
+
+    kind, _ = parse_spec(args.executor)
+    if args.jobs:
+        workers = args.jobs
+    elif kind == "local":
+        workers = max(1, min(n, os.cpu_count() or 1))
+    else:
+        workers = None  # a LocalCluster: one per CPU; a scheduler: its own workers
+    return make_executor(args.executor, workers)
+
+
+def _write_dataset(args, paths: list[str], expr) -> int:
+    from kvreplay.audit.fleet import Options, run as run_fleet
+
+    out = args.output
+    os.makedirs(out, exist_ok=True)
+    ex = _executor(args, len(paths))
+    try:
+        fr = run_fleet(paths, ex, options=Options(args.profile, not args.no_replay, args.year),
+                       out_dir=out, force=args.force, retry_errors=args.retry_errors)
+    except KeyboardInterrupt:
+        print(f"kvreplay audit: interrupted; {out} holds whole files only: run the same "
+              "command again to continue", file=sys.stderr)
+        raise
+    finally:
+        ex.close(cancel=True)
+    for path, reason in fr.errors:
+        print(f"kvreplay audit: {_about(path, reason)}", file=sys.stderr)
+    peak = max(fr.peak_rss_kb.values(), default=0)
+    print(f"kvreplay audit: {fr.inputs} logs ({fr.executor}): {fr.status()}; {fr.seconds:.1f} s"
+          + (f", peak worker RSS {peak / 1024:.0f} MiB" if peak else "")
+          + f"; dataset {out}", file=sys.stderr)
+    if expr is None:
+        return 0
+    from kvreplay.audit.fleet.dataset import scan_dataset
+    import polars as pl
+
+    rows = (scan_dataset(out).select(list(dict.fromkeys(["log", "engine", *expr.names])))
+            .filter(pl.col("log").is_in(paths)).collect().to_dicts())
+    return _fail_on(args, expr, rows)
+
+
+def _fail_on(args, expr, rows) -> int:
+    from kvreplay.audit import report
+
+    if expr is None:
+        return 0
+    hits = [r for r in rows if expr.evaluate(r)]
+    if not hits:
+        return 0
+    for r in hits:
+        eng = "" if r.get("engine") is None else f" (engine {r['engine']})"
+        vals = ", ".join(f"{n}={report.fmt(r.get(n), n)}" for n in expr.names)
+        print(f"kvreplay audit: --fail-on {args.fail_on!r} holds for {r['log']}{eng}: {vals}",
+              file=sys.stderr)
+    return 1
+
+
+def _summarize(args) -> int:
+    import json
+
+    from kvreplay.audit.fleet import summarize, summary_text
+
+    if args.logs:
+        raise UserError("--summarize DIR/ reads a dataset; give no logs with it")
+    s = summarize(args.summarize)
+    if args.format == "json":
+        text = json.dumps(s, indent=1, ensure_ascii=False, default=str) + "\n"
+    elif args.format in ("table", "markdown"):
+        text = summary_text(s, markdown=args.format == "markdown")
+    else:
+        raise UserError("--summarize prints table, markdown or json")
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
     return 0

@@ -18,12 +18,16 @@ class RichSink:
 
         self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                             MofNCompleteColumn(), TimeElapsedColumn(),
+                            TextColumn("{task.fields[status]}"),
                             console=Console(stderr=True), transient=True,
                             redirect_stdout=False, redirect_stderr=False)  # (stdout: the report)
         self.bar.start()
 
     def start(self, name: str, total: int | None) -> object:
-        return self.bar.add_task(name, total=total)
+        return self.bar.add_task(name, total=total, status="")
+
+    def status(self, handle: object, text: str) -> None:
+        self.bar.update(handle, status=text)  # type: ignore[arg-type]
 
     def advance(self, handle: object, n: int) -> None:
         self.bar.advance(handle, n)  # type: ignore[arg-type]

@@ -1,0 +1,119 @@
+"""The unit of fleet work: one input (a log file, or a folder of Prometheus scrapes), keyed
+by a hash of its bytes and of the audit options (`input_key`), audited where the executor
+runs it.
+
+Everything here runs on a worker: it must be importable there (kvreplay installed) and
+the input readable there (a shared file system). A task never raises for a bad input or a
+kvreplay bug: it returns an error row with the reason, so no input is lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+KEY_HEX = 24  # 96 bits of sha256: `input_key` and the dataset's file names
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """The audit options a row depends on (part of the key: --no-replay rows differ)."""
+
+    profile: str | None = None
+    replay: bool = True
+    year: int | None = None
+
+    def token(self) -> bytes:
+        return f"kvreplay-audit/1 profile={self.profile} replay={self.replay} year={self.year}\n".encode()
+
+
+@dataclass(slots=True)
+class Result:
+    """What a task sends back: the rows of one input and where / how it ran."""
+
+    index: int
+    key: str | None
+    records: list[dict[str, Any]]
+    error: str | None = None
+    worker: str = ""
+    peak_rss_kb: int = 0
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _files_of(path: str) -> list[str]:
+    if os.path.isdir(path):  # a folder of .prom scrapes: one series
+        return [os.path.join(path, n) for n in sorted(os.listdir(path)) if not n.startswith(".")]
+    return [path]
+
+
+def input_key(path: str, options: Options) -> str:
+    """sha256 of the options and the input's bytes (a folder: each file's name and bytes)."""
+    h = hashlib.sha256(options.token())
+    for f in _files_of(path):
+        if f != path:
+            h.update(os.path.basename(f).encode() + b"\0")
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()[:KEY_HEX]
+
+
+def log_id(path: str) -> str:
+    """The identity of an input in a dataset: its label (the path as given, normalised),
+    the dataset's `log` column. One file per log; the content key says if it is current."""
+    return hashlib.sha256(os.path.normpath(path).encode()).hexdigest()[:KEY_HEX]
+
+
+def keys_task(paths: list[str], options: Options) -> list[str | None]:
+    """Keys of several inputs (None: unreadable; the audit task then gives its error row)."""
+    out: list[str | None] = []
+    for p in paths:
+        try:
+            out.append(input_key(p, options))
+        except OSError:
+            out.append(None)
+    return out
+
+
+def _peak_rss_kb() -> int:
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
+    except (ImportError, OSError):
+        return 0
+
+
+def audit_task(index: int, path: str, options: Options) -> Result:
+    """Audit one input: its key and its records, or its error row (never raises)."""
+    from kvreplay.audit.record import audit_records, error_record
+    from kvreplay.errors import UserError
+
+    t = time.perf_counter()
+    key = None
+    error = None
+    try:
+        key = input_key(path, options)
+        records = audit_records(path, profile=options.profile, replay=options.replay,
+                                year=options.year)
+    except UserError as exc:  # unreadable, empty, not a log: the reason is for the user
+        error = str(exc)
+        records = [error_record(path, error, "input")]
+    except OSError as exc:
+        error = f"{path}: cannot read: {exc.strerror or exc}"
+        records = [error_record(path, error, "input")]
+    except Exception as exc:  # a kvreplay bug: keep the row, say where
+        import traceback
+
+        tb = traceback.extract_tb(exc.__traceback__)
+        where = f" (at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno})" if tb else ""
+        error = f"{type(exc).__name__}: {exc}{where}"
+        records = [error_record(path, error, "bug")]
+    return Result(index, key, records, error, f"{socket.gethostname()}:{os.getpid()}",
+                  _peak_rss_kb(), time.perf_counter() - t)
