@@ -57,6 +57,12 @@ PRE_STEPS = 3  # steps back a prompt-length correction may replay from
 # same choices again (the engine is deterministic).
 CHECKPOINT_STEPS = (128, 32)  # prompts logged, estimated
 CHECKPOINTS = 64
+# NOTE: a snapshot costs about one pickle per live request, so with a long queue (an
+# overloaded server: thousands waiting) the spacing grows with it: CHECKPOINT_STEPS per
+# LIVE_PER_CHECKPOINT live requests. Snapshots then cost a bounded share of the replay
+# instead of growing with queue length x steps. A count, not a clock: the same log always
+# takes the same checkpoints.
+LIVE_PER_CHECKPOINT = 1024
 RESYNC_LINES = 16
 MAX_SEARCHES = 3  # disagreements no choice explains before the search gives up
 SPLIT_BY_KV = False
@@ -312,7 +318,9 @@ class _Search:
 
     def checkpoint(self) -> None:
         step = self.eng.step_index
-        if self.ckpts and step - self.ckpts[-1].step < CHECKPOINT_STEPS[bool(self.lengths)]:
+        every = CHECKPOINT_STEPS[bool(self.lengths)]
+        every *= max(1, len(self.eng.scheduler.requests) // LIVE_PER_CHECKPOINT)
+        if self.ckpts and step - self.ckpts[-1].step < every:
             return
         self.ckpts.append(_Checkpoint(*self._take(), len(self.steps), self.p, self.lc.state()))
         if len(self.ckpts) > CHECKPOINTS:
