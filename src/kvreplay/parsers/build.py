@@ -19,7 +19,7 @@ from kvreplay.parsers.build_config import (  # noqa: F401
     b_chunked, b_init, b_namespace, b_non_default, config_from_mapping, config_line, split_kwargs,
 )
 from kvreplay.parsers.build_trace import b_trace_config, b_trace_request, b_trace_step
-from kvreplay.parsers.build_values import Fields, _bool, _float, _ids, _ids_decode, _int, _pystr  # noqa: F401
+from kvreplay.parsers.build_values import Fields, _bool, _float, _ids, _ids_decode, _int, _pystr, shared_ints  # noqa: F401
 
 
 # ------------------------------------------------------------------ SamplingParams repr
@@ -223,7 +223,7 @@ def b_body(f: Fields, base: dict) -> ev.Event:
     except msgspec.ValidationError:
         return _b_body_generic(d, base)
     p = t.prompt
-    ids = p if isinstance(p, list) else None
+    ids = shared_ints(p) if isinstance(p, list) else None
     return ev.RequestBody(
         request_id=d["body_id"], model=t.model, prompt_token_ids=ids, prompt_len=len(ids) if ids is not None else None,
         prompt_text_len=len(p) if isinstance(p, str) else None, num_messages=len(t.messages) if t.messages is not None else None,
@@ -247,6 +247,8 @@ def _b_body_generic(d: dict, base: dict) -> ev.Event:
         text_len = len(prompt)
     if ids is None and isinstance(body.get("prompt_token_ids"), list):
         ids = [x for x in body["prompt_token_ids"] if type(x) is int]
+    if ids is not None:
+        ids = shared_ints(ids)
     msgs = body.get("messages")
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
 

@@ -27,6 +27,17 @@ def _bool(s: str | None) -> bool | None:
 
 
 _ids_decode = msgspec.json.Decoder(list[int]).decode
+# NOTE: one int object per token id value, shared by every prompt that has it: a token is
+# then a list slot (8 bytes) instead of a slot and its own int (36 bytes). A day's log of
+# 100,000 logged prompts holds about 30M tokens of a vocabulary of at most ~256k ids.
+_TOKEN_INTS: dict[int, int] = {}
+
+
+def shared_ints(ids: list[int]) -> list[int]:
+    """`ids` with each value's one shared int object (see _TOKEN_INTS)."""
+    if len(_TOKEN_INTS) > 1 << 20:  # (not token ids: do not grow without end)
+        return ids
+    return list(map(_TOKEN_INTS.setdefault, ids, ids))
 
 
 def _ids(text: str | None) -> list[int] | None:
@@ -35,9 +46,11 @@ def _ids(text: str | None) -> list[int] | None:
         return None
     if text[-1] == "]":  # a well-formed JSON list of ints means the same here, decoded in C
         try:
-            return _ids_decode(text)
+            ids = _ids_decode(text)
         except msgspec.DecodeError:
             pass
+        else:
+            return shared_ints(ids)
     inner = text[1:-1].strip()
     if not inner:
         return []

@@ -26,6 +26,7 @@ import msgspec
 
 from kvreplay import events as ev
 from kvreplay.parsers import build, matchers
+from kvreplay.parsers.build_values import shared_ints
 
 _F = r"(-?\d+(?:\.\d+)?|nan|inf)"
 _DEV = r"([A-Z][A-Za-z0-9]*(?: \+ [a-z]+)?)"
@@ -338,7 +339,7 @@ def _request(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, proces
     except msgspec.ValidationError:
         return None
     p = b.prompt
-    ids = p if isinstance(p, list) else None
+    ids = shared_ints(p) if isinstance(p, list) else None
     return ev.RequestBody(
         request_id=m.group(1), model=b.model, prompt_token_ids=ids, prompt_len=len(ids) if ids is not None else None,
         prompt_text_len=len(p) if isinstance(p, str) else None, num_messages=len(b.messages) if b.messages is not None else None,
