@@ -98,7 +98,14 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
     anchors = [(i, a) for i, a in enumerate(token_anchors(run, facts, fmt)) if a is not None]
     sp = spans(facts, fmt)
     feats = [(r.num_scheduled_tokens, r.num_scheduled, r.context_tokens) for r in run.steps]
-    nvars = 4 if fmt.context_term else 3
+    with_spans = any(r.span_times is not None for r in facts.requests)
+    # request spans time whole stretches of steps: enough rows for the context term too
+    nvars = 4 if fmt.context_term or with_spans else 3
+    windows = []
+    if with_spans:
+        from kvreplay.inference.spans import span_windows
+
+        windows = span_windows(run, facts)
     best = None
     for floor in fmt.token_floors:
         rows = []
@@ -116,6 +123,18 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
                 if nvars == 4:
                     row[3] += ctx
             rows.append(row + [sum(sp[i0 + 1: i1 + 1])])
+        for a, b, dur in windows:  # steps a..b took dur (a request span)
+            row = [0.0] * nvars
+            for k in range(a, b + 1):
+                tok, req, ctx = feats[k]
+                row[0] += 1
+                if req == 0:
+                    continue
+                row[1] += max(tok, floor)
+                row[2] += req
+                if nvars == 4:
+                    row[3] += ctx
+            rows.append(row + [dur])
         if len(rows) < 2:
             return None
         fit_ = nnls(rows, nvars)
@@ -240,6 +259,10 @@ def wall_clock(run: Any, facts: LogFacts, anchors: list[int | None], phase: floa
             pts.insert(0, (0, min(max(start0, first), latest - 1e-3)))
     if facts.completion_times:
         pts = _with_completion_pins(pts, run, facts.completion_times)
+    if any(r.span_times is not None for r in facts.requests):
+        from kvreplay.inference.spans import with_span_pins
+
+        pts = with_span_pins(pts, run, facts)
     out = [0.0] * (n + 1)
     p0, t0 = pts[0]
     for i in range(0, p0 + 1):  # before the first pin: model durations backwards
