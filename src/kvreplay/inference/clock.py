@@ -4,7 +4,7 @@ Consumes: a `Run` (its step records), `LogFacts`, the `LogFormat`. Produces: a
 `StepTimeModel` (a fixed cost, a cost per scheduled token with a floor where a small step
 is bound by reading the weights, per scheduled request, per token of context), fitted by
 least squares over the stats intervals (the steps between two lines must take that
-interval); and the wall clock of a run: the model's durations stretched between the
+interval), or over the request spans' engine-timed windows when there are spans; and the wall clock of a run: the model's durations stretched between the
 stats lines' anchors and the access lines' times.
 """
 
@@ -98,7 +98,7 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
     anchors = [(i, a) for i, a in enumerate(token_anchors(run, facts, fmt)) if a is not None]
     sp = spans(facts, fmt)
     feats = [(r.num_scheduled_tokens, r.num_scheduled, r.context_tokens) for r in run.steps]
-    with_spans = any(r.span_times is not None for r in facts.requests)
+    with_spans = any(r.span is not None for r in facts.requests)
     # request spans time whole stretches of steps: enough rows for the context term too
     nvars = 4 if fmt.context_term or with_spans else 3
     windows = []
@@ -110,6 +110,8 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
     for floor in fmt.token_floors:
         rows = []
         for (i0, a), (i1, b) in zip(anchors, anchors[1:]):
+            if windows:
+                break  # request spans time the steps to the microsecond: theirs alone
             if b <= a:
                 continue
             row = [0.0] * nvars
@@ -259,10 +261,6 @@ def wall_clock(run: Any, facts: LogFacts, anchors: list[int | None], phase: floa
             pts.insert(0, (0, min(max(start0, first), latest - 1e-3)))
     if facts.completion_times:
         pts = _with_completion_pins(pts, run, facts.completion_times)
-    if any(r.span_times is not None for r in facts.requests):
-        from kvreplay.inference.spans import with_span_pins
-
-        pts = with_span_pins(pts, run, facts)
     out = [0.0] * (n + 1)
     p0, t0 = pts[0]
     for i in range(0, p0 + 1):  # before the first pin: model durations backwards

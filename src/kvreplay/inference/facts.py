@@ -46,10 +46,9 @@ class LogRequest:
     # the engine: before its `Added request` line, else its `Received request` line
     iterations_before: int = 0
     aborted_iterations: int | None = None  # the same, for its `Aborted request` line
-    # from its request span (inference.spans), on the log's clock: first scheduled
-    # (arrival + time_in_queue), first token (arrival + time_to_first_token), last output
-    # processed (arrival + e2e); None without a span
-    span_times: tuple[float | None, float | None, float | None] | None = None
+    # its request span (events.RequestSpan, joined by inference.spans; its arrival, on the
+    # log's clock, is precise_time); None without one
+    span: Any = None
 
 
 @dataclass(slots=True)

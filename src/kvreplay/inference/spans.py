@@ -7,6 +7,11 @@ its arrival to the nanosecond (`LogRequest.precise_time`, the span's start on th
 clock), its prompt length where the log has no prompt, its output length where the log has
 none. An unjoined request keeps its whole second: never taken as precise.
 
+Placement: arrivals as given (placement.windows takes `precise_time`), and the step-time
+regression fitted to the spans' engine-timed windows instead of the stats lines
+(span_windows). Pinning the wall clock to the spans' first-token and finish times as well
+was tried and made p1 worse (docs/accuracy.md): not done.
+
 Clock offset: with none, every span start lies inside its Received line's second (the line
 is written a few ms after the arrival). The offsets the spans allow form an interval
 [max(start - second) - 1, min(start - second)]; when 0 lies in it (give or take the line's
@@ -22,10 +27,7 @@ from kvreplay.events import RequestSpan
 from kvreplay.inference.facts import LogFacts
 
 LINE_DELAY_S = 0.05  # a Received line may be written this late after its arrival
-TTFT_TOL_S = 0.05
-# The admission pin (clock[a] = arrival + queue time) is circular with the arrival's own
-# placement (a is where the clock says the arrival came in): off.
-PIN_ADMISSIONS = False  # first-token check's slack (the replay's clock is fitted)
+TTFT_TOL_S = 0.05  # first-token check's slack (the replay's clock is fitted)
 
 
 @dataclass(slots=True)
@@ -82,17 +84,19 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
     reqs = {r.index: r for r in facts.requests}
     offset, interval = clock_offset(
         [(s.start, reqs[i].time) for i, s in pairs.items() if reqs[i].time is not None])
+    # A span gives a prompt's length, not its tokens: with prefix caching on, which prompts
+    # share what matters as much, and the log's estimate (one shared prefix, prompts.py)
+    # needs the lengths estimated with it; so the lengths are used with caching off only.
+    use_lengths = facts.config is not None and facts.config.enable_prefix_caching is False
     for i, s in pairs.items():
         r = reqs[i]
         t = s.start - offset
         if r.time is not None:  # its line's second bounds it (the line is a little late)
             t = min(max(t, r.time - LINE_DELAY_S), r.time + 0.999)
         r.precise_time = t
-        r.span_times = (
-            None if s.time_in_queue is None else t + s.time_in_queue,
-            None if s.time_to_first_token is None else t + s.time_to_first_token,
-            None if s.e2e is None else t + s.e2e)
-        if r.prompt_token_ids is None and r.prompt_len is None and s.prompt_tokens:
+        r.span = s
+        if use_lengths and r.prompt_token_ids is None and r.prompt_len is None and \
+                s.prompt_tokens:
             r.prompt_len = s.prompt_tokens
         if r.output_len is None and s.completion_tokens is not None:
             r.output_len = s.completion_tokens
@@ -105,6 +109,9 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
         f"({100 * join.coverage:.0f}%); their arrivals are the spans' start times"
         + ("" if join.joined == join.requests else
            "; the others are placed inside their logged seconds as without spans"))
+    if not use_lengths and any(r.prompt_token_ids is None for r in facts.requests):
+        facts.notes.append("request spans: their prompt lengths are not used (prefix caching "
+                           "is on or unknown: which prompts share what the spans do not say)")
     if offset:
         facts.notes.append(
             f"request spans: the span exporter's clock is {offset:+.3f} s off the log's "
@@ -156,54 +163,12 @@ def check_spans(rep: Any, join: SpanJoin, step_s: float | None = None) -> dict[s
             "first_token_late_ids": late[:5], "admitted_early_ids": early[:5]}
 
 
-def with_span_pins(pts: list[tuple[int, float]], run: Any,
-                   facts: LogFacts) -> list[tuple[int, float]]:
-    """The wall-clock pins the spans add to the stats lines' (clock.wall_clock): a request
-    first scheduled at step a was so at that step's start (clock[a] = arrival + queue
-    time); its first token and its last output came out as steps s and f ended
-    (clock[s+1], clock[f+1]). The replay's own steps are pinned, so a replay that
-    disagrees with the spans gets a clock that stretches. Pins that would run the clock
-    backwards are left out (the earlier pin of a step wins: the stats lines' first)."""
-    times = {r.log_id: r.span_times for r in facts.requests if r.span_times is not None}
-    n = len(run.steps)
-    merged = dict(pts)
-    seen_admit: set[str] = set()
-    seen_first: set[str] = set()
-    for rec in run.steps:
-        k = rec.step
-        for a in rec.admitted:
-            rid = a.request.split("_parallel_sample_")[0]
-            if rid in seen_admit:
-                continue
-            seen_admit.add(rid)
-            st = times.get(rid)
-            if st is not None and st[0] is not None and k < n and PIN_ADMISSIONS:
-                merged[k] = st[0]
-        for rid in rec.first_tokens:
-            rid = rid.split("_parallel_sample_")[0]
-            if rid in seen_first:
-                continue
-            seen_first.add(rid)
-            st = times.get(rid)
-            if st is not None and st[1] is not None and k + 1 <= n:
-                merged[k + 1] = st[1]
-        for rid in rec.finished:
-            st = times.get(rid.split("_parallel_sample_")[0])
-            if st is not None and st[2] is not None and k + 1 <= n:
-                merged[k + 1] = st[2]
-    out: list[tuple[int, float]] = []
-    for step, t in sorted(merged.items()):
-        if out and t <= out[-1][1]:
-            continue
-        out.append((step, t))
-    return out
-
-
 def span_windows(run: Any, facts: LogFacts) -> list[tuple[int, int, float]]:
-    """(first step, last step, seconds) the spans time in the run: from a request's first
-    admission (the start of step a) to its first token (the end of step s) and to its last
-    output (the end of step f), for the step-time regression (clock.regression)."""
-    times = {r.log_id: r.span_times for r in facts.requests if r.span_times is not None}
+    """(first step, last step, seconds) the spans time in the run, for the step-time
+    regression (clock.regression): vLLM stamps a request on the engine's monotonic clock
+    when first scheduled (the start of step a), at its first token and its last (the ends
+    of steps s and f); time_in_model_prefill is steps a..s, time_in_model_decode s+1..f."""
+    by_id = {r.log_id: r.span for r in facts.requests if r.span is not None}
     admit: dict[str, int] = {}
     first: dict[str, int] = {}
     fin: dict[str, int] = {}
@@ -216,10 +181,12 @@ def span_windows(run: Any, facts: LogFacts) -> list[tuple[int, int, float]]:
             fin.setdefault(rid, rec.step)
     out = []
     for rid, a in admit.items():
-        st = times.get(rid)
-        if st is None or st[0] is None:
+        s = by_id.get(rid)
+        if s is None:
             continue
-        for end, t in ((first.get(rid), st[1]), (fin.get(rid), st[2])):
-            if end is not None and t is not None and end >= a and t > st[0]:
-                out.append((a, end, t - st[0]))
+        f1, f2 = first.get(rid), fin.get(rid)
+        if f1 is not None and s.time_in_model_prefill and f1 >= a:
+            out.append((a, f1, s.time_in_model_prefill))
+        if f1 is not None and f2 is not None and s.time_in_model_decode and f2 > f1:
+            out.append((f1 + 1, f2, s.time_in_model_decode))
     return out
