@@ -89,8 +89,8 @@ def test_spans_without_a_log_are_a_user_error():
         open_replay([str(P1 / "spans.otlp.jsonl")])
 
 
-def _joined(spans, case=P1):
-    facts = read_log([str(case / "server.log")]).facts
+def _joined(spans, case=P1, log="server.log"):
+    facts = read_log([str(case / log)]).facts
     return facts, join_spans(facts, spans)
 
 
@@ -136,14 +136,29 @@ def test_clock_offset_property(fracs, shift):
 def test_sampled_spans_join_what_there_is(p1_spans):
     spans, _ = p1_spans
     kept = spans[::2]
-    facts, join = _joined(kept)
-    assert join.joined == 100 and join.coverage == 0.5
     ids = {s.request_id for s in kept}
+    # prompts logged: the sampled requests get their arrivals, the others keep their seconds
+    facts, join = _joined(kept, log="server.reqbody.log")
+    assert join.joined == 100 and join.coverage == 0.5
     for r in facts.requests:
         assert (r.precise_time is not None) == (r.log_id in ids)
         assert (r.span is not None) == (r.log_id in ids)
     assert any("100 of 200 requests joined" in n for n in facts.notes)
     assert not facts.precise_times  # the log-wide flag stays off: not every request is precise
+    # no prompts logged: half the lengths stay estimated, so no arrival is taken as precise
+    facts, join = _joined(kept)
+    assert join.joined == 100
+    assert all(r.precise_time is None for r in facts.requests)
+    assert any("arrival times are not used" in n for n in facts.notes)
+
+
+def test_spans_arrivals_not_used_with_prompt_lengths_unknown():
+    # f_prefix_caching: prefix caching on, prompts not logged -> lengths stay estimated
+    f = CASES / "f_prefix_caching"
+    facts, join = _joined(read_spans(str(f / "spans.otlp.jsonl"))[0], case=f)
+    assert join.joined == len(facts.requests) == 10
+    assert all(r.precise_time is None and r.prompt_len is None for r in facts.requests)
+    assert all(r.span is not None for r in facts.requests)
 
 
 def test_replay_with_spans_reports_them():
