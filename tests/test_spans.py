@@ -137,19 +137,18 @@ def test_sampled_spans_join_what_there_is(p1_spans):
     spans, _ = p1_spans
     kept = spans[::2]
     ids = {s.request_id for s in kept}
-    # prompts logged: the sampled requests get their arrivals, the others keep their seconds
-    facts, join = _joined(kept, log="server.reqbody.log")
-    assert join.joined == 100 and join.coverage == 0.5
-    for r in facts.requests:
-        assert (r.precise_time is not None) == (r.log_id in ids)
-        assert (r.span is not None) == (r.log_id in ids)
-    assert any("100 of 200 requests joined" in n for n in facts.notes)
-    assert not facts.precise_times  # the log-wide flag stays off: not every request is precise
-    # no prompts logged: half the lengths stay estimated, so no arrival is taken as precise
-    facts, join = _joined(kept)
-    assert join.joined == 100
-    assert all(r.precise_time is None for r in facts.requests)
-    assert any("arrival times are not used" in n for n in facts.notes)
+    for log in ("server.reqbody.log", "server.log"):
+        facts, join = _joined(kept, log=log)
+        assert join.joined == 100 and join.coverage == 0.5
+        for r in facts.requests:
+            assert (r.span is not None) == (r.log_id in ids)
+            # half by spans, half by seconds misplaces both: no arrival taken as precise
+            assert r.precise_time is None
+        assert any("100 of 200 requests joined" in n for n in facts.notes)
+        assert any("not every request has a span" in n for n in facts.notes)
+        assert not facts.precise_times
+    # the plain log: the joined requests' prompt lengths come from their spans
+    assert sum(r.prompt_len is not None for r in facts.requests) == 100
 
 
 def test_spans_arrivals_not_used_with_prompt_lengths_unknown():

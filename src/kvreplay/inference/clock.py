@@ -99,6 +99,7 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
     sp = spans(facts, fmt)
     feats = [(r.num_scheduled_tokens, r.num_scheduled, r.context_tokens) for r in run.steps]
     with_spans = any(r.span is not None for r in facts.requests)
+    all_spans = with_spans and all(r.span is not None for r in facts.requests)
     # request spans time whole stretches of steps: enough rows for the context term too
     nvars = 4 if fmt.context_term or with_spans else 3
     windows = []
@@ -110,8 +111,8 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
     for floor in fmt.token_floors:
         rows = []
         for (i0, a), (i1, b) in zip(anchors, anchors[1:]):
-            if windows:
-                break  # request spans time the steps to the microsecond: theirs alone
+            if windows and all_spans:
+                break  # spans for every request time the steps to the us: theirs alone
             if b <= a:
                 continue
             row = [0.0] * nvars

@@ -3,9 +3,11 @@ the log's requests, and the replay checked against them.
 
 Join: by request id (`gen_ai.request.id` is the id the `Received request` line shows; a
 repeated id's later lines are `<id>#2`.. and take the later spans). A joined request gets
-its arrival to the nanosecond (`LogRequest.precise_time`, the span's start on the log's
-clock), its prompt length where the log has no prompt, its output length where the log has
-none. An unjoined request keeps its whole second: never taken as precise.
+its span (`LogRequest.span`), its prompt length where the log has no prompt (prefix caching
+off), its output length where the log has none; and, when every request has a span and
+every prompt length is known, its arrival to the nanosecond (`LogRequest.precise_time`, the
+span's start on the log's clock). An unjoined request keeps its whole second: never taken
+as precise.
 
 Placement: arrivals as given (placement.windows takes `precise_time`), and the step-time
 regression fitted to the spans' engine-timed windows instead of the stats lines
@@ -88,11 +90,13 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
     # share what matters as much, and the log's estimate (one shared prefix, prompts.py)
     # needs the lengths estimated with it; so the lengths are used with caching off only.
     use_lengths = facts.config is not None and facts.config.enable_prefix_caching is False
-    # Placing an arrival by its nanosecond needs the replay's clock as sharp: with prompt
-    # lengths estimated it is not (f_prefix_caching's plain log: 9 of 10 victims right
-    # placed by seconds, 5 by the spans' times), so the spans' arrivals are used only when
-    # every prompt's length is known.
-    lengths_known = all(r.prompt_token_ids is not None or r.prompt_len is not None or
+    # Placing an arrival by its nanosecond needs the replay's clock as sharp, and every
+    # arrival placed alike: with prompt lengths estimated the clock is not (f_prefix_caching's
+    # plain log: 9 of 10 victims right placed by seconds, 5 by the spans' times), and half
+    # the arrivals by spans, half by seconds misplace both (p1 with prompts, every other
+    # span: 39 of 54 by seconds, 8 so). So the spans' arrivals are used only when every
+    # request has a span and every prompt's length is known.
+    use_arrivals = len(pairs) == len(facts.requests) and all(r.prompt_token_ids is not None or r.prompt_len is not None or
                         (use_lengths and (s := pairs.get(r.index)) is not None and
                          s.prompt_tokens) for r in facts.requests)
     for i, s in pairs.items():
@@ -100,7 +104,7 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
         t = s.start - offset
         if r.time is not None:  # its line's second bounds it (the line is a little late)
             t = min(max(t, r.time - LINE_DELAY_S), r.time + 0.999)
-        if lengths_known:
+        if use_arrivals:
             r.precise_time = t
         r.span = s
         if use_lengths and r.prompt_token_ids is None and r.prompt_len is None and \
@@ -120,10 +124,11 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
     if not use_lengths and any(r.prompt_token_ids is None for r in facts.requests):
         facts.notes.append("request spans: their prompt lengths are not used (prefix caching "
                            "is on or unknown: which prompts share what the spans do not say)")
-    if not lengths_known:
-        facts.notes.append("request spans: their arrival times are not used to place the "
-                           "arrivals: with prompt lengths estimated the replay's clock is "
-                           "not sharp enough for them (arrivals placed by their seconds)")
+    if not use_arrivals:
+        why = ("not every request has a span" if len(pairs) < len(facts.requests) else
+               "with prompt lengths estimated the replay's clock is not sharp enough")
+        facts.notes.append(f"request spans: their arrival times are not used to place the "
+                           f"arrivals ({why}); arrivals are placed by their seconds")
     if offset:
         facts.notes.append(
             f"request spans: the span exporter's clock is {offset:+.3f} s off the log's "
