@@ -160,12 +160,29 @@ def test_spans_arrivals_not_used_with_prompt_lengths_unknown():
     assert all(r.span is not None for r in facts.requests)
 
 
-def test_replay_with_spans_reports_them():
+def test_replay_with_spans_reports_them_and_what_they_contradict(tmp_path):
     rep = open_replay([str(B / "server.log"), str(B / "spans.otlp.jsonl")], samples=0)
     s = rep.summary()["spans"]
     assert (s["joined"], s["requests"], s["clock_offset_s"]) == (12, 12, 0.0)
-    assert s["checked"] == 12
+    assert s["checked"] == 12 and "clock_gap_s" in s
     assert str(B / "spans.otlp.jsonl") in rep.paths
+    assert "cmpl-bench-78064ebc-11-0" not in s["first_token_late_ids"]
+    # the same spans with one first token 1 s earlier than vLLM wrote: the replay's is late
+    out = []
+    for line in (B / "spans.otlp.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        for sp in d["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+            attrs = {a["key"]: a for a in sp["attributes"]}
+            if attrs["gen_ai.request.id"]["value"]["stringValue"] == "cmpl-bench-78064ebc-11-0":
+                attrs["gen_ai.latency.time_to_first_token"]["value"]["doubleValue"] -= 1.0
+        out.append(json.dumps(d))
+    bad = tmp_path / "b.otlp.jsonl"
+    bad.write_text("\n".join(out) + "\n")
+    rep = open_replay([str(B / "server.log"), str(bad)], samples=0)
+    s2 = rep.summary()["spans"]
+    assert "cmpl-bench-78064ebc-11-0" in s2["first_token_late_ids"]
+    assert s2["first_token_late"] == s["first_token_late"] + 1
+    assert any("contradicts" in n for n in rep.notes)
 
 
 def test_p1_victims_with_spans():
