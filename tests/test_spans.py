@@ -195,3 +195,11 @@ def test_p1_victims_with_spans():
     hits = match_preemptions([(p["step"], p["victim_log_id"]) for p in truth],
                              [(q.step, q.victim) for q in rep.preemptions], 5)
     assert len(hits) >= 45
+
+
+def test_otlp_without_the_extra_says_how_to_install(monkeypatch):
+    # the `otlp` extra missing: a UserError naming it, not an ImportError
+    monkeypatch.setitem(sys.modules, "opentelemetry.proto.collector.trace.v1.trace_service_pb2",
+                        None)
+    with pytest.raises(UserError, match=r"kvreplay\[otlp\]"):
+        read_spans(str(B / "spans.otlp.jsonl"))
