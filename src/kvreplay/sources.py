@@ -106,6 +106,9 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
         rep = replay_step_trace(log.events, profile=profile, kv_events=kv,
                                 label=label + " (step trace)")
         rep.paths = logs
+        if span_paths:
+            rep.notes.append("request spans not used: a step-trace log gives every step "
+                             "exactly (" + ", ".join(span_paths) + ")")
         return rep
     if kv_paths:
         raise UserError(
