@@ -39,6 +39,8 @@ def _cases() -> list:
         for p in sorted(DATA.glob(pattern)):
             if p.parent.name in SLOW_WITHOUT_PROMPTS and p.name == "server.log":
                 continue
+            if p.name == "server.otlp.log":
+                continue  # server.log's lines plus the OTLP endpoint: read with its spans below
             if group == "corpus":
                 stem = p.name
             elif group == "logcases":
@@ -46,6 +48,12 @@ def _cases() -> list:
             else:
                 stem = p.parent.name
             out.append(pytest.param(p, f"{group}/{stem}", id=f"{group}/{stem}"))
+    # a log with its request spans (issue 21); p1's takes ~5 s and is in test_spans.py
+    for case in ("b_fcfs_heavy", "f_prefix_caching"):
+        d = DATA / "logcases" / case
+        out.append(pytest.param([d / "server.otlp.log", d / "spans.otlp.jsonl"],
+                                f"logcases/{case}.server.otlp.log+spans",
+                                id=f"logcases/{case}.server.otlp.log+spans"))
     return out
 
 

@@ -52,7 +52,8 @@ MAY_IMPORT: dict[str, set[str]] = {
 # third-party packages only some layers may import
 RESTRICTED = {"textual": {"tui"}, "polars": {"front"}, "rich": {"tui", "front"},
               "dask": {"front"}, "distributed": {"front"},  # the fleet executor (audit)
-              "vllm": {"vllm_plugin"}, "perfetto": {"export"}}
+              "vllm": {"vllm_plugin"}, "perfetto": {"export"},
+              "opentelemetry": {"parsers"}}  # OTLP spans (the `otlp` extra)
 
 
 def layer_of(module: str) -> str:

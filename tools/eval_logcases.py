@@ -3,6 +3,7 @@
 reads truth.json).
 
     python tools/eval_logcases.py tests/data/logcases/*/ [--log server.reqbody.log]
+        [--spans spans.otlp.jsonl]
 
 Prints, per case: true vs found preemptions, how many true ones were found with the right
 victim within +-5 steps, and the total count error.
@@ -18,12 +19,12 @@ from pathlib import Path
 from matching import match_preemptions
 
 
-def score(case: Path, log_name: str, tol: int = 5) -> dict:
+def score(case: Path, log_name: str, tol: int = 5, spans: str | None = None) -> dict:
     from kvreplay.sources import replay_logs
 
     truth = json.loads((case / "truth.json").read_text())
     t0 = time.perf_counter()
-    rep = replay_logs([str(case / log_name)])
+    rep = replay_logs([str(case / log_name)] + ([str(case / spans)] if spans else []))
     dt = time.perf_counter() - t0
     true = truth["preemptions"]
     found = list(rep.preemptions)
@@ -31,7 +32,7 @@ def score(case: Path, log_name: str, tol: int = 5) -> dict:
                                  [(q.step, q.victim) for q in found], tol))
     n_true, n_found = len(true), len(found)
     out = {
-        "case": case.name, "log": log_name, "true": n_true, "found": n_found,
+        "case": case.name, "log": log_name, "spans": spans, "true": n_true, "found": n_found,
         "matched": hits, "recall": hits / n_true if n_true else 1.0,
         "count_error": (n_found - n_true) / n_true if n_true else float(n_found),
         "seconds": round(dt, 2), "model": rep.info["step_time_model"], "placement": rep.info["placement"],
@@ -50,9 +51,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("cases", nargs="+")
     ap.add_argument("--log", default="server.reqbody.log")
+    ap.add_argument("--spans", default=None, help="a span file in each case (spans.otlp.jsonl)")
     args = ap.parse_args()
     for c in args.cases:
-        print(json.dumps(score(Path(c), args.log)))
+        print(json.dumps(score(Path(c), args.log, spans=args.spans)))
     return 0
 
 

@@ -384,6 +384,33 @@ class Unparsed(Base, tag="unparsed", kw_only=True):
     text: str
 
 
+# ---------------------------------------------------------------- request spans (OpenTelemetry)
+
+
+class RequestSpan(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One `llm_request` span of vLLM's `OutputProcessor.do_tracing` (an exported trace, not
+    a log line; so not in `Event`). `start` is the request's arrival, epoch seconds UTC of the
+    span exporter's clock (nanoseconds in the file); the latencies are seconds as vLLM wrote
+    them (queue, prefill, decode, inference: engine monotonic stamps; ttft, e2e: against the
+    wall-clock arrival). None: the span lacks the attribute."""
+
+    file: str
+    line: int  # the span's line in the file (1-based; Jaeger: the document's first line)
+    request_id: str  # gen_ai.request.id: the id of the `Received request` line
+    start: float
+    end: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    max_tokens: int | None = None
+    n: int | None = None
+    time_in_queue: float | None = None
+    time_to_first_token: float | None = None
+    time_in_model_prefill: float | None = None
+    time_in_model_decode: float | None = None
+    time_in_model_inference: float | None = None
+    e2e: float | None = None
+
+
 Event = Union[
     EngineConfig,
     KvCapacity,

@@ -27,6 +27,7 @@ class LogInput:
     dialect: Any
     config: Any
     _facts: Any = field(default=None, repr=False)
+    span_join: Any = field(default=None, repr=False)  # inference.spans.SpanJoin, once joined
 
     @property
     def facts(self):
@@ -72,7 +73,17 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
         raise UserError("nothing to open: give a workload JSON or vLLM log files")
     _check_exist(paths)
     profile = None if profile in (None, "auto") else profile
+    from kvreplay.parsers.spans import spans_format
+
+    span_paths = [p for p in paths if p != "-" and spans_format(p) is not None]
+    if span_paths:
+        paths = [p for p in paths if p not in span_paths]
+        if not paths:
+            raise UserError("request spans are joined to a server log by request id: give "
+                            "the log too (kvreplay replay LOG SPANS.jsonl)")
     if len(paths) == 1 and looks_like_workload(paths[0]):
+        if span_paths:
+            raise UserError("request spans are read beside a vLLM log, not a workload JSON")
         from kvreplay.replay.result import replay_workload
         from kvreplay.replay.workload import load_workload
 
@@ -95,6 +106,9 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
         rep = replay_step_trace(log.events, profile=profile, kv_events=kv,
                                 label=label + " (step trace)")
         rep.paths = logs
+        if span_paths:
+            rep.notes.append("request spans not used: a step-trace log gives every step "
+                             "exactly (" + ", ".join(span_paths) + ")")
         return rep
     if kv_paths:
         raise UserError(
@@ -103,10 +117,42 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
             "has no kvtrace lines")
     from kvreplay.inference import replay_log
 
+    join = _join_spans(log, span_paths) if span_paths else None
     rep = replay_log(log.facts, profile=profile, step_time=step_time, samples=samples,
                      seed=seed)
     rep.label = f"{label} (vLLM {rep.info.get('vllm_version') or '?'}, replayed)"
+    if join is not None:
+        from kvreplay.inference.spans import check_spans
+
+        check = check_spans(rep, join)
+        rep.info["spans"] = {**join.summary(), **check}
+        rep.paths = list(rep.paths) + span_paths
+        rep.label += f" + {len(span_paths)} span file(s), {join.joined}/{join.requests} joined"
+        if check.get("first_token_late") or check.get("admitted_early"):
+            rep.notes.append(
+                f"request spans the replay contradicts: {check['first_token_late']} first "
+                f"token(s) later than the span's (e.g. {', '.join(check['first_token_late_ids'][:3]) or '-'}), "
+                f"{check['admitted_early']} admission(s) before the span's queue time ended "
+                f"(e.g. {', '.join(check['admitted_early_ids'][:3]) or '-'})")
     return rep
+
+
+def _join_spans(log: LogInput, span_paths: list[str]):
+    """Read the span files and join them to the log's requests (once per LogInput)."""
+    from kvreplay.inference.spans import join_spans
+    from kvreplay.parsers.spans import read_spans
+    from kvreplay.progress import stage
+
+    if log.span_join is not None:
+        return log.span_join
+    spans, problems = [], []
+    with stage(f"read spans {', '.join(Path(p).name for p in span_paths)}"):
+        for p in span_paths:
+            s, pr = read_spans(p)
+            spans += s
+            problems += pr
+    log.span_join = join_spans(log.facts, spans, problems)
+    return log.span_join
 
 
 def replay_logs(paths: Sequence[str], **kw: Any):

@@ -12,7 +12,8 @@ from kvreplay.errors import ReplayError, UserError, write_output
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("logs", nargs="*", metavar="LOG",
                    help="vLLM server log(s) ('-' = stdin, .gz ok), a step-trace log with its "
-                        "KV-event files, or a workload JSON (default: the embedded sample)")
+                        "KV-event files, OpenTelemetry request-span files (OTLP/JSON or Jaeger JSON), "
+                        "or a workload JSON (default: the embedded sample)")
     p.add_argument("--profile", default="auto",
                    help="vLLM release whose scheduler rules apply (default: from the log)")
     p.add_argument("--format", choices=("table", "json"), default="table")
@@ -62,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
     except ReplayError as exc:
         # say everything the log lacks, not only what stopped the replay
         try:
-            log = read_log([p for p in paths], vllm_version=args.vllm_version, year=args.year)
+            from kvreplay.parsers.spans import spans_format
+
+            log = read_log([p for p in paths if p == "-" or spans_format(p) is None],
+                           vllm_version=args.vllm_version, year=args.year)
             missing = log.facts.missing
         except UserError:
             missing = []

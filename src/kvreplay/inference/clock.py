@@ -4,7 +4,7 @@ Consumes: a `Run` (its step records), `LogFacts`, the `LogFormat`. Produces: a
 `StepTimeModel` (a fixed cost, a cost per scheduled token with a floor where a small step
 is bound by reading the weights, per scheduled request, per token of context), fitted by
 least squares over the stats intervals (the steps between two lines must take that
-interval); and the wall clock of a run: the model's durations stretched between the
+interval), or over the request spans' engine-timed windows when there are spans; and the wall clock of a run: the model's durations stretched between the
 stats lines' anchors and the access lines' times.
 """
 
@@ -98,11 +98,21 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
     anchors = [(i, a) for i, a in enumerate(token_anchors(run, facts, fmt)) if a is not None]
     sp = spans(facts, fmt)
     feats = [(r.num_scheduled_tokens, r.num_scheduled, r.context_tokens) for r in run.steps]
-    nvars = 4 if fmt.context_term else 3
+    with_spans = any(r.span is not None for r in facts.requests)
+    all_spans = with_spans and all(r.span is not None for r in facts.requests)
+    # request spans time whole stretches of steps: enough rows for the context term too
+    nvars = 4 if fmt.context_term or with_spans else 3
+    windows = []
+    if with_spans:
+        from kvreplay.inference.spans import span_windows
+
+        windows = span_windows(run, facts)
     best = None
     for floor in fmt.token_floors:
         rows = []
         for (i0, a), (i1, b) in zip(anchors, anchors[1:]):
+            if windows and all_spans:
+                break  # spans for every request time the steps to the us: theirs alone
             if b <= a:
                 continue
             row = [0.0] * nvars
@@ -116,6 +126,18 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
                 if nvars == 4:
                     row[3] += ctx
             rows.append(row + [sum(sp[i0 + 1: i1 + 1])])
+        for a, b, dur in windows:  # steps a..b took dur (a request span)
+            row = [0.0] * nvars
+            for k in range(a, b + 1):
+                tok, req, ctx = feats[k]
+                row[0] += 1
+                if req == 0:
+                    continue
+                row[1] += max(tok, floor)
+                row[2] += req
+                if nvars == 4:
+                    row[3] += ctx
+            rows.append(row + [dur])
         if len(rows) < 2:
             return None
         fit_ = nnls(rows, nvars)

@@ -299,11 +299,13 @@ class _Draw:
             j = i
             while j < len(reqs) and reqs[j].time == sec:
                 j += 1
-            if sec is None or reqs[i].precise_time is not None:
+            if sec is None or all(r.precise_time is not None for r in reqs[i:j]):
                 out.extend(self.base[i:j])
-            else:
-                ts = sorted(rng.random() for _ in range(j - i))
-                out.extend(bisect.bisect_left(clock, sec + u + shift) for u in ts)
+            else:  # (a request with a span keeps its step; the others are redrawn)
+                ts = iter(sorted(rng.random() for _ in range(j - i)))
+                out.extend(self.base[k] if reqs[k].precise_time is not None else
+                           bisect.bisect_left(clock, sec + next(ts) + shift)
+                           for k in range(i, j))
             i = j
         return self._fix(out)
 

@@ -46,6 +46,9 @@ class LogRequest:
     # the engine: before its `Added request` line, else its `Received request` line
     iterations_before: int = 0
     aborted_iterations: int | None = None  # the same, for its `Aborted request` line
+    # its request span (events.RequestSpan, joined by inference.spans; its arrival, on the
+    # log's clock, is precise_time); None without one
+    span: Any = None
 
 
 @dataclass(slots=True)

@@ -50,7 +50,7 @@ def arrival_times(facts: LogFacts, phase: float, spread: float) -> list[float]:
     at S + phase + (1 - phase) * spread * (j + 1) / (m + 1) (spread 0: a burst; 1: evenly
     spread, the expectation for Poisson arrivals). Sub-second stamps are used as they are."""
     reqs = facts.requests
-    if facts.precise_times:
+    if facts.precise_times or (reqs and all(r.precise_time is not None for r in reqs)):
         return [r.precise_time for r in reqs]  # type: ignore[misc]
     out: list[float] = []
     base = facts.first_time or 0.0
@@ -62,7 +62,9 @@ def arrival_times(facts: LogFacts, phase: float, spread: float) -> list[float]:
             j += 1
         m = j - i
         for k in range(m):
-            out.append(sec + phase + (1.0 - phase) * spread * (k + 1) / (m + 1))
+            t = reqs[i + k].precise_time  # (a request span's arrival; the others estimated)
+            out.append(t if t is not None else
+                       sec + phase + (1.0 - phase) * spread * (k + 1) / (m + 1))
         i = j
     for k in range(1, len(out)):  # keep file order monotonic
         if out[k] < out[k - 1]:

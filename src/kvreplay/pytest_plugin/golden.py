@@ -162,7 +162,11 @@ def _build_log(paths: list[str], *, profile: str | None, vllm_version: str | Non
     from kvreplay.errors import UserError
     from kvreplay.sources import open_replay, read_log
 
-    log = read_log(paths, year=year, vllm_version=vllm_version)
+    from kvreplay.parsers.spans import spans_format
+
+    # request-span files go to the replay (joined there), not to the log's parse
+    log = read_log([p for p in paths if p == "-" or spans_format(p) is None], year=year,
+                   vllm_version=vllm_version)
     events = log.events
     kinds = Counter(type(e).__struct_config__.tag for e in events)
     doc: Doc = {

@@ -155,7 +155,8 @@ class Replay:
             "unfinished_requests": self.unfinished,
             "confidence": self.confidence,
         }
-        for k in ("step_time_model", "arrival_pattern", "fit_loss", "prompts", "output_lengths"):
+        for k in ("step_time_model", "arrival_pattern", "fit_loss", "prompts", "output_lengths",
+                  "spans"):
             if k in info:
                 out[k] = info[k]
         if self.engine_name == "V0":
