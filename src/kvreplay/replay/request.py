@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from array import array
+from operator import attrgetter
 from typing import Callable
 
 
@@ -91,8 +92,10 @@ class Request:
     # NOTE: a snapshot (replay/snapshots.py) pickles the token lists as arrays: one object
     # each, where a list costs a pickle call per token (the log replay's search takes many)
     def __getstate__(self) -> tuple:
-        return tuple(_packed(getattr(self, k)) if k in _ARRAYS else getattr(self, k)
-                     for k in Request.__slots__)
+        state = list(_ALL_SLOTS(self))  # (one C call for every slot)
+        for i in _ARRAY_AT:
+            state[i] = _packed(state[i])
+        return tuple(state)
 
     def __setstate__(self, state: tuple) -> None:
         for k, v in zip(Request.__slots__, state):
@@ -125,9 +128,13 @@ class Request:
 
 
 _ARRAYS = frozenset(("output_token_ids", "block_hashes"))
+_ALL_SLOTS = attrgetter(*Request.__slots__)
+_ARRAY_AT = [i for i, k in enumerate(Request.__slots__) if k in _ARRAYS]
 
 
 def _packed(v: list) -> array | list:
+    if not v:
+        return []  # (a fresh empty list: one pickle opcode, not an array's reduce)
     try:
         return array("q", v)
     except (OverflowError, TypeError):  # hashes of a step-trace log may not fit
