@@ -87,6 +87,14 @@ def conformance_head(engine: Any, rec: StepRecord) -> dict[str, Any]:
     return out_rec
 
 
+def _queues_and_pool(sched: Any) -> dict[str, Any]:
+    """The record's fields after the per-request maps: the queues and the pool's counts."""
+    return {"running": list(map(_rid, sched.running)), "waiting": list(map(_rid, sched.waiting)),
+            "free_blocks": sched.pool.get_num_free_blocks(),
+            "kv_usage": round(sched.kv_cache_usage, 6),
+            "cached_blocks": sched.pool.num_cached_hashes()}
+
+
 _by_index = attrgetter("index")  # trace dicts are in workload order
 _rid = attrgetter("request_id")
 
@@ -101,11 +109,7 @@ def _state(engine: Any, rec: dict[str, Any]) -> None:
     rec["blocks_held"] = {
         r.request_id: nb for r in live if (nb := kv.num_blocks(r.request_id))
     }
-    rec["running"] = [r.request_id for r in sched.running]
-    rec["waiting"] = [r.request_id for r in sched.waiting]
-    rec["free_blocks"] = sched.pool.get_num_free_blocks()
-    rec["kv_usage"] = round(sched.kv_cache_usage, 6)
-    rec["cached_blocks"] = sched.pool.num_cached_hashes()
+    rec.update(_queues_and_pool(sched))
     if sched.async_scheduling:
         rec["num_output_placeholders"] = {
             r.request_id: r.num_output_placeholders for r in live if r.num_output_placeholders
@@ -134,14 +138,53 @@ class TraceWriter:
 
         self.engine = engine
         self.encode = msgspec.json.Encoder().encode
-        self.keys: dict[str, bytes] = {}  # request id -> b'"id":'
+        self.keys: dict[str, bytes] = {}  # request id -> b'"id":' (exactly the maps' ids)
         # request id -> encoded fragment, in index order ("" for blocks/placeholders of 0)
         self.maps: tuple[dict[str, bytes], ...] = ({}, {}, {}, {}, {})
         self.last: dict[str, tuple[Any, int]] = {}  # request id -> (status, blocks held)
         self.max_index = -1
         self.outputs: dict[int, Any] = {}  # step -> SchedulerOutput still in flight
+        # (the manager's table map: the engine never replaces it, it only edits it)
+        self.tables = engine.scheduler.kv_cache_manager.req_to_blocks
+        self.placeholders = engine.scheduler.async_scheduling
         if not _DIGITS:
             _DIGITS.extend(b"%d" % n for n in range(1 << 15))
+        self._encode = self._encoder()
+
+    def _encoder(self) -> Any:
+        """encode(req): the request's fragment of each map (appended if it is new). A
+        closure over the maps: it runs for every request every step touches."""
+        keys, last, maps = self.keys, self.last, self.maps
+        ntc, nout, status, blocks, holders = maps
+        tables = self.tables
+        async_ = self.placeholders
+        digits = _DIGITS
+        ndigits = len(digits)
+        json_key = self.encode
+
+        def encode(req: Any) -> None:
+            rid = req.request_id
+            key = keys.get(rid)
+            if key is None:  # new to the maps (appended after every live request)
+                key = keys[rid] = json_key(rid) + b":"
+                holders[rid] = b""
+                if req.index > self.max_index:
+                    self.max_index = req.index
+            n = req.num_computed_tokens
+            ntc[rid] = key + digits[n] if n < ndigits else b"%b%d" % (key, n)
+            n = req.num_output_tokens
+            nout[rid] = key + digits[n] if n < ndigits else b"%b%d" % (key, n)
+            table = tables.get(rid)
+            now = (req.status, len(table) if table else 0)
+            if now != last.get(rid):  # status and blocks held change less often
+                last[rid] = now
+                status[rid] = b'%b"%b"' % (key, _STATUS[now[0]])
+                blocks[rid] = b"%b%d" % (key, now[1]) if now[1] else b""
+            if async_:
+                p = req.num_output_placeholders
+                holders[rid] = b"%b%d" % (key, p) if p else b""
+
+        return encode
 
     def line(self, rec: StepRecord) -> bytes:
         """The record of the step `engine` just ran, as JSON bytes plus a newline."""
@@ -149,13 +192,7 @@ class TraceWriter:
         head = conformance_head(engine, rec)
         self._refresh(rec.arrivals, self._touched(rec))
         sched = engine.scheduler
-        tail: dict[str, Any] = {
-            "running": list(map(_rid, sched.running)),
-            "waiting": list(map(_rid, sched.waiting)),
-            "free_blocks": sched.pool.get_num_free_blocks(),
-            "kv_usage": round(sched.kv_cache_usage, 6),
-            "cached_blocks": sched.pool.num_cached_hashes(),
-        }
+        tail = _queues_and_pool(sched)
         ntc, nout, status, blocks, holders = self.maps
         parts = [self.encode(head)[:-1],
                  b',"num_computed_tokens":{', b",".join(ntc.values()),
@@ -193,70 +230,32 @@ class TraceWriter:
 
     def _refresh(self, arrivals: list[str], touched: set[str]) -> None:
         requests = self.engine.scheduler.requests
-        ntc, nout, status, blocks, holders = self.maps
+        ntc = self.maps[0]
         rebuild = False
+        encode = self._encode
         for rid in arrivals:  # new keys first, in the order they arrived
             req = requests.get(rid)
             if req is not None:
                 if req.index < self.max_index:
                     rebuild = True  # it would land after a live request with a higher index
-                self._encode(req)
-        keys, last, tables = self.keys, self.last, self.engine.scheduler.kv_cache_manager.req_to_blocks
-        placeholders = self.engine.scheduler.async_scheduling
-        digits = _DIGITS
-        ndigits = len(digits)
+                encode(req)
         for rid in touched:
             req = requests.get(rid)
             if req is None:
-                for m in self.maps:
+                for m in (*self.maps, self.keys, self.last):
                     m.pop(rid, None)
-                last.pop(rid, None)
-                continue
-            if rid not in ntc:
-                continue  # an arrival gone again in its own step, or rebuilt below
-            key = keys[rid]
-            n = req.num_computed_tokens
-            ntc[rid] = key + digits[n] if n < ndigits else b"%b%d" % (key, n)
-            n = req.num_output_tokens
-            nout[rid] = key + digits[n] if n < ndigits else b"%b%d" % (key, n)
-            table = tables.get(rid)
-            now = (req.status, len(table) if table else 0)
-            if now != last[rid]:  # status and blocks held change less often
-                last[rid] = now
-                status[rid] = b'%b"%b"' % (key, _STATUS[now[0]])
-                blocks[rid] = b"%b%d" % (key, now[1]) if now[1] else b""
-            if placeholders:
-                p = req.num_output_placeholders
-                holders[rid] = b"%b%d" % (key, p) if p else b""
+            elif rid in ntc:  # (else an arrival gone again in its own step, or rebuilt below)
+                encode(req)
         if rebuild or len(ntc) != len(requests):
             self._rebuild()
-
-    def _encode(self, req: Any) -> None:
-        rid = req.request_id
-        key = self.keys.get(rid)
-        if key is None:
-            key = self.keys[rid] = self.encode(rid) + b":"
-        ntc, nout, status, blocks, holders = self.maps
-        ntc[rid] = b"%b%d" % (key, req.num_computed_tokens)
-        nout[rid] = b"%b%d" % (key, req.num_output_tokens)
-        nb = self.engine.scheduler.kv_cache_manager.num_blocks(rid)
-        self.last[rid] = (req.status, nb)
-        status[rid] = b'%b"%b"' % (key, _STATUS[req.status])
-        blocks[rid] = b"%b%d" % (key, nb) if nb else b""
-        p = req.num_output_placeholders
-        holders[rid] = b"%b%d" % (key, p) if p else b""
-        if req.index > self.max_index:
-            self.max_index = req.index
 
     def _rebuild(self) -> None:
         for m in self.maps:
             m.clear()
         self.last.clear()
+        self.keys.clear()
         self.max_index = -1
-        live = self.engine.scheduler.requests
-        for rid in [rid for rid in self.keys if rid not in live]:
-            del self.keys[rid]
-        for req in sorted(live.values(), key=_by_index):
+        for req in sorted(self.engine.scheduler.requests.values(), key=_by_index):
             self._encode(req)
 
 
