@@ -7,6 +7,7 @@ import argparse
 import sys
 import time
 
+from kvreplay.cli.replay import add_replay_inputs, input_paths, open_from_args
 from kvreplay.errors import ReplayError, UserError
 
 
@@ -20,16 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write Chrome's JSON trace-event format (chrome://tracing, Perfetto UI)")
     p.add_argument("--steps", metavar="LO:HI",
                    help="only steps LO to HI (inclusive; either may be left out)")
-    p.add_argument("--profile", default="auto",
-                   help="vLLM release whose scheduler rules apply (default: from the log)")
-    p.add_argument("--step-time-ms", type=float, metavar="MS",
-                   help="take every engine step to last MS milliseconds instead of fitting a "
-                        "step-time model to the stats lines")
-    p.add_argument("--samples", type=int, metavar="N",
-                   help="replays in the uncertainty ensemble (as kvreplay replay; 0: off)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the ensemble")
-    p.add_argument("--vllm-version", help="the release that wrote the log, if not detected")
-    p.add_argument("--year", type=int, help="year of the log's time stamps (they have none)")
+    add_replay_inputs(p)
 
 
 def parse_steps(text: str | None, num_steps: int) -> tuple[int, int] | None:
@@ -49,9 +41,7 @@ def parse_steps(text: str | None, num_steps: int) -> tuple[int, int] | None:
 
 def run(args: argparse.Namespace) -> int:
     from kvreplay.export import build_trace, write_trace
-    from kvreplay.inference.clock import fixed_step_time
     from kvreplay.progress import stage
-    from kvreplay.sources import open_replay
 
     outputs = {k: v for k, v in (("perfetto", args.perfetto), ("chrome", args.chrome)) if v}
     if not outputs:
@@ -60,25 +50,10 @@ def run(args: argparse.Namespace) -> int:
         from kvreplay.export.perfetto import protos
 
         protos()  # a missing package is said before the replay runs
-    paths = list(args.paths)
-    if not paths:
-        from kvreplay.samples import DEFAULT_LOG, DEFAULT_LOG_YEAR, sample_path
-
-        paths = [str(sample_path(DEFAULT_LOG))]
-        if args.year is None:
-            args.year = DEFAULT_LOG_YEAR
-    step_time = None
-    if args.step_time_ms is not None:
-        if args.step_time_ms <= 0:
-            raise UserError("--step-time-ms must be positive")
-        step_time = fixed_step_time(args.step_time_ms)
-    if args.samples is not None and args.samples < 0:
-        raise UserError("--samples must be 0 or more")
+    paths = input_paths(list(args.paths), args)
     t0 = time.perf_counter()
     try:
-        rep = open_replay(paths, profile=args.profile, vllm_version=args.vllm_version,
-                          year=args.year, samples=args.samples, seed=args.seed,
-                          step_time=step_time)
+        rep = open_from_args(paths, args)
     except ReplayError as exc:
         raise UserError(str(exc)) from None
     t1 = time.perf_counter()

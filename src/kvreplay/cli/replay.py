@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 from kvreplay.errors import ReplayError, UserError, write_output
 
@@ -14,12 +15,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM server log(s) ('-' = stdin, .gz ok), a step-trace log with its "
                         "KV-event files, OpenTelemetry request-span files (OTLP/JSON or Jaeger JSON), "
                         "or a workload JSON (default: the embedded sample)")
-    p.add_argument("--profile", default="auto",
-                   help="vLLM release whose scheduler rules apply (default: from the log)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("-o", "--output", default="-", help="where to write the report (default stdout)")
     p.add_argument("--trace", metavar="TRACE.jsonl",
                    help="also write the replay's per-step trace (conformance format)")
+    add_replay_inputs(p)
+
+
+def add_replay_inputs(p: argparse.ArgumentParser) -> None:
+    """The options that say how a log is replayed (every command that opens a `Replay` of
+    a log: replay, export)."""
+    p.add_argument("--profile", default="auto",
+                   help="vLLM release whose scheduler rules apply (default: from the log)")
     p.add_argument("--step-time-ms", type=float, metavar="MS",
                    help="take every engine step to last MS milliseconds instead of fitting a "
                         "step-time model to the stats lines")
@@ -35,18 +42,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--year", type=int, help="year of the log's time stamps (they have none)")
 
 
-def run(args: argparse.Namespace) -> int:
-    from kvreplay.cli.report import render_table, to_json
+def input_paths(paths: list[str], args: argparse.Namespace) -> list[str]:
+    """`paths`, or the embedded sample (and its year) when none is given."""
+    if paths:
+        return paths
+    from kvreplay.samples import DEFAULT_LOG, DEFAULT_LOG_YEAR, sample_path
+
+    if args.year is None:
+        args.year = DEFAULT_LOG_YEAR
+    return [str(sample_path(DEFAULT_LOG))]
+
+
+def open_from_args(paths: list[str], args: argparse.Namespace) -> Any:
+    """The `Replay` of `paths` under add_replay_inputs' options; raises ReplayError when
+    the log is too thin."""
     from kvreplay.inference.clock import fixed_step_time
-    from kvreplay.sources import open_replay, read_log
+    from kvreplay.sources import open_replay
 
-    paths = list(args.logs)
-    if not paths:
-        from kvreplay.samples import DEFAULT_LOG, DEFAULT_LOG_YEAR, sample_path
-
-        paths = [str(sample_path(DEFAULT_LOG))]
-        if args.year is None:
-            args.year = DEFAULT_LOG_YEAR
     step_time = None
     if args.step_time_ms is not None:
         if args.step_time_ms <= 0:
@@ -54,12 +66,20 @@ def run(args: argparse.Namespace) -> int:
         step_time = fixed_step_time(args.step_time_ms)
     if args.samples is not None and args.samples < 0:
         raise UserError("--samples must be 0 or more")
+    return open_replay(paths, profile=args.profile, vllm_version=args.vllm_version,
+                       year=args.year, samples=args.samples, seed=args.seed,
+                       step_time=step_time)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvreplay.cli.report import render_table, to_json
+    from kvreplay.sources import read_log
+
+    paths = input_paths(list(args.logs), args)
     t0 = time.perf_counter()
     log = None
     try:
-        rep = open_replay(paths, profile=args.profile, vllm_version=args.vllm_version,
-                          year=args.year, samples=args.samples, seed=args.seed,
-                          step_time=step_time)
+        rep = open_from_args(paths, args)
     except ReplayError as exc:
         # say everything the log lacks, not only what stopped the replay
         try:

@@ -24,7 +24,7 @@ from kvreplay.replay.profile import DEFAULT_PROFILE, SchedulerProfile
 from kvreplay.replay.records import Admission, EngineInputs, StepRecord
 from kvreplay.replay.request import BlockHasher, Request, RequestStatus
 from kvreplay.replay.scheduler import Scheduler, SchedulerOutput, UpdateResult
-from kvreplay.replay.workload import Workload
+from kvreplay.replay.workload import FAKE_TOKEN_FIRST, FAKE_TOKEN_PERIOD, Workload
 
 
 @dataclass(slots=True)
@@ -368,11 +368,12 @@ class Engine:
             for rid in sample_ids:
                 if rid in requests:
                     tokens[rid] = wl.fixed_token
-        else:  # Workload.fake_token: output number k samples 1000 + k % 30000
+        else:  # Workload.fake_token, inline: it runs for every token
+            first, period = FAKE_TOKEN_FIRST, FAKE_TOKEN_PERIOD
             for rid in sample_ids:
                 req = requests.get(rid)
                 if req is not None:
-                    tokens[rid] = 1000 + req.num_output_tokens % 30000
+                    tokens[rid] = first + req.num_output_tokens % period
         mid = self.mid_aborts.get(step)
         if mid:  # between this step's schedule() and update_from_output()
             for rid in mid:

@@ -44,18 +44,21 @@ class Workload:
         """The token the fake model samples as a request's output number k (from 0)."""
         if self.fake_token_mode == "fixed":
             return self.fixed_token
-        return 1000 + (num_output_tokens % 30000)
+        return FAKE_TOKEN_FIRST + num_output_tokens % FAKE_TOKEN_PERIOD
 
     def fake_outputs(self, n: int) -> list[int]:
         """A request's first n output tokens: [fake_token(k) for k in range(n)], fast."""
         if self.fake_token_mode == "fixed":
             return [self.fixed_token] * n
-        if n <= 30000:
+        if n <= FAKE_TOKEN_PERIOD:
             return _PERIOD[:n]
-        return (_PERIOD * (n // 30000 + 1))[:n]
+        return (_PERIOD * (n // FAKE_TOKEN_PERIOD + 1))[:n]
 
 
-_PERIOD = list(range(1000, 31000))  # fake_token(k) for k in 0..29999
+# "index" mode: output number k samples FAKE_TOKEN_FIRST + k % FAKE_TOKEN_PERIOD
+FAKE_TOKEN_FIRST = 1000
+FAKE_TOKEN_PERIOD = 30000
+_PERIOD = list(range(FAKE_TOKEN_FIRST, FAKE_TOKEN_FIRST + FAKE_TOKEN_PERIOD))
 
 
 def load_workload(path: str | Path) -> dict[str, Any]:
