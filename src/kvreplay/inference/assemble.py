@@ -51,7 +51,7 @@ def place_arrivals(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, prof: Any,
         init = step_replay(rebuilt, facts, prof, [0] * len(rebuilt.workload.requests), f.model)
     fixed = step_time is not None
     anchored = anchored_replay(rebuilt, facts, fmt, prof, init, f.model, burst=burst,
-                               fixed_model=fixed)
+                               fixed_model=fixed, reuse_init=init is f.run and f.rebuilt is rebuilt)
     if not burst and phase_estimate(facts) is None:
         # Without a phase estimate the iteration can settle one step off; start it again
         # from a burst-like guess and keep whichever agrees better with the stats lines.

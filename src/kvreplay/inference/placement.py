@@ -19,13 +19,18 @@ from kvreplay.inference.clock import StepTimeModel, clocked, finish_steps, regre
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.lines import cum_generated, phase_estimate, token_anchors
-from kvreplay.inference.runs import Run, step_replay
+from kvreplay.inference.runs import Run, as_step_replay, step_replay
 from kvreplay.inference.verify import anchored_loss, verify
 
 PRECISE_TOL_S = 0.005  # a sub-second stamp's slack: the request reaches the engine a few ms after its line
 BURST_GAPS = (0.02, 0.05, 0.1, 0.15, 0.25, 1 / 3, 0.5, 1.0, 2.0)
 EXACT_SEARCH_MOVES = 400  # replays a burst's exact-line search may spend
 EXACT_SEARCH_MAX_REQUESTS = 64
+# A log this large gets a round budget: its anchoring stops at the first round that does
+# not improve on the best so far (a round of a 100,000-request log is a half-minute pass of
+# the scheduler, and on large Poisson logs the rounds after the best one only trade equally
+# good placements: docs/accuracy.md, "Log replay at production size").
+LARGE_LOG_REQUESTS = 20_000
 
 
 @dataclass(slots=True)
@@ -130,9 +135,10 @@ def placed(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, arrival:
 
 def anchored_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, init: Run,
                     model: StepTimeModel, *, burst: bool, iterations: int = 6,
-                    fixed_model: bool = False) -> Anchored:
+                    fixed_model: bool = False, reuse_init: bool = False) -> Anchored:
     """Iterate: replay -> anchors, completions, clock -> arrival windows -> placement.
-    Returns the iteration that agrees best with the stats lines."""
+    Returns the iteration that agrees best with the stats lines. `reuse_init`: `init` is a
+    replay of `rebuilt` (not of another rebuild of the workload), so round 0 may reuse it."""
     arrival = [max(a, 0) for a in init.arrival_steps]  # (a cut log: some never arrived)
     base = min(arrival) if arrival else 0
     arrival = [a - base for a in arrival]
@@ -141,8 +147,11 @@ def anchored_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
     if phase is None:
         # the middle of the second: the guess with the smallest worst-case error
         phase = 0.5
+    large = len(arrival) >= LARGE_LOG_REQUESTS
     for it in range(iterations + 1):
-        run = step_replay(rebuilt, facts, profile, arrival, model)
+        # round 0 replays the arrivals `init` ran with: reuse it when it is that replay
+        run = (as_step_replay(init, facts, arrival, model) if it == 0 and reuse_init else None) \
+            or step_replay(rebuilt, facts, profile, arrival, model)
         new_model = None if fixed_model else regression(run, facts, fmt)
         if new_model is not None:
             model = new_model
@@ -150,9 +159,10 @@ def anchored_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
         anchors = token_anchors(run, facts, fmt, cum_generated(run))
         clock = clocked(run, facts, fmt, phase)
         loss = anchored_loss(run, facts, fmt, anchors, phase)
-        if best is None or loss <= best.loss:  # ties: the later, more refined placement
+        improved = best is None or loss <= best.loss
+        if improved:  # ties: the later, more refined placement
             best = Anchored(list(arrival), phase, run, loss, it)
-        if it == iterations:
+        if it == iterations or (not improved and large):
             break
         new = place(windows(run, facts, anchors, clock), clock, burst)
         # Step 0 is the first arrival's step by definition (the engine was idle before);

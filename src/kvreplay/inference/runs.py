@@ -190,6 +190,26 @@ def step_replay(rebuilt: Any, facts: LogFacts, profile: Any, arrival_steps: list
     return _finish(eng, rebuilt, steps, starts, t, model, (0.0, 0.0), cut_at)
 
 
+def as_step_replay(run: Run, facts: LogFacts, arrival_steps: list[int],
+                   model: StepTimeModel) -> Run | None:
+    """`step_replay(rebuilt, facts, profile, arrival_steps, model)` without replaying, when
+    `run` already is that replay: the engine is deterministic given its arrival steps, so a
+    run with these arrival steps, this model and no wall-clock events (aborts, the log's
+    cut, both applied by the clock) has the same step records; only its clock is rebuilt
+    the way step_replay runs it. None when that does not hold."""
+    ins = run.inputs
+    if (run.model is not model or list(ins.arrival_steps) != list(arrival_steps)
+            or ins.aborts or ins.mid_aborts or ins.max_steps is not None or aborts(facts) or cut_time(facts) is not None or run.cut_at is not None):
+        return None
+    reqs = facts.requests
+    t = reqs[0].time if reqs and reqs[0].time is not None else 0.0
+    starts: list[float] = []
+    for rec in run.steps:
+        starts.append(t)
+        t += model.dt_record(rec)
+    return Run(run.steps, starts, t, run.inputs, model, (0.0, 0.0), None, list(run.unfinished))
+
+
 def rerun(rebuilt: Any, profile: Any, inputs: EngineInputs) -> list[StepRecord]:
     """The run `inputs` describe, again (its records equal the first run's)."""
     eng = make_engine(rebuilt.workload, profile, inputs=inputs)

@@ -1,0 +1,89 @@
+"""The anchoring's rounds (inference/placement.py): round 0 reuses the fit's replay when it
+is the same replay, and a large log's anchoring stops at the first round that does not
+improve (issue 17: a round of a 100,000-request log is a half-minute scheduler pass)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import kvreplay.inference.placement as placement
+from kvreplay.inference.clock import StepTimeModel
+from kvreplay.inference.formats import log_format
+from kvreplay.inference.rebuild import rebuild_workload
+from kvreplay.inference.runs import as_step_replay, step_replay, timed_replay
+from kvreplay.replay.profile import get_profile
+from kvreplay.sources import read_facts, replay_logs
+
+CASES = Path(__file__).parent / "data" / "logcases"
+P1 = str(CASES / "p1_poisson_fcfs_200" / "server.log")
+
+
+def _setup():
+    facts = read_facts([P1], year=2026)
+    fmt = log_format(facts.vllm_version, facts.engine_version)
+    prof = get_profile(facts.vllm_version)
+    return facts, fmt, prof, rebuild_workload(facts, fmt, prof)
+
+
+def test_reused_run_is_the_step_replay_it_stands_for() -> None:
+    """A time-driven run replayed again by its own arrival steps gives the same records; the
+    reuse must also rebuild the clock exactly as step_replay runs it."""
+    facts, fmt, prof, rebuilt = _setup()
+    model = StepTimeModel(overhead_s=0.01, per_token_s=4e-5, per_request_s=5e-5)
+    timed = timed_replay(rebuilt, facts, prof, model, (0.0, 1.0), order_window_s=fmt.order_window_s)
+    assert timed.num_preemptions > 0
+    arrival = list(timed.arrival_steps)
+    assert min(arrival) == 0
+    again = step_replay(rebuilt, facts, prof, arrival, model)
+    reused = as_step_replay(timed, facts, arrival, model)
+    assert reused is not None
+    enc = msgspec.json.encode
+    assert [enc(r) for r in reused.steps] == [enc(r) for r in again.steps]
+    assert reused.clock == again.clock and reused.end == again.end
+    assert reused.inputs == again.inputs and reused.unfinished == again.unfinished
+    # not the same replay: another model, other arrival steps
+    assert as_step_replay(timed, facts, arrival, StepTimeModel(overhead_s=0.01)) is None
+    assert as_step_replay(timed, facts, [a + 1 for a in arrival], model) is None
+
+
+def test_a_logged_abort_forbids_the_reuse() -> None:
+    """Aborts are applied by the clock, which differs between the two kinds of replay."""
+    from kvreplay.inference.facts import aborts
+
+    facts, fmt, prof, rebuilt = _setup()
+    model = StepTimeModel(overhead_s=0.01, per_token_s=4e-5, per_request_s=5e-5)
+    timed = timed_replay(rebuilt, facts, prof, model, (0.0, 1.0), order_window_s=fmt.order_window_s)
+    assert not aborts(facts)
+    facts.requests[3].aborted_time = facts.requests[3].time + 2.0
+    assert aborts(facts)
+    assert as_step_replay(timed, facts, list(timed.arrival_steps), model) is None
+
+
+def _rounds(monkeypatch: pytest.MonkeyPatch, large: int) -> tuple[list[float], object]:
+    losses: list[float] = []
+    real = placement.anchored_loss
+
+    def spy(*a, **k):
+        losses.append(real(*a, **k))
+        return losses[-1]
+
+    monkeypatch.setattr(placement, "anchored_loss", spy)
+    monkeypatch.setattr(placement, "LARGE_LOG_REQUESTS", large)
+    rep = replay_logs([P1], year=2026, samples=0)
+    return losses, rep
+
+
+def test_a_large_log_stops_at_the_first_round_that_does_not_improve(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    full, rep_full = _rounds(monkeypatch, 10**9)
+    budget, rep_budget = _rounds(monkeypatch, 1)  # every log counts as large
+    # the full iteration runs on after a worse round (else this test shows nothing)
+    worse_at = next(i for i in range(1, len(full)) if full[i] > min(full[:i]))
+    assert len(full) > worse_at + 1
+    # the budget runs the same rounds up to that one, and stops there
+    assert budget == full[: worse_at + 1]
+    assert rep_budget.info["fit_loss"] == pytest.approx(min(full[: worse_at + 1]), abs=1e-4)
+    assert rep_full.info["fit_loss"] == pytest.approx(min(full), abs=1e-4)
