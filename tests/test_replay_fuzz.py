@@ -50,3 +50,31 @@ def test_damaged_log_replays_or_explains(tmp_path_factory, lines: list[str]) -> 
     assert rep.summary()["steps"] >= 0
     for p in rep.preemptions:
         assert p.victim in {s.id for s in rep.workload.requests}
+
+
+def test_an_impossible_prompt_length_is_capped_not_built() -> None:
+    """A damaged log's numbers can imply a prompt of millions of tokens (one such log made a
+    test process grow to 24 GB): a prompt whose content is unknown is built no longer than
+    max_model_len, the longest vLLM accepts, and never built longer first."""
+    import tracemalloc
+
+    from kvreplay.inference.formats import log_format
+    from kvreplay.inference.rebuild import rebuild_workload
+    from kvreplay.replay.profile import get_profile
+    from kvreplay.sources import read_facts
+
+    facts = read_facts([str(LOG.parent.parent / "p1_poisson_fcfs_200" / "server.log")], year=2026)
+    fmt = log_format(facts.vllm_version, facts.engine_version)
+    assert not any(r.prompt_token_ids for r in facts.requests)
+    for r in facts.requests:
+        r.prompt_len = 100
+    facts.requests[0].prompt_len = 5_000_000
+    tracemalloc.start()
+    try:
+        rebuilt = rebuild_workload(facts, fmt, get_profile(facts.vllm_version))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    lens = [len(s.prompt_token_ids) for s in rebuilt.workload.requests]
+    assert max(lens) <= facts.config.max_model_len and lens[1] == 100
+    assert peak < 50 * 2**20  # (5M tokens built first: about 180 MB)

@@ -63,7 +63,10 @@ def rebuild_workload(facts: LogFacts, fmt: LogFormat, profile: Any, *,
             # Unknown content: tokens unique to this request, after the shared prefix the
             # log's prefix-cache hit rate implies (none without caching).
             prompt = [2_000_000 + j for j in range(shared_prefix)]
-            prompt += [1_000_000 + i * 100_003 + j for j in range(max(1, int(n)))]
+            # NOTE: an estimate is never longer than a prompt vLLM accepts (a damaged log's
+            # stats can imply millions of tokens: building them would exhaust memory)
+            n = max(1, min(int(n), cfg.max_model_len))
+            prompt += [1_000_000 + i * 100_003 + j for j in range(n)]
             est = r.prompt_len is None or prompt_lens is not None
         if fmt.caps_to_limits:
             # vLLM's frontend refuses a prompt that leaves no room for one output token
