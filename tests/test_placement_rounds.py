@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+import kvreplay.inference.facts as facts_mod
 import kvreplay.inference.placement as placement
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.formats import log_format
@@ -71,19 +72,19 @@ def _rounds(monkeypatch: pytest.MonkeyPatch, large: int) -> tuple[list[float], o
         return losses[-1]
 
     monkeypatch.setattr(placement, "anchored_loss", spy)
-    monkeypatch.setattr(placement, "LARGE_LOG_REQUESTS", large)
+    monkeypatch.setattr(facts_mod, "LARGE_LOG_REQUESTS", large)
     rep = replay_logs([P1], year=2026, samples=0)
     return losses, rep
 
 
-def test_a_large_log_stops_at_the_first_round_that_does_not_improve(
+def test_a_large_log_runs_one_anchoring_round_after_its_first_replay(
         monkeypatch: pytest.MonkeyPatch) -> None:
     full, rep_full = _rounds(monkeypatch, 10**9)
     budget, rep_budget = _rounds(monkeypatch, 1)  # every log counts as large
-    # the full iteration runs on after a worse round (else this test shows nothing)
-    worse_at = next(i for i in range(1, len(full)) if full[i] > min(full[:i]))
-    assert len(full) > worse_at + 1
-    # the budget runs the same rounds up to that one, and stops there
-    assert budget == full[: worse_at + 1]
-    assert rep_budget.info["fit_loss"] == pytest.approx(min(full[: worse_at + 1]), abs=1e-4)
+    assert len(full) > 2  # (else this test shows nothing)
+    # the budget runs the same first two rounds, keeps the better, and says so
+    assert budget == full[:2]
+    assert rep_budget.info["fit_loss"] == pytest.approx(min(full[:2]), abs=1e-4)
     assert rep_full.info["fit_loss"] == pytest.approx(min(full), abs=1e-4)
+    assert any("a large log" in n for n in rep_budget.facts.notes)
+    assert not any("a large log" in n for n in rep_full.facts.notes)

@@ -523,6 +523,17 @@ def aborts(facts: LogFacts) -> list[tuple[float, str]]:
     return sorted((r.aborted_time, r.log_id) for r in facts.requests if r.aborted_time is not None)
 
 
+# A log this large gets a budget of scheduler passes (a pass over a 100,000-request log
+# takes half a minute): its anchoring runs one round after its first replay
+# (placement.LARGE_LOG_ROUNDS); on large Poisson logs the later rounds only trade equally
+# good placements (docs/accuracy.md, "Log replay of large logs").
+LARGE_LOG_REQUESTS = 20_000
+
+
+def large_log(facts: LogFacts) -> bool:
+    return len(facts.requests) >= LARGE_LOG_REQUESTS
+
+
 def cut_time(facts: LogFacts) -> float | None:
     """When the log stops before the run ended (server killed, log copied mid-run), the
     replay stops at its last line. The run ended cleanly when the last stats line shows

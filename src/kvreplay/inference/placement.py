@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvreplay.inference.clock import StepTimeModel, clocked, finish_steps, regression
-from kvreplay.inference.facts import LogFacts
+from kvreplay.inference.facts import LogFacts, large_log
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.lines import cum_generated, phase_estimate, token_anchors
 from kvreplay.inference.runs import Run, as_step_replay, step_replay
@@ -26,11 +26,7 @@ PRECISE_TOL_S = 0.005  # a sub-second stamp's slack: the request reaches the eng
 BURST_GAPS = (0.02, 0.05, 0.1, 0.15, 0.25, 1 / 3, 0.5, 1.0, 2.0)
 EXACT_SEARCH_MOVES = 400  # replays a burst's exact-line search may spend
 EXACT_SEARCH_MAX_REQUESTS = 64
-# A log this large gets a round budget: its anchoring stops at the first round that does
-# not improve on the best so far (a round of a 100,000-request log is a half-minute pass of
-# the scheduler, and on large Poisson logs the rounds after the best one only trade equally
-# good placements: docs/accuracy.md, "Log replay at production size").
-LARGE_LOG_REQUESTS = 20_000
+LARGE_LOG_ROUNDS = 1  # a large log's anchoring rounds after its first replay (facts.large_log)
 
 
 @dataclass(slots=True)
@@ -147,7 +143,8 @@ def anchored_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
     if phase is None:
         # the middle of the second: the guess with the smallest worst-case error
         phase = 0.5
-    large = len(arrival) >= LARGE_LOG_REQUESTS
+    if large_log(facts):
+        iterations = min(iterations, LARGE_LOG_ROUNDS)
     for it in range(iterations + 1):
         # round 0 replays the arrivals `init` ran with: reuse it when it is that replay
         run = (as_step_replay(init, facts, arrival, model) if it == 0 and reuse_init else None) \
@@ -159,10 +156,9 @@ def anchored_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
         anchors = token_anchors(run, facts, fmt, cum_generated(run))
         clock = clocked(run, facts, fmt, phase)
         loss = anchored_loss(run, facts, fmt, anchors, phase)
-        improved = best is None or loss <= best.loss
-        if improved:  # ties: the later, more refined placement
+        if best is None or loss <= best.loss:  # ties: the later, more refined placement
             best = Anchored(list(arrival), phase, run, loss, it)
-        if it == iterations or (not improved and large):
+        if it == iterations:
             break
         new = place(windows(run, facts, anchors, clock), clock, burst)
         # Step 0 is the first arrival's step by definition (the engine was idle before);
