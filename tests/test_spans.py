@@ -168,34 +168,65 @@ def test_replay_with_spans_reports_them_and_what_they_contradict(tmp_path):
     assert s["checked"] == 12 and "clock_gap_s" in s
     assert str(B / "spans.otlp.jsonl") in rep.paths
     assert "cmpl-bench-78064ebc-11-0" not in s["first_token_late_ids"]
-    # the same spans with one first token 1 s earlier than vLLM wrote: the replay's is late
+    # the same spans with one queue time 1 s longer than vLLM wrote: the spans then say the
+    # request entered 1 s before the first one (it enters there) yet was first scheduled
+    # 3 s later, which the replay, where it runs at once, contradicts
     out = []
     for line in (B / "spans.otlp.jsonl").read_text().splitlines():
         d = json.loads(line)
         for sp in d["resourceSpans"][0]["scopeSpans"][0]["spans"]:
             attrs = {a["key"]: a for a in sp["attributes"]}
             if attrs["gen_ai.request.id"]["value"]["stringValue"] == "cmpl-bench-78064ebc-11-0":
-                attrs["gen_ai.latency.time_to_first_token"]["value"]["doubleValue"] -= 1.0
+                attrs["gen_ai.latency.time_in_queue"]["value"]["doubleValue"] += 1.0
         out.append(json.dumps(d))
     bad = tmp_path / "b.otlp.jsonl"
     bad.write_text("\n".join(out) + "\n")
     rep = open_replay([str(B / "server.log"), str(bad)], samples=0)
     s2 = rep.summary()["spans"]
-    assert "cmpl-bench-78064ebc-11-0" in s2["first_token_late_ids"]
-    assert s2["first_token_late"] == s["first_token_late"] + 1
+    assert "cmpl-bench-78064ebc-11-0" in s2["admitted_early_ids"]
+    assert s2["admitted_early"] == s["admitted_early"] + 1
     assert any("contradicts" in n for n in rep.notes)
+
+
+def _p1_hits(spans_path, log="server.log"):
+    from matching import match_preemptions
+
+    truth = json.loads((P1 / "truth.json").read_text())["preemptions"]
+    rep = open_replay([str(P1 / log), str(spans_path)])
+    hits = match_preemptions([(p["step"], p["victim_log_id"]) for p in truth],
+                             [(q.step, q.victim) for q in rep.preemptions], 5)
+    return rep, len(hits)
 
 
 def test_p1_victims_with_spans():
     """Measured (issue 21): p1's plain server.log finds 2 of 54 preemptions with the right
-    victim within +-5 steps; with its spans 45 (docs/accuracy.md)."""
-    from matching import match_preemptions
+    victim within +-5 steps; with its spans placing the arrivals (inference/span_clock.py)
+    54 of 54, and every stats line agrees (docs/accuracy.md)."""
+    rep, hits = _p1_hits(P1 / "spans.otlp.jsonl")
+    assert hits == 54 and len(rep.preemptions) == 54
+    assert rep.verification["agreeing_lines"] == rep.verification["stats_lines"] == 16
+    assert any("placed by the request spans' engine stamps" in n for n in rep.notes)
+    s = rep.summary()["spans"]
+    assert s["first_token_late"] == 0 and s["admitted_early"] == 0
 
-    truth = json.loads((P1 / "truth.json").read_text())["preemptions"]
-    rep = open_replay([str(P1 / "server.log"), str(P1 / "spans.otlp.jsonl")])
-    hits = match_preemptions([(p["step"], p["victim_log_id"]) for p in truth],
-                             [(q.step, q.victim) for q in rep.preemptions], 5)
-    assert len(hits) >= 45
+
+def test_p1_victims_with_a_clock_offset(tmp_path):
+    """Spans 3.2 s behind the log: the offset is found (to ~2 ms) and reported, and the
+    placement, which reads only the spans' own differences, loses nothing (54 of 54; it
+    was 21 before the spans' stamps placed the arrivals)."""
+    from span_variants import main as variants
+
+    out = tmp_path / "shifted.otlp.jsonl"
+    argv = sys.argv
+    sys.argv = ["span_variants", str(P1 / "spans.otlp.jsonl"), str(out), "--shift", "-3.2"]
+    try:
+        variants()
+    finally:
+        sys.argv = argv
+    rep, hits = _p1_hits(out)
+    assert rep.summary()["spans"]["clock_offset_s"] == pytest.approx(-3.2, abs=0.01)
+    assert any("off the log's" in n for n in rep.notes)
+    assert hits == 54
 
 
 def test_otlp_without_the_extra_says_how_to_install(monkeypatch):

@@ -125,7 +125,8 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
         from kvreplay.inference.spans import check_spans
 
         check = check_spans(rep, join)
-        rep.info["spans"] = {**join.summary(), **check}
+        rep.info["spans"] = {**join.summary(), **check,
+                             "arrivals": "spans" if log.facts.span_placement else "seconds"}
         rep.paths = list(rep.paths) + span_paths
         rep.label += f" + {len(span_paths)} span file(s), {join.joined}/{join.requests} joined"
         if check.get("first_token_late") or check.get("admitted_early"):

@@ -112,6 +112,8 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
             r.prompt_len = s.prompt_tokens
         if r.output_len is None and s.completion_tokens is not None:
             r.output_len = s.completion_tokens
+    facts.span_offset_s = offset
+    facts.span_placement = use_arrivals
     join = SpanJoin(spans=len(spans), requests=len(facts.requests), joined=len(pairs),
                     offset_s=offset, offset_interval=interval,
                     unjoined_spans=sum(1 for s in spans if id(s) not in used),

@@ -1,0 +1,190 @@
+"""Placement by the request spans' engine stamps: the spans as constraints, not checks.
+
+vLLM 0.33's `do_tracing` writes, per request, the wall-clock arrival `a` and durations
+from the engine's stamps: `time_in_queue` = scheduled_ts - queued_ts, `time_in_model_prefill`
+= first_token_ts - scheduled_ts, `time_in_model_decode` = last_token_ts - first_token_ts
+(engine monotonic), and `time_to_first_token` = the frontend's wall clock at the first
+token - a. So, on the span exporter's clock and up to one constant (the hop from the
+engine's output to the frontend, the same for every request):
+
+    S = a + ttft - prefill    the start of the step that first scheduled the request
+    E = S - time_in_queue     the start of the step it entered the waiting queue at
+    F = a + ttft              the end of the step that gave its first token
+    L = F + decode            the end of the step that gave its last token
+
+Each is a step boundary of the real run, to the microsecond, and E is where the request
+entered: no need to know the hop from the frontend to the engine, nor `a`'s place in a
+step. `snapped_replay` drives the engine by a clock that starts each step where the
+model says, snapped to the nearest such boundary when one lies within SNAP_FRAC of the
+predicted step; a request enters at the first step starting at or after its E. Between
+boundaries the model carries the clock; at them its error is reset to zero.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any
+
+from kvreplay.inference.clock import StepTimeModel, regression
+from kvreplay.inference.engines import make_engine, num_requests
+from kvreplay.inference.facts import LogFacts, aborts
+from kvreplay.inference.formats import LogFormat
+from kvreplay.inference.runs import Run, _finish, step_limit
+from kvreplay.replay.engine import without_cyclic_gc
+
+SNAP_FRAC = 0.4  # a boundary this close to a predicted step end (x the step) is its end
+SAME_S = 1e-4  # stamps this close are the same boundary (they are exact to ~1 us)
+FIT_ROUNDS = 4
+SCALES = (0.6, 0.8, 1.25)  # other starts for the model, when the first agrees poorly
+GOOD_ENOUGH = 0.9  # of the spans' 2 marks a request, agreed: no other start tried  # snapped replay -> regression on the spans' windows -> again
+
+
+@dataclass(slots=True)
+class SpanMarks:
+    """The spans' step boundaries, on the log's clock (span time - offset)."""
+
+    entry: list[float]  # E of each request (file order)
+    scheduled: list[float]  # S
+    first_token: list[float]  # F
+    bounds: list[float]  # every E, S, F, L, sorted, the same boundary once
+
+
+def span_marks(facts: LogFacts, offset: float = 0.0) -> SpanMarks | None:
+    """The boundaries of the requests' spans; None unless every request has a span with
+    the stamps needed."""
+    m = SpanMarks([], [], [], [])
+    bounds = m.bounds
+    for r in facts.requests:
+        s = r.span
+        if s is None or None in (s.time_in_queue, s.time_to_first_token,
+                                 s.time_in_model_prefill):
+            return None
+        f = s.start - offset + s.time_to_first_token
+        start = f - s.time_in_model_prefill
+        m.entry.append(start - s.time_in_queue)
+        m.scheduled.append(start)
+        m.first_token.append(f)
+        bounds += [m.entry[-1], start, f]
+        if s.time_in_model_decode is not None and s.time_in_model_decode > 0:
+            bounds.append(f + s.time_in_model_decode)
+    bounds.sort()
+    merged: list[float] = []
+    for b in bounds:
+        if not merged or b - merged[-1] > SAME_S:
+            merged.append(b)
+    m.bounds = merged
+    return m
+
+
+def agreement(run: Run, rebuilt: Any, marks: SpanMarks) -> int:
+    """Spans the run agrees with: a request's first scheduling step starting at its S, and
+    its first token's step ending at its F (each to SAME_S); 2 per request at most."""
+    clock, steps = run.clock, run.steps
+    ends = clock[1:] + [run.end]
+    admit: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for k, rec in enumerate(steps):
+        for a in rec.admitted:
+            admit.setdefault(a.request, k)
+        for rid in rec.first_tokens:
+            first.setdefault(rid, k)
+    n = 0
+    for i, spec in enumerate(rebuilt.workload.requests[:len(marks.entry)]):
+        a, f = admit.get(spec.id), first.get(spec.id)
+        n += a is not None and abs(clock[a] - marks.scheduled[i]) <= SAME_S
+        n += f is not None and abs(ends[f] - marks.first_token[i]) <= SAME_S
+    return n
+
+
+@without_cyclic_gc
+def snapped_replay(rebuilt: Any, facts: LogFacts, profile: Any, model: StepTimeModel,
+                   entry: list[float], bounds: list[float]) -> Run:
+    """The engine driven by the model's clock snapped to the spans' boundaries; request k
+    enters at the first step starting at or after entry[k] (ties: file order)."""
+    eng = make_engine(rebuilt.workload, profile)
+    order = sorted(range(num_requests(rebuilt.workload)), key=lambda k: (entry[k], k))
+    pending = 0
+    clock = entry[order[0]] if order else 0.0
+    ab = aborts(facts)
+    ai = 0
+    steps: list = []
+    starts: list[float] = []
+    limit = step_limit(rebuilt.workload)
+    scale, since, pred = 1.0, clock, 0.0
+    while not eng.done and eng.step_index < limit:
+        if not eng.has_work() and pending < len(order):
+            clock = max(clock, entry[order[pending]])
+            since, pred = clock, 0.0
+        while ai < len(ab) and ab[ai][0] <= clock:
+            eng.abort(ab[ai][1])
+            ai += 1
+        due = []
+        while pending < len(order) and entry[order[pending]] <= clock + SAME_S:
+            due.append(order[pending])
+            pending += 1
+        for k in sorted(due):  # one step's arrivals queue in file order (their stamps tie)
+            eng.submit(k)
+        if not due and not eng.has_work() and pending >= len(order):
+            break
+        rec = eng.step()
+        starts.append(clock)
+        steps.append(rec)
+        raw = model.dt_record(rec)
+        pred += raw
+        d = raw * scale
+        nxt = clock + d
+        i = bisect.bisect_right(bounds, clock + SAME_S)
+        best = None
+        for b in bounds[i:i + 8]:  # the boundaries just after this step's start
+            if b > nxt + SNAP_FRAC * d:
+                break
+            if abs(b - nxt) <= SNAP_FRAC * d and (best is None or abs(b - nxt) < abs(best - nxt)):
+                best = b
+        if best is not None:
+                since, pred = best, 0.0
+        clock = best if best is not None else nxt
+    if not eng.done:
+        eng.stop()
+    return _finish(eng, rebuilt, steps, starts, clock, model, (0.0, 0.0), None)
+
+
+def scaled(m: StepTimeModel, k: float) -> StepTimeModel:
+    return StepTimeModel(m.overhead_s * k, m.per_token_s * k, m.per_request_s * k,
+                         m.per_context_token_s * k, m.token_floor)
+
+
+def span_placement(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
+                   model: StepTimeModel, marks: SpanMarks,
+                   fixed_model: bool = False) -> tuple[Run, int]:
+    """The snapped replay from the model given and, unless it is fixed, from gap_model
+    too: the start whose rounds agree with more spans wins."""
+    best = _rounds(rebuilt, facts, fmt, profile, model, marks, fixed_model)
+    for k in (() if fixed_model else SCALES):
+        if best[0] >= GOOD_ENOUGH * 2 * len(marks.entry):
+            break
+        alt = _rounds(rebuilt, facts, fmt, profile, scaled(model, k), marks, False)
+        if alt[0] > best[0]:
+            best = alt
+    return best[1], best[0]
+
+
+def _rounds(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
+            model: StepTimeModel, marks: SpanMarks, fixed_model: bool) -> tuple[int, Run]:
+    """The snapped replay, its step-time model refitted on the spans' windows a few
+    rounds; the round that agrees with the most spans (agreement) wins, ties the earlier."""
+    run = snapped_replay(rebuilt, facts, profile, model, marks.entry, marks.bounds)
+    best = (agreement(run, rebuilt, marks), run)
+    for _ in range(0 if fixed_model else FIT_ROUNDS):
+        new = regression(run, facts, fmt)
+        if new is None:
+            break
+        again = snapped_replay(rebuilt, facts, profile, new, marks.entry, marks.bounds)
+        same = again.arrival_steps == run.arrival_steps
+        run = again
+        score = agreement(run, rebuilt, marks)
+        if score > best[0]:
+            best = (score, run)
+        if same:
+            break
+    return best
