@@ -235,3 +235,49 @@ def test_otlp_without_the_extra_says_how_to_install(monkeypatch):
                         None)
     with pytest.raises(UserError, match=r"kvreplay\[otlp\]"):
         read_spans(str(B / "spans.otlp.jsonl"))
+
+
+def test_audit_reads_spans_beside_the_log(capsys):
+    from kvreplay.cli import main
+
+    from kvreplay.audit.record import audit_records
+
+    [rec] = audit_records([str(B / "server.log"), str(B / "spans.otlp.jsonl")])
+    assert (rec["spans_joined"], rec["spans_coverage"], rec["spans_clock_offset_s"],
+            rec["spans_contradicted"]) == (12, 1.0, 0.0, 0)
+    assert rec["preemptions_replayed"] == 5  # b's truth: 5
+    [plain] = audit_records([str(B / "server.log")])
+    assert plain["spans_joined"] is None
+    assert main(["audit", str(B / "server.log"), str(B / "spans.otlp.jsonl")]) == 0
+    assert "request spans: 12 requests joined (coverage 100%)" in capsys.readouterr().out
+    # spans with two logs: which server they belong to is not said
+    assert main(["audit", str(B / "server.log"), str(P1 / "server.log"),
+                 str(B / "spans.otlp.jsonl")]) == 2
+    assert "give one log with them" in capsys.readouterr().err
+
+
+def test_tui_opens_a_log_with_its_spans():
+    pytest.importorskip("textual")
+    import asyncio
+
+    from kvreplay.tui.app import ReplayApp
+
+    paths = [str(B / "server.log"), str(B / "spans.otlp.jsonl")]
+    want = open_replay(paths)
+    first = want.preemptions[0]
+
+    async def body():
+        app = ReplayApp(paths)
+        async with app.run_test(size=(150, 48)) as pilot:
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            rep = app.tl.replay
+            assert rep.info["spans"]["joined"] == 12 and rep.info["spans"]["arrivals"] == "spans"
+            assert [(p.step, p.victim) for p in rep.preemptions] == \
+                [(p.step, p.victim) for p in want.preemptions]
+            await pilot.press("n")
+            await pilot.pause()
+            assert app.cursor == first.step and app.selected == first.victim
+            assert f"Victim   {first.victim}" in app.query_one("#why-panel").plain
+
+    asyncio.run(body())
