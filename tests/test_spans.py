@@ -281,3 +281,56 @@ def test_tui_opens_a_log_with_its_spans():
             assert f"Victim   {first.victim}" in app.query_one("#why-panel").plain
 
     asyncio.run(body())
+
+
+def _victims_found(rep, case):
+    from matching import match_preemptions
+
+    truth = json.loads((case / "truth.json").read_text())["preemptions"]
+    return len(match_preemptions([(p["step"], p["victim_log_id"]) for p in truth],
+                                 [(q.step, q.victim) for q in rep.preemptions], 5))
+
+
+@pytest.mark.parametrize("case", [B, P1])
+def test_spans_alone_with_a_config(case):
+    """Spans without their log: the workload is the spans, the engine config a workload
+    JSON's (--config); every victim of b (5) and p1 (54) is found, as beside the log."""
+    rep = open_replay([str(case / "spans.otlp.jsonl")], config=str(case / "workload.json"))
+    truth = json.loads((case / "truth.json").read_text())
+    assert len(rep.steps) == truth["num_steps"]
+    assert _victims_found(rep, case) == len(truth["preemptions"])
+    s = rep.summary()["spans"]
+    assert s["arrivals"] == "spans" and s["joined"] == s["requests"] == len(truth["requests"])
+    assert s["first_token_late"] == 0 and s["admitted_early"] == 0
+    assert any("request spans alone" in n for n in rep.notes)
+
+
+def test_spans_alone_with_the_logs_startup_lines(tmp_path):
+    # the log cut before its first request: its startup lines give the config
+    lines = (B / "server.log").read_text().splitlines(keepends=True)
+    first = next(i for i, ln in enumerate(lines) if "Received request" in ln)
+    head = tmp_path / "startup.log"
+    head.write_text("".join(lines[:first]))
+    rep = open_replay([str(head), str(B / "spans.otlp.jsonl")])
+    cfg = open_replay([str(B / "spans.otlp.jsonl")], config=str(B / "workload.json"))
+    assert [(p.step, p.victim) for p in rep.preemptions] == \
+        [(p.step, p.victim) for p in cfg.preemptions]
+    assert _victims_found(rep, B) == 5
+    assert any("its startup lines give the engine config" in n for n in rep.notes)
+
+
+def test_spans_alone_user_errors(tmp_path):
+    with pytest.raises(UserError, match="--config CONFIG.json"):
+        open_replay([str(B / "spans.otlp.jsonl")])
+    with pytest.raises(UserError, match="a log or workload carries its own"):
+        open_replay([str(B / "server.log")], config=str(B / "workload.json"))
+    bad = tmp_path / "c.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(UserError, match="not a JSON object"):
+        open_replay([str(B / "spans.otlp.jsonl")], config=str(bad))
+    bad.write_text('{"max_num_seqs": 8}')  # no KV pool size
+    with pytest.raises(UserError, match="need the engine config"):
+        open_replay([str(B / "spans.otlp.jsonl")], config=str(bad))
+    bad.write_text('{"num_gpu_blocks": "many"}')
+    with pytest.raises(UserError, match="--config"):
+        open_replay([str(B / "spans.otlp.jsonl")], config=str(bad))
