@@ -67,8 +67,9 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
             rebuilt.notes.append(
                 f"arrivals placed by the request spans' engine stamps (each request enters at "
                 f"the step its queue time began; the clock snapped to the spans' step "
-                f"boundaries): {agreed} of {2 * len(marks.entry)} first schedulings and first "
-                f"tokens fall on the spans' times")
+                f"boundaries, and each first and last token's step ends at its span's "
+                f"time): {agreed} of {len(marks.entry)} first schedulings start at their "
+                f"span's time")
         else:
             run, phase, loss, anchored = place_arrivals(rebuilt, facts, fmt, prof, f,
                                                         pattern, step_time)

@@ -16,8 +16,10 @@ Each is a step boundary of the real run, to the microsecond, and E is where the 
 entered: no need to know the hop from the frontend to the engine, nor `a`'s place in a
 step. `snapped_replay` drives the engine by a clock that starts each step where the
 model says, snapped to the nearest such boundary when one lies within SNAP_FRAC of the
-predicted step; a request enters at the first step starting at or after its E. Between
-boundaries the model carries the clock; at them its error is reset to zero.
+predicted step; a step in which the replay gives a request its first (last) token ends at
+that request's F (L), whatever the model says; a request enters at the first step
+starting at or after its E. Between boundaries the model carries the clock; at them its
+error is reset to zero.
 """
 
 from __future__ import annotations
@@ -47,13 +49,14 @@ class SpanMarks:
     entry: list[float]  # E of each request (file order)
     scheduled: list[float]  # S
     first_token: list[float]  # F
+    last_token: list[float | None]  # L (None: one output token)
     bounds: list[float]  # every E, S, F, L, sorted, the same boundary once
 
 
 def span_marks(facts: LogFacts, offset: float = 0.0) -> SpanMarks | None:
     """The boundaries of the requests' spans; None unless every request has a span with
     the stamps needed."""
-    m = SpanMarks([], [], [], [])
+    m = SpanMarks([], [], [], [], [])
     bounds = m.bounds
     for r in facts.requests:
         s = r.span
@@ -66,8 +69,11 @@ def span_marks(facts: LogFacts, offset: float = 0.0) -> SpanMarks | None:
         m.scheduled.append(start)
         m.first_token.append(f)
         bounds += [m.entry[-1], start, f]
+        last = None
         if s.time_in_model_decode is not None and s.time_in_model_decode > 0:
-            bounds.append(f + s.time_in_model_decode)
+            last = f + s.time_in_model_decode
+            bounds.append(last)
+        m.last_token.append(last)
     bounds.sort()
     merged: list[float] = []
     for b in bounds:
@@ -78,30 +84,36 @@ def span_marks(facts: LogFacts, offset: float = 0.0) -> SpanMarks | None:
 
 
 def agreement(run: Run, rebuilt: Any, marks: SpanMarks) -> int:
-    """Spans the run agrees with: a request's first scheduling step starting at its S, and
-    its first token's step ending at its F (each to SAME_S); 2 per request at most."""
-    clock, steps = run.clock, run.steps
-    ends = clock[1:] + [run.end]
+    """Requests whose first scheduling step starts at their span's S (to SAME_S). (Not the
+    first tokens: snapped_replay ends those steps at F by construction.)"""
+    clock = run.clock
     admit: dict[str, int] = {}
-    first: dict[str, int] = {}
-    for k, rec in enumerate(steps):
+    for k, rec in enumerate(run.steps):
         for a in rec.admitted:
             admit.setdefault(a.request, k)
-        for rid in rec.first_tokens:
-            first.setdefault(rid, k)
     n = 0
     for i, spec in enumerate(rebuilt.workload.requests[:len(marks.entry)]):
-        a, f = admit.get(spec.id), first.get(spec.id)
+        a = admit.get(spec.id)
         n += a is not None and abs(clock[a] - marks.scheduled[i]) <= SAME_S
-        n += f is not None and abs(ends[f] - marks.first_token[i]) <= SAME_S
     return n
 
 
 @without_cyclic_gc
 def snapped_replay(rebuilt: Any, facts: LogFacts, profile: Any, model: StepTimeModel,
-                   entry: list[float], bounds: list[float]) -> Run:
+                   marks: SpanMarks, anchors: bool = True) -> Run:
     """The engine driven by the model's clock snapped to the spans' boundaries; request k
-    enters at the first step starting at or after entry[k] (ties: file order)."""
+    enters at the first step starting at or after its E (ties: file order). `anchors`: a
+    step that gives a request its first or last token ends at that span's F or L (the
+    replay's own events re-anchor the clock, so it does not drift where boundaries are
+    sparse)."""
+    entry, bounds = marks.entry, marks.bounds
+    ends: dict[str, float] = {}  # request id -> F (until its first token)
+    lasts: dict[str, float] = {}  # request id -> L
+    for i, spec in enumerate(rebuilt.workload.requests[:len(entry)] if anchors else ()):
+        ends[spec.id] = marks.first_token[i]
+        last = marks.last_token[i]
+        if last is not None:
+            lasts[spec.id] = last
     eng = make_engine(rebuilt.workload, profile)
     order = sorted(range(num_requests(rebuilt.workload)), key=lambda k: (entry[k], k))
     pending = 0
@@ -111,11 +123,9 @@ def snapped_replay(rebuilt: Any, facts: LogFacts, profile: Any, model: StepTimeM
     steps: list = []
     starts: list[float] = []
     limit = step_limit(rebuilt.workload)
-    scale, since, pred = 1.0, clock, 0.0
     while not eng.done and eng.step_index < limit:
         if not eng.has_work() and pending < len(order):
             clock = max(clock, entry[order[pending]])
-            since, pred = clock, 0.0
         while ai < len(ab) and ab[ai][0] <= clock:
             eng.abort(ab[ai][1])
             ai += 1
@@ -130,9 +140,15 @@ def snapped_replay(rebuilt: Any, facts: LogFacts, profile: Any, model: StepTimeM
         rec = eng.step()
         starts.append(clock)
         steps.append(rec)
-        raw = model.dt_record(rec)
-        pred += raw
-        d = raw * scale
+        anchor = None
+        for rid in rec.first_tokens:
+            anchor = ends.pop(rid, anchor)
+        for rid in rec.finished:
+            anchor = lasts.get(rid, anchor)
+        if anchor is not None and anchor > clock:
+            clock = anchor
+            continue
+        d = model.dt_record(rec)
         nxt = clock + d
         i = bisect.bisect_right(bounds, clock + SAME_S)
         best = None
@@ -141,8 +157,6 @@ def snapped_replay(rebuilt: Any, facts: LogFacts, profile: Any, model: StepTimeM
                 break
             if abs(b - nxt) <= SNAP_FRAC * d and (best is None or abs(b - nxt) < abs(best - nxt)):
                 best = b
-        if best is not None:
-                since, pred = best, 0.0
         clock = best if best is not None else nxt
     if not eng.done:
         eng.stop()
@@ -161,7 +175,7 @@ def span_placement(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
     too: the start whose rounds agree with more spans wins."""
     best = _rounds(rebuilt, facts, fmt, profile, model, marks, fixed_model)
     for k in (() if fixed_model else SCALES):
-        if best[0] >= GOOD_ENOUGH * 2 * len(marks.entry):
+        if best[0] >= GOOD_ENOUGH * len(marks.entry):
             break
         alt = _rounds(rebuilt, facts, fmt, profile, scaled(model, k), marks, False)
         if alt[0] > best[0]:
@@ -173,13 +187,13 @@ def _rounds(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
             model: StepTimeModel, marks: SpanMarks, fixed_model: bool) -> tuple[int, Run]:
     """The snapped replay, its step-time model refitted on the spans' windows a few
     rounds; the round that agrees with the most spans (agreement) wins, ties the earlier."""
-    run = snapped_replay(rebuilt, facts, profile, model, marks.entry, marks.bounds)
+    run = snapped_replay(rebuilt, facts, profile, model, marks)
     best = (agreement(run, rebuilt, marks), run)
     for _ in range(0 if fixed_model else FIT_ROUNDS):
         new = regression(run, facts, fmt)
         if new is None:
             break
-        again = snapped_replay(rebuilt, facts, profile, new, marks.entry, marks.bounds)
+        again = snapped_replay(rebuilt, facts, profile, new, marks)
         same = again.arrival_steps == run.arrival_steps
         run = again
         score = agreement(run, rebuilt, marks)
