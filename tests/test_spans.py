@@ -146,10 +146,30 @@ def test_sampled_spans_join_what_there_is(p1_spans):
             # half by spans, half by seconds misplaces both: no arrival taken as precise
             assert r.precise_time is None
         assert any("100 of 200 requests joined" in n for n in facts.notes)
-        assert any("not every request has a span" in n for n in facts.notes)
         assert not facts.precise_times
+        # with every prompt length known (logged), the spans' stamps still place the
+        # arrivals, the others' entries estimated between them; not without (plain log)
+        assert facts.span_placement == (log == "server.reqbody.log")
+    assert any("clock is not sharp enough" in n for n in facts.notes)  # (the plain log)
     # the plain log: the joined requests' prompt lengths come from their spans
     assert sum(r.prompt_len is not None for r in facts.requests) == 100
+
+
+def test_sampled_spans_place_the_arrivals_with_prompts_logged(tmp_path):
+    """Every other span, p1 with prompts: 39 of 54 (37 when such spans were left to the
+    seconds-based placement; 39 without spans); a quarter of the spans: by seconds."""
+    from span_variants import main as variants
+
+    out = tmp_path / "half.otlp.jsonl"
+    argv = sys.argv
+    sys.argv = ["span_variants", str(P1 / "spans.otlp.jsonl"), str(out), "--every", "2"]
+    try:
+        variants()
+    finally:
+        sys.argv = argv
+    rep, hits = _p1_hits(out, log="server.reqbody.log")
+    assert rep.summary()["spans"]["arrivals"] == "spans" and hits >= 39
+    assert any("estimated between the spanned arrivals" in n for n in rep.notes)
 
 
 def test_spans_arrivals_not_used_with_prompt_lengths_unknown():

@@ -25,7 +25,7 @@ error is reset to zero.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvreplay.inference.clock import StepTimeModel, regression
@@ -37,9 +37,9 @@ from kvreplay.replay.engine import without_cyclic_gc
 
 SNAP_FRAC = 0.4  # a boundary this close to a predicted step end (x the step) is its end
 SAME_S = 1e-4  # stamps this close are the same boundary (they are exact to ~1 us)
-FIT_ROUNDS = 4
+FIT_ROUNDS = 4  # snapped replay -> regression on the spans' windows -> again
 SCALES = (0.6, 0.8, 1.25)  # other starts for the model, when the first agrees poorly
-GOOD_ENOUGH = 0.9  # of the spans' 2 marks a request, agreed: no other start tried  # snapped replay -> regression on the spans' windows -> again
+GOOD_ENOUGH = 0.9  # of the first schedulings agreed (agreement): no other start tried
 
 
 @dataclass(slots=True)
@@ -51,18 +51,33 @@ class SpanMarks:
     first_token: list[float]  # F
     last_token: list[float | None]  # L (None: one output token)
     bounds: list[float]  # every E, S, F, L, sorted, the same boundary once
+    has_span: list[bool] = field(default_factory=list)  # False: E estimated, S/F are NaN
+
+
+def _stamped(s: Any) -> bool:
+    return s is not None and None not in (s.time_in_queue, s.time_to_first_token,
+                                          s.time_in_model_prefill)
 
 
 def span_marks(facts: LogFacts, offset: float = 0.0) -> SpanMarks | None:
     """The boundaries of the requests' spans; None unless every request has a span with
-    the stamps needed."""
+    the stamps needed, or (sampled spans) over half of them do: then a request without one
+    enters at an E estimated from the arrivals beside it in file order (estimate_entries)."""
     m = SpanMarks([], [], [], [], [])
     bounds = m.bounds
+    have = sum(_stamped(r.span) for r in facts.requests)
+    if not facts.requests or 2 * have < len(facts.requests):
+        return None
+    nan = float("nan")
     for r in facts.requests:
         s = r.span
-        if s is None or None in (s.time_in_queue, s.time_to_first_token,
-                                 s.time_in_model_prefill):
-            return None
+        m.has_span.append(_stamped(s))
+        if not m.has_span[-1]:
+            m.entry.append(nan)
+            m.scheduled.append(nan)
+            m.first_token.append(nan)
+            m.last_token.append(None)
+            continue
         f = s.start - offset + s.time_to_first_token
         start = f - s.time_in_model_prefill
         m.entry.append(start - s.time_in_queue)
@@ -80,7 +95,34 @@ def span_marks(facts: LogFacts, offset: float = 0.0) -> SpanMarks | None:
         if not merged or b - merged[-1] > SAME_S:
             merged.append(b)
     m.bounds = merged
+    if have < len(facts.requests):
+        estimate_entries(facts, m, offset)
     return m
+
+
+def estimate_entries(facts: LogFacts, m: SpanMarks, offset: float) -> None:
+    """E of the requests without a span: the Received lines are in arrival order, so such
+    a request arrived between the spanned ones before and after it in the file; its
+    arrival is put in between (evenly by file position, inside its logged second where
+    that fits) and E a typical arrival-to-entry lag (the spans' median E - a) after it."""
+    reqs = facts.requests
+    arr = [r.span.start - offset if ok else None for r, ok in zip(reqs, m.has_span)]
+    lags = sorted(e - a for e, a in zip(m.entry, arr) if a is not None)
+    lag = lags[len(lags) // 2]
+    known = [i for i, a in enumerate(arr) if a is not None]
+    for i, r in enumerate(reqs):
+        if m.has_span[i]:
+            continue
+        k = bisect.bisect_left(known, i)
+        p = known[k - 1] if k > 0 else None
+        q = known[k] if k < len(known) else None
+        if p is not None and q is not None:
+            t = arr[p] + (arr[q] - arr[p]) * (i - p) / (q - p)  # type: ignore[operator]
+        else:
+            t = arr[p if p is not None else q]  # type: ignore[index]
+        if r.time is not None:
+            t = min(max(t, r.time), r.time + 0.999)  # type: ignore[type-var]
+        m.entry[i] = t + lag  # type: ignore[operator]
 
 
 def agreement(run: Run, rebuilt: Any, marks: SpanMarks) -> int:
@@ -110,6 +152,8 @@ def snapped_replay(rebuilt: Any, facts: LogFacts, profile: Any, model: StepTimeM
     ends: dict[str, float] = {}  # request id -> F (until its first token)
     lasts: dict[str, float] = {}  # request id -> L
     for i, spec in enumerate(rebuilt.workload.requests[:len(entry)] if anchors else ()):
+        if not marks.has_span[i]:
+            continue
         ends[spec.id] = marks.first_token[i]
         last = marks.last_token[i]
         if last is not None:

@@ -96,9 +96,13 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
     # the arrivals by spans, half by seconds misplace both (p1 with prompts, every other
     # span: 39 of 54 by seconds, 8 so). So the spans' arrivals are used only when every
     # request has a span and every prompt's length is known.
-    use_arrivals = len(pairs) == len(facts.requests) and all(r.prompt_token_ids is not None or r.prompt_len is not None or
+    lengths_known = all(r.prompt_token_ids is not None or r.prompt_len is not None or
                         (use_lengths and (s := pairs.get(r.index)) is not None and
                          s.prompt_tokens) for r in facts.requests)
+    use_arrivals = len(pairs) == len(facts.requests) and lengths_known
+    # the spans' engine stamps place the arrivals (span_clock.py) with every prompt length
+    # known and over half the requests spanned (the others' entries estimated between them)
+    place = lengths_known and 2 * len(pairs) >= len(facts.requests) > 0
     for i, s in pairs.items():
         r = reqs[i]
         t = s.start - offset
@@ -113,7 +117,7 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
         if r.output_len is None and s.completion_tokens is not None:
             r.output_len = s.completion_tokens
     facts.span_offset_s = offset
-    facts.span_placement = use_arrivals
+    facts.span_placement = place
     join = SpanJoin(spans=len(spans), requests=len(facts.requests), joined=len(pairs),
                     offset_s=offset, offset_interval=interval,
                     unjoined_spans=sum(1 for s in spans if id(s) not in used),
@@ -122,13 +126,14 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
         f"request spans: {join.joined} of {join.requests} requests joined by request id "
         f"({100 * join.coverage:.0f}%)"
         + ("" if join.joined == join.requests else
-           "; the others are placed inside their logged seconds as without spans"))
+           "; the others enter at times estimated between the spanned arrivals beside them"
+           if place else "; the others are placed inside their logged seconds as without spans"))
     if not use_lengths and any(r.prompt_token_ids is None for r in facts.requests):
         facts.notes.append("request spans: their prompt lengths are not used (prefix caching "
                            "is on or unknown: which prompts share what the spans do not say)")
-    if not use_arrivals:
-        why = ("not every request has a span" if len(pairs) < len(facts.requests) else
-               "with prompt lengths estimated the replay's clock is not sharp enough")
+    if not place:
+        why = ("under half the requests have a span" if 2 * len(pairs) < len(facts.requests)
+               else "with prompt lengths estimated the replay's clock is not sharp enough")
         facts.notes.append(f"request spans: their arrival times are not used to place the "
                            f"arrivals ({why}); arrivals are placed by their seconds")
     if offset:
