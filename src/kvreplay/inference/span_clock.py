@@ -215,29 +215,35 @@ def scaled(m: StepTimeModel, k: float) -> StepTimeModel:
 def span_placement(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
                    model: StepTimeModel, marks: SpanMarks,
                    fixed_model: bool = False) -> tuple[Run, int]:
-    """The snapped replay from the model given and, unless it is fixed, from gap_model
-    too: the start whose rounds agree with more spans wins."""
-    best = _rounds(rebuilt, facts, fmt, profile, model, marks, fixed_model)
-    for k in (() if fixed_model else SCALES):
-        if best[0] >= GOOD_ENOUGH * len(marks.entry):
+    """The snapped replay's rounds from the model given, with and without the token
+    anchors, and (while fewer than GOOD_ENOUGH agree) from it scaled: the run that agrees
+    with the most spans wins, ties the first. Returns it and its agreement."""
+    starts = [(model, True), (model, False)]
+    if not fixed_model:
+        starts += [(scaled(model, k), a) for k in SCALES for a in (True, False)]
+    best: tuple[int, Run] | None = None
+    for m, anchors in starts:
+        if best is not None and best[0] >= GOOD_ENOUGH * len(marks.entry):
             break
-        alt = _rounds(rebuilt, facts, fmt, profile, scaled(model, k), marks, False)
-        if alt[0] > best[0]:
+        alt = _rounds(rebuilt, facts, fmt, profile, m, marks, fixed_model, anchors)
+        if best is None or alt[0] > best[0]:
             best = alt
+    assert best is not None
     return best[1], best[0]
 
 
 def _rounds(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
-            model: StepTimeModel, marks: SpanMarks, fixed_model: bool) -> tuple[int, Run]:
+            model: StepTimeModel, marks: SpanMarks, fixed_model: bool,
+            anchors: bool) -> tuple[int, Run]:
     """The snapped replay, its step-time model refitted on the spans' windows a few
     rounds; the round that agrees with the most spans (agreement) wins, ties the earlier."""
-    run = snapped_replay(rebuilt, facts, profile, model, marks)
+    run = snapped_replay(rebuilt, facts, profile, model, marks, anchors)
     best = (agreement(run, rebuilt, marks), run)
     for _ in range(0 if fixed_model else FIT_ROUNDS):
         new = regression(run, facts, fmt)
         if new is None:
             break
-        again = snapped_replay(rebuilt, facts, profile, new, marks)
+        again = snapped_replay(rebuilt, facts, profile, new, marks, anchors)
         same = again.arrival_steps == run.arrival_steps
         run = again
         score = agreement(run, rebuilt, marks)
