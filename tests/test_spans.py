@@ -303,6 +303,17 @@ def test_tui_opens_a_log_with_its_spans():
 
     asyncio.run(body())
 
+    async def alone():  # the spans without their log, the config given
+        app = ReplayApp([str(B / "spans.otlp.jsonl")], config=str(B / "workload.json"))
+        async with app.run_test(size=(150, 48)) as pilot:
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            assert app.load_error is None
+            assert [(p.step, p.victim) for p in app.tl.replay.preemptions] == \
+                [(p.step, p.victim) for p in want.preemptions]
+
+    asyncio.run(alone())
+
 
 def _victims_found(rep, case):
     from matching import match_preemptions
