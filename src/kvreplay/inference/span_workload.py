@@ -8,6 +8,7 @@ the spans themselves (spans.check_spans).
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from kvreplay import events as ev
@@ -23,7 +24,9 @@ def facts_from_spans(spans: list[ev.RequestSpan], config: ev.EngineConfig | None
         raise UserError("request spans alone need the engine config: give the server log's "
                         "startup lines (the log itself) or --config CONFIG.json")
     reqs: list[LogRequest] = []
-    for i, s in enumerate(sorted(spans, key=lambda s: (s.start, s.request_id))):
+    # arrival order; spans arriving at the same instant (to the ns) in their ids' natural
+    # order (clients number their requests: "...-9-0" before "...-10-0")
+    for i, s in enumerate(sorted(spans, key=lambda s: (s.start, _natural(s.request_id)))):
         if s.prompt_tokens is None or s.completion_tokens is None:
             raise UserError(f"{s.file}:{s.line}: span {s.request_id} has no "
                             "gen_ai.usage.prompt_tokens / completion_tokens")
@@ -46,6 +49,10 @@ def facts_from_spans(spans: list[ev.RequestSpan], config: ev.EngineConfig | None
     facts.notes.append(f"workload from {len(reqs)} request spans alone (no request lines): "
                        "the spans are the only check on the replay")
     return facts
+
+
+def _natural(text: str) -> list[Any]:
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", text)]
 
 
 def config_from_json(path: str) -> ev.EngineConfig:

@@ -30,6 +30,8 @@ from kvreplay.inference.facts import LogFacts
 
 LINE_DELAY_S = 0.05  # a Received line may be written this late after its arrival
 TTFT_TOL_S = 0.05  # first-token check's slack (the replay's clock is fitted)
+ALIGNED_S = 1e-4  # a run's step start this close to a span's S is that step (span_windows)
+MIN_ALIGNED = 10  # aligned requests the step-time fit needs before it drops the others
 
 
 @dataclass(slots=True)
@@ -208,10 +210,26 @@ def span_windows(run: Any, facts: LogFacts) -> list[tuple[int, int, float]]:
             first.setdefault(rid, rec.step)
         for rid in rec.finished:
             fin.setdefault(rid, rec.step)
+    # With the spans placing the arrivals (span_clock.py), the run's clock is the spans'
+    # where it agrees with them: a request first scheduled at a step starting at its span's
+    # S is aligned with the real run there; the others' windows may be a step or more off,
+    # and are left out while enough aligned ones remain (the fit then converges on them).
+    aligned = set()
+    clock = getattr(run, "clock", None)
+    if facts.span_placement and clock:
+        for rid, a in admit.items():
+            s = by_id.get(rid)
+            if s is not None and s.time_to_first_token is not None and \
+                    s.time_in_model_prefill is not None and a < len(clock):
+                start = s.start - facts.span_offset_s + s.time_to_first_token - \
+                    s.time_in_model_prefill
+                if abs(clock[a] - start) <= ALIGNED_S:
+                    aligned.add(rid)
+    use_aligned = len(aligned) >= max(MIN_ALIGNED, len(admit) // 4)
     out = []
     for rid, a in admit.items():
         s = by_id.get(rid)
-        if s is None:
+        if s is None or use_aligned and rid not in aligned:
             continue
         f1, f2 = first.get(rid), fin.get(rid)
         if f1 is not None and s.time_in_model_prefill and f1 >= a:
