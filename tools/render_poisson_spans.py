@@ -13,8 +13,8 @@ vLLM 0.33's `OutputProcessor(tracing_enabled=True)` in the vLLM venv
 (tools/vllm_do_tracing.py), whose `do_tracing` writes the spans. `--jitter-ms J`: each
 span's arrival up to J ms (and at most 80% of the step before) ahead of the step that took
 it in, instead of at that step's start less 0.5 ms as the log's Received line is. Prints,
-per seed: preemptions, and found with the right victim within +-5 steps without and with
-the spans.
+per seed: preemptions, and those found with the right victim within +-5 steps from the
+log, the log + spans, and the spans alone (the workload JSON's config as --config).
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def main() -> int:
     dt = formula_step_time(model)
     st = [s.arrival_step for s in wl0.requests]
     gap = max(1e-9, (max(st) - min(st)) / max(1, len(st) - 1))
-    tot = [0, 0, 0]
+    tot = [0, 0, 0, 0]
     for seed in args.seeds:
         rng = random.Random(seed)
         t = 0.0
@@ -101,18 +101,21 @@ def main() -> int:
         (d / "truth.json").write_text(json.dumps({"preemptions": [
             {"step": s, "victim_log_id": v} for s, v in true]}))
         row = [len(true)]
-        for extra in ([], [str(d / "spans.otlp.jsonl")]):
-            rep = open_replay([str(d / "server.log")] + extra, year=2026)
+        spans = str(d / "spans.otlp.jsonl")
+        for paths, cfg in (([str(d / "server.log")], None), ([str(d / "server.log"), spans], None),
+                           ([spans], args.workload)):  # the log; the log + spans; spans alone
+            rep = open_replay(paths, year=2026, config=cfg)
             row.append(len(match_preemptions(true, [(q.step, q.victim) for q in rep.preemptions])))
-            if extra:
+            if len(paths) == 2:
                 sp = rep.info.get("spans", {})
                 note = (f"arrivals by {sp.get('arrivals')}, offset {sp.get('clock_offset_s')}, "
                         f"contradicted {sp.get('first_token_late', 0) + sp.get('admitted_early', 0)}")
         print(f"seed {seed}: true {row[0]}, found without spans {row[1]}, with spans {row[2]} "
-              f"({note})", flush=True)
+              f"({note}), spans alone {row[3]}", flush=True)
         tot = [a + b for a, b in zip(tot, row)]
-    print(f"TOTAL true {tot[0]}: without spans {tot[1]} ({tot[1] / max(1, tot[0]):.0%}), "
-          f"with spans {tot[2]} ({tot[2] / max(1, tot[0]):.0%})")
+    n = max(1, tot[0])
+    print(f"TOTAL true {tot[0]}: without spans {tot[1]} ({tot[1] / n:.0%}), with spans "
+          f"{tot[2]} ({tot[2] / n:.0%}), spans alone {tot[3]} ({tot[3] / n:.0%})")
     return 0
 
 
