@@ -12,7 +12,8 @@ PREEMPTED events at step starts, one token per sampled request at step ends) go 
 vLLM 0.33's `OutputProcessor(tracing_enabled=True)` in the vLLM venv
 (tools/vllm_do_tracing.py), whose `do_tracing` writes the spans. `--jitter-ms J`: each
 span's arrival up to J ms (and at most 80% of the step before) ahead of the step that took
-it in, instead of at that step's start less 0.5 ms as the log's Received line is. Prints,
+it in, instead of at that step's start less 0.5 ms as the log's Received line is (the
+arrivals taken in at one step keep their queue order). Prints,
 per seed: preemptions, and those found with the right victim within +-5 steps from the
 log, the log + spans, and the spans alone (the workload JSON's config as --config).
 """
@@ -42,13 +43,21 @@ def run_json(wl, recs, starts, jitter_s: float, rng: random.Random) -> dict:
     for rec in recs:
         for rid in rec.get("arrivals", ()):
             arrival_step[rid] = rec["step"]
+    # the jitter of the arrivals taken in at one step, largest first: they keep the
+    # order they queue in (the workload's), as a frontend hands them over in arrival order
+    ahead: dict[int, list[float]] = {}
+    for s in wl.requests:
+        ahead.setdefault(arrival_step[s.id], []).append(rng.random())
+    for v in ahead.values():
+        v.sort(reverse=True)
     reqs = []
     for s in wl.requests:
         k = arrival_step[s.id]
         lead = min(0.0005, (starts[k + 1] - starts[k]) / 4)  # as render_log's Received line
         a = starts[k] - lead
+        u = ahead[k].pop(0)
         if jitter_s and k > 0:
-            a -= rng.random() * min(jitter_s, 0.8 * (starts[k] - starts[k - 1]))
+            a -= u * min(jitter_s, 0.8 * (starts[k] - starts[k - 1]))
         reqs.append({"id": s.id, "internal_id": f"{s.id}-0", "prompt_len":
                      len(s.prompt_token_ids), "max_tokens": s.max_tokens, "arrival": a})
     steps = [{"start": starts[r["step"]], "end": starts[r["step"] + 1],
