@@ -68,8 +68,8 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
                 f"arrivals placed by the request spans' engine stamps (each request enters at "
                 f"the step its queue time began; the clock snapped to the spans' step "
                 f"boundaries, and each first and last token's step ends at its span's "
-                f"time): {agreed} of {len(marks.entry)} first schedulings start at their "
-                f"span's time")
+                f"time): {agreed} of {sum(marks.has_span)} spanned requests' first "
+                f"schedulings start at their span's time")
         else:
             run, phase, loss, anchored = place_arrivals(rebuilt, facts, fmt, prof, f,
                                                         pattern, step_time)

@@ -216,14 +216,16 @@ def span_placement(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
                    model: StepTimeModel, marks: SpanMarks,
                    fixed_model: bool = False) -> tuple[Run, int]:
     """The snapped replay's rounds from the model given, with and without the token
-    anchors, and (while fewer than GOOD_ENOUGH agree) from it scaled: the run that agrees
-    with the most spans wins, ties the first. Returns it and its agreement."""
+    anchors, and (every request spanned, while fewer than GOOD_ENOUGH agree) from it
+    scaled: the run that agrees with the most spans wins, ties the first. Returns it and
+    its agreement."""
     starts = [(model, True), (model, False)]
-    if not fixed_model:
+    if not fixed_model and all(marks.has_span):  # (sampled: the estimates, not the model,
+        # keep the others from agreeing; other starts cost time and change little)
         starts += [(scaled(model, k), a) for k in SCALES for a in (True, False)]
     best: tuple[int, Run] | None = None
     for m, anchors in starts:
-        if best is not None and best[0] >= GOOD_ENOUGH * len(marks.entry):
+        if best is not None and best[0] >= GOOD_ENOUGH * sum(marks.has_span):
             break
         alt = _rounds(rebuilt, facts, fmt, profile, m, marks, fixed_model, anchors)
         if best is None or alt[0] > best[0]:
