@@ -48,8 +48,9 @@ def _cases() -> list:
             else:
                 stem = p.parent.name
             out.append(pytest.param(p, f"{group}/{stem}", id=f"{group}/{stem}"))
-    # a log with its request spans (issue 21); p1's takes ~5 s and is in test_spans.py
-    for case in ("b_fcfs_heavy", "f_prefix_caching"):
+    # a log with its request spans (issue 21): [spans] records the join, coverage, clock
+    # offset and contradictions
+    for case in ("b_fcfs_heavy", "f_prefix_caching", "p1_poisson_fcfs_200"):
         d = DATA / "logcases" / case
         out.append(pytest.param([d / "server.otlp.log", d / "spans.otlp.jsonl"],
                                 f"logcases/{case}.server.otlp.log+spans",

@@ -64,10 +64,14 @@ def read_facts(paths: Sequence[str], *, vllm_version: str | None = None, year: i
 def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
                 vllm_version: str | None = None, year: int | None = None,
                 samples: int | None = None, seed: int = 0, step_time: Any = None,
-                log: LogInput | None = None, check_capacity: bool = True):
+                log: LogInput | None = None, check_capacity: bool = True,
+                config: str | None = None):
     """The `Replay` of a workload JSON (conformance format, V1 or V0), of vLLM log files,
     or of a log written with kvreplay's step-trace scheduler (with KV-event files beside
-    it, checked block by block). `log`: the same files already read (read_log)."""
+    it, checked block by block). `log`: the same files already read (read_log). Request
+    span files beside a log are joined to it; spans alone (or beside a log with no request
+    lines) are the workload, with the engine config of `config` (a JSON file:
+    inference.span_workload.config_from_json) or of the log's startup lines."""
     paths = [str(p) for p in paths]
     if not paths:
         raise UserError("nothing to open: give a workload JSON or vLLM log files")
@@ -78,9 +82,16 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
     span_paths = [p for p in paths if p != "-" and spans_format(p) is not None]
     if span_paths:
         paths = [p for p in paths if p not in span_paths]
-        if not paths:
+        if not paths and config is None:
             raise UserError("request spans are joined to a server log by request id: give "
-                            "the log too (kvreplay replay LOG SPANS.jsonl)")
+                            "the log too (kvreplay replay LOG SPANS.jsonl), or the engine "
+                            "config to replay the spans alone (--config CONFIG.json)")
+        if not paths:
+            return _spans_alone(span_paths, None, config, profile=profile,
+                                vllm_version=vllm_version, step_time=step_time, seed=seed)
+    elif config is not None:
+        raise UserError("--config gives the engine config of request spans replayed alone; "
+                        "a log or workload carries its own")
     if len(paths) == 1 and looks_like_workload(paths[0]):
         if span_paths:
             raise UserError("request spans are read beside a vLLM log, not a workload JSON")
@@ -117,23 +128,68 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
             "has no kvtrace lines")
     from kvreplay.inference import replay_log
 
+    if span_paths and not log.facts.requests:  # startup lines only: the spans are the workload
+        return _spans_alone(span_paths, log, config, profile=profile,
+                            vllm_version=vllm_version, step_time=step_time, seed=seed)
     join = _join_spans(log, span_paths) if span_paths else None
     rep = replay_log(log.facts, profile=profile, step_time=step_time, samples=samples,
                      seed=seed)
     rep.label = f"{label} (vLLM {rep.info.get('vllm_version') or '?'}, replayed)"
     if join is not None:
-        from kvreplay.inference.spans import check_spans
-
-        check = check_spans(rep, join)
-        rep.info["spans"] = {**join.summary(), **check}
-        rep.paths = list(rep.paths) + span_paths
         rep.label += f" + {len(span_paths)} span file(s), {join.joined}/{join.requests} joined"
-        if check.get("first_token_late") or check.get("admitted_early"):
-            rep.notes.append(
-                f"request spans the replay contradicts: {check['first_token_late']} first "
-                f"token(s) later than the span's (e.g. {', '.join(check['first_token_late_ids'][:3]) or '-'}), "
-                f"{check['admitted_early']} admission(s) before the span's queue time ended "
-                f"(e.g. {', '.join(check['admitted_early_ids'][:3]) or '-'})")
+        _span_checks(rep, join, span_paths)
+    return rep
+
+
+def _span_checks(rep: Any, join: Any, span_paths: list[str]) -> None:
+    """The spans' summary and what the replay contradicts, in the replay's info and notes."""
+    from kvreplay.inference.spans import check_spans
+
+    check = check_spans(rep, join)
+    rep.info["spans"] = {**join.summary(), **check,
+                         "arrivals": "spans" if rep.facts.span_placement else "seconds"}
+    rep.paths = list(rep.paths) + [p for p in span_paths if p not in rep.paths]
+    if check.get("first_token_late") or check.get("admitted_early"):
+        rep.notes.append(
+            f"request spans the replay contradicts: {check['first_token_late']} first "
+            f"token(s) later than the span's (e.g. {', '.join(check['first_token_late_ids'][:3]) or '-'}), "
+            f"{check['admitted_early']} admission(s) before the span's queue time ended "
+            f"(e.g. {', '.join(check['admitted_early_ids'][:3]) or '-'})")
+
+
+def _spans_alone(span_paths: list[str], log: LogInput | None, config: str | None, *,
+                 profile: str | None, vllm_version: str | None, step_time: Any, seed: int):
+    """The replay of request spans as the workload (inference.span_workload)."""
+    from kvreplay.inference import replay_log
+    from kvreplay.inference.span_workload import config_from_json, facts_from_spans
+    from kvreplay.inference.spans import SpanJoin
+    from kvreplay.parsers.spans import read_spans
+
+    spans, problems = [], []
+    for p in span_paths:
+        sp, pr = read_spans(p)
+        spans += sp
+        problems += pr
+    if config is not None:
+        cfg = config_from_json(config)
+        version = vllm_version or cfg.vllm_version
+    elif log is not None:
+        cfg, version = log.config, vllm_version or log.dialect.vllm_version
+    else:
+        cfg, version = None, vllm_version
+    version = version or "0.33.0"  # the release whose do_tracing writes these spans
+    facts = facts_from_spans(spans, cfg, list(span_paths), version)
+    if log is not None:
+        facts.notes.append(f"{', '.join(log.paths)}: no request lines; its startup lines give "
+                           "the engine config")
+    rep = replay_log(facts, profile=profile, step_time=step_time, samples=0, seed=seed)
+    src = f"{len(span_paths)} span file(s)" + ("" if log is None else
+                                               f" + the config of {', '.join(log.paths)}")
+    rep.label = f"request spans alone: {src} (vLLM {version} rules, replayed)"
+    join = SpanJoin(spans=len(spans), requests=len(facts.requests), joined=len(spans),
+                    offset_s=0.0, offset_interval=(0.0, 0.0), unjoined_spans=0,
+                    problems=problems, by_request={r.index: r.span for r in facts.requests})
+    _span_checks(rep, join, span_paths)
     return rep
 
 

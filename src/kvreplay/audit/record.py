@@ -57,6 +57,10 @@ COLUMNS: dict[str, Any] = {
     "computed_tokens_lost": int, "recomputed_tokens": int, "processed_tokens": int,
     "recompute_ratio": float, "recompute_source": str,
     "replay_agreement": float, "replay_exact": float, "step_time_model": str,
+    # request spans read beside the log (`kvreplay audit LOG SPANS`; null without): requests
+    # joined, coverage, the exporter's clock offset found, spans the replay contradicts
+    "spans_joined": int, "spans_coverage": float, "spans_clock_offset_s": float,
+    "spans_contradicted": int,
     # workload
     "requests": int, "arrival_rate_rps": float, "concurrency_mean": float, "concurrency_max": int,
     "input_len_mean": float, "input_len_p50": float, "input_len_p95": float, "input_len_max": int,
@@ -149,7 +153,10 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
     from kvreplay.errors import UserError
     from kvreplay.sources import open_replay, read_log
 
-    log = read_log(paths, year=year)
+    from kvreplay.parsers.spans import spans_format
+
+    # request-span files go to the replay (joined there), not to the log's parse
+    log = read_log([p for p in paths if p == "-" or spans_format(p) is None], year=year)
     events, dialect, config = log.events, log.dialect, log.config
     _check_readable(events, label, paths)
     by_engine: dict[int | None, list[ev.Stats]] = {}
@@ -189,6 +196,12 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
         if rp is not None:
             rec["replay"] = "ok"
             _fill_replay(rec, rp, origin)
+            sp = rp.info.get("spans")
+            if sp:
+                rec["spans_joined"], rec["spans_coverage"] = sp["joined"], sp["coverage"]
+                rec["spans_clock_offset_s"] = sp["clock_offset_s"]
+                rec["spans_contradicted"] = (sp.get("first_token_late", 0)
+                                             + sp.get("admitted_early", 0))
         else:
             rec["replay"] = "skipped"
             rec["null_reasons"].append("replay fields (preemptions_replayed, recomputed_tokens, "

@@ -120,6 +120,11 @@ def audit_text(rows: list[dict[str, Any]], *, markdown: bool = False) -> str:
                      if r.get("replay_exact") is not None else "")
             out.append(f"{b}replay: {r['step_time_model']}; stats lines agreeing "
                        f"{fmt(r.get('replay_agreement'), 'replay_agreement')}{exact}\n")
+        if r.get("spans_joined") is not None:
+            out.append(f"{b}request spans: {r['spans_joined']} requests joined (coverage "
+                       f"{100 * r['spans_coverage']:.0f}%), exporter clock offset "
+                       f"{r['spans_clock_offset_s']:+.3f} s, {r['spans_contradicted']} "
+                       "contradicted by the replay\n")
         if r.get("storms"):
             out.append(f"{b}worst preemption storms (windows with the most recomputed tokens):\n")
             for s in r["storms"]:

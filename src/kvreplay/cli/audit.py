@@ -78,19 +78,31 @@ def run(args: argparse.Namespace) -> int:
     from kvreplay.audit import expand_paths
 
     paths = expand_paths(args.logs)
+    from kvreplay.parsers.spans import spans_format
+
+    span_paths = [p for p in paths if p != "-" and spans_format(p) is not None]
+    paths = [p for p in paths if p not in span_paths]
+    if span_paths and (len(paths) != 1 or dataset):
+        raise UserError("request spans are joined to one server's log by request id: give "
+                        "one log with them (kvreplay audit LOG SPANS.jsonl)")
     if dataset:
         return _write_dataset(args, paths, expr)
-    from kvreplay.audit import audit_many, report
+    from kvreplay.audit import audit_many, records_to_frame, report
+    from kvreplay.audit.record import audit_records
 
     def warn(path, msg):
         print(f"kvreplay audit: {_about(path, msg)}", file=sys.stderr)
 
-    ex = _executor(args, len(paths))
-    try:
-        df = audit_many(paths, profile=args.profile, replay=not args.no_replay,
-                        year=args.year, on_error=warn, executor=ex)
-    finally:
-        ex.close()
+    if span_paths:  # one server: its log and spans, audited here
+        df = records_to_frame(audit_records(paths + span_paths, profile=args.profile,
+                                            replay=not args.no_replay, year=args.year))
+    else:
+        ex = _executor(args, len(paths))
+        try:
+            df = audit_many(paths, profile=args.profile, replay=not args.no_replay,
+                            year=args.year, on_error=warn, executor=ex)
+        finally:
+            ex.close()
     rows = df.to_dicts()
     if args.format == "parquet":
         df.write_parquet(args.output)

@@ -39,6 +39,10 @@ def add_replay_inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="seed of the ensemble's draws (same log and seed: same report)")
     p.add_argument("--vllm-version", help="the release that wrote the log, if not detected")
+    p.add_argument("--config", metavar="CONFIG.json",
+                   help="the engine config (vLLM's setting names: num_gpu_blocks, block_size, "
+                        "max_num_seqs, max_num_batched_tokens, max_model_len, ...; or a "
+                        "workload JSON's config) for request spans replayed without their log")
     p.add_argument("--year", type=int, help="year of the log's time stamps (they have none)")
 
 
@@ -68,7 +72,7 @@ def open_from_args(paths: list[str], args: argparse.Namespace) -> Any:
         raise UserError("--samples must be 0 or more")
     return open_replay(paths, profile=args.profile, vllm_version=args.vllm_version,
                        year=args.year, samples=args.samples, seed=args.seed,
-                       step_time=step_time)
+                       step_time=step_time, config=args.config)
 
 
 def run(args: argparse.Namespace) -> int:

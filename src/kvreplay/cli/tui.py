@@ -22,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="vLLM version profile (default: from the log, else 0.33)")
     parser.add_argument("--year", type=int,
                         help="year of the log's time stamps (default: the file's mtime)")
+    parser.add_argument("--config", metavar="CONFIG.json",
+                        help="the engine config for request spans opened without their log "
+                             "(as kvreplay replay --config)")
 
 
 def default_paths() -> list[str]:
@@ -33,7 +36,8 @@ def default_paths() -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from kvreplay.tui.app import ReplayApp
 
-    app = ReplayApp(args.paths or default_paths(), profile=args.profile, year=args.year)
+    app = ReplayApp(args.paths or default_paths(), profile=args.profile, year=args.year,
+                    config=args.config)
     app.run()
     # The app has left the screen and restored the terminal by now.
     if app.load_exception is not None:

@@ -162,7 +162,8 @@ def make_replay(facts: LogFacts, fmt: LogFormat, prof: Any, rebuilt: Rebuilt, ru
         victim = f" at the swap-out of {err['victim']}" if err.get("victim") and err["type"] == "RuntimeError" else ""
         notes.append(f"the server would have failed at step {last.step}{at}{victim}: {err['type']}: "
                      f"{err['message']} (vLLM's own error; the replay ends there)")
-    if pattern == "poisson" and pre and fmt.placement == "anchored" and "iterations" not in check:
+    if pattern == "poisson" and pre and fmt.placement == "anchored" and \
+            "iterations" not in check and not facts.span_placement:
         notes.append(
             "arrivals spread over time: the log pins each one only to a window of steps, and "
             "a step off can change later victims; take the count as its interval and each "

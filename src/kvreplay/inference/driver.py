@@ -25,6 +25,7 @@ from kvreplay.inference.formats import interval_of, log_format
 from kvreplay.inference.lines import phase_estimate
 from kvreplay.inference.iterations import unusable
 from kvreplay.inference.prompts import fit_prompts
+from kvreplay.inference.span_clock import span_marks, span_placement
 from kvreplay.inference.verify import check_warnings, verify
 from kvreplay.replay.engine import without_cyclic_gc
 from kvreplay.replay.records import preemption_records
@@ -56,8 +57,22 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
     with stage(f"fit the clock and place {len(facts.requests):,} arrivals"):
         rebuilt, f, unknown = fit_prompts(facts, fmt, prof, fit_placements(fmt, pattern),
                                           step_time)
-        run, phase, loss, anchored = place_arrivals(rebuilt, facts, fmt, prof, f, pattern,
-                                                    step_time)
+        marks = span_marks(facts, facts.span_offset_s) if facts.span_placement else None
+        facts.span_placement = marks is not None and fmt.placement == "anchored"
+        if facts.span_placement:
+            assert marks is not None
+            run, agreed = span_placement(rebuilt, facts, fmt, prof, step_time or f.model,
+                                         marks, fixed_model=step_time is not None)
+            phase, loss, anchored = 0.5, f.loss, None
+            rebuilt.notes.append(
+                f"arrivals placed by the request spans' engine stamps (each request enters at "
+                f"the step its queue time began; the clock snapped to the spans' step "
+                f"boundaries, and each first and last token's step ends at its span's "
+                f"time): {agreed} of {sum(marks.has_span)} spanned requests' first "
+                f"schedulings start at their span's time")
+        else:
+            run, phase, loss, anchored = place_arrivals(rebuilt, facts, fmt, prof, f,
+                                                        pattern, step_time)
     if starts is not None:
         rebuilt.notes.append(
             f"the access lines are not used: {starts}. uvicorn writes a request's access line "
@@ -75,7 +90,8 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
         return check, warnings, pre
 
     check, warnings, pre = judged(run)
-    k = samples_wanted(samples, facts, fmt)
+    # the spans' stamps pin every arrival: no placement left to draw (unless asked for)
+    k = 0 if facts.span_placement and samples is None else samples_wanted(samples, facts, fmt)
     unc = None
     if k > 0:
         unc = ensemble(rebuilt, facts, fmt, prof, run, phase, phase_known, pre, samples=k,

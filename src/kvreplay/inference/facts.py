@@ -105,6 +105,10 @@ class LogFacts:
     completion_iterations: list[int] = field(default_factory=list)
     # the engines the iteration lines name; `iterations` holds the first one's
     iteration_engines: tuple[int, ...] = ()
+    # request spans (inference/spans.py): the span exporter's clock minus the log's, and
+    # whether their engine stamps place the arrivals (inference/span_clock.py)
+    span_offset_s: float = 0.0
+    span_placement: bool = False
 
     @property
     def prompts_known(self) -> bool:

@@ -30,6 +30,8 @@ from kvreplay.inference.facts import LogFacts
 
 LINE_DELAY_S = 0.05  # a Received line may be written this late after its arrival
 TTFT_TOL_S = 0.05  # first-token check's slack (the replay's clock is fitted)
+ALIGNED_S = 1e-4  # a run's step start this close to a span's S is that step (span_windows)
+MIN_ALIGNED = 10  # aligned requests the step-time fit needs before it drops the others
 
 
 @dataclass(slots=True)
@@ -96,9 +98,13 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
     # the arrivals by spans, half by seconds misplace both (p1 with prompts, every other
     # span: 39 of 54 by seconds, 8 so). So the spans' arrivals are used only when every
     # request has a span and every prompt's length is known.
-    use_arrivals = len(pairs) == len(facts.requests) and all(r.prompt_token_ids is not None or r.prompt_len is not None or
+    lengths_known = all(r.prompt_token_ids is not None or r.prompt_len is not None or
                         (use_lengths and (s := pairs.get(r.index)) is not None and
                          s.prompt_tokens) for r in facts.requests)
+    use_arrivals = len(pairs) == len(facts.requests) and lengths_known
+    # the spans' engine stamps place the arrivals (span_clock.py) with every prompt length
+    # known and over half the requests spanned (the others' entries estimated between them)
+    place = lengths_known and 2 * len(pairs) >= len(facts.requests) > 0
     for i, s in pairs.items():
         r = reqs[i]
         t = s.start - offset
@@ -112,6 +118,8 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
             r.prompt_len = s.prompt_tokens
         if r.output_len is None and s.completion_tokens is not None:
             r.output_len = s.completion_tokens
+    facts.span_offset_s = offset
+    facts.span_placement = place
     join = SpanJoin(spans=len(spans), requests=len(facts.requests), joined=len(pairs),
                     offset_s=offset, offset_interval=interval,
                     unjoined_spans=sum(1 for s in spans if id(s) not in used),
@@ -120,13 +128,14 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
         f"request spans: {join.joined} of {join.requests} requests joined by request id "
         f"({100 * join.coverage:.0f}%)"
         + ("" if join.joined == join.requests else
-           "; the others are placed inside their logged seconds as without spans"))
+           "; the others enter at times estimated between the spanned arrivals beside them"
+           if place else "; the others are placed inside their logged seconds as without spans"))
     if not use_lengths and any(r.prompt_token_ids is None for r in facts.requests):
         facts.notes.append("request spans: their prompt lengths are not used (prefix caching "
                            "is on or unknown: which prompts share what the spans do not say)")
-    if not use_arrivals:
-        why = ("not every request has a span" if len(pairs) < len(facts.requests) else
-               "with prompt lengths estimated the replay's clock is not sharp enough")
+    if not place:
+        why = ("under half the requests have a span" if 2 * len(pairs) < len(facts.requests)
+               else "with prompt lengths estimated the replay's clock is not sharp enough")
         facts.notes.append(f"request spans: their arrival times are not used to place the "
                            f"arrivals ({why}); arrivals are placed by their seconds")
     if offset:
@@ -201,10 +210,26 @@ def span_windows(run: Any, facts: LogFacts) -> list[tuple[int, int, float]]:
             first.setdefault(rid, rec.step)
         for rid in rec.finished:
             fin.setdefault(rid, rec.step)
+    # With the spans placing the arrivals (span_clock.py), the run's clock is the spans'
+    # where it agrees with them: a request first scheduled at a step starting at its span's
+    # S is aligned with the real run there; the others' windows may be a step or more off,
+    # and are left out while enough aligned ones remain (the fit then converges on them).
+    aligned = set()
+    clock = getattr(run, "clock", None)
+    if facts.span_placement and clock:
+        for rid, a in admit.items():
+            s = by_id.get(rid)
+            if s is not None and s.time_to_first_token is not None and \
+                    s.time_in_model_prefill is not None and a < len(clock):
+                start = s.start - facts.span_offset_s + s.time_to_first_token - \
+                    s.time_in_model_prefill
+                if abs(clock[a] - start) <= ALIGNED_S:
+                    aligned.add(rid)
+    use_aligned = len(aligned) >= max(MIN_ALIGNED, len(admit) // 4)
     out = []
     for rid, a in admit.items():
         s = by_id.get(rid)
-        if s is None:
+        if s is None or use_aligned and rid not in aligned:
             continue
         f1, f2 = first.get(rid), fin.get(rid)
         if f1 is not None and s.time_in_model_prefill and f1 >= a:

@@ -41,7 +41,7 @@ from kvreplay.events import LINE_FIELDS
 
 Doc = dict[str, Any]  # section name -> {key: value} or, for "preemptions", [record, ...]
 
-SECTIONS = ("input", "events", "version", "config", "workload", "replay", "preemptions")
+SECTIONS = ("input", "events", "version", "config", "workload", "replay", "spans", "preemptions")
 LIST_SECTIONS = ("preemptions",)
 
 # Preemption columns, in the order they are written (unknown extra keys follow, sorted).
@@ -216,6 +216,8 @@ def _build_log(paths: list[str], *, profile: str | None, vllm_version: str | Non
         replay["preemptions_low"] = rep.estimate.get("preemptions_low")
         replay["preemptions_high"] = rep.estimate.get("preemptions_high")
     doc["replay"] = replay
+    if "spans" in summary:  # request spans: join, coverage, clock offset, contradictions
+        doc["spans"] = {k: v for k, v in summary["spans"].items() if not k.endswith("_ids")}
     doc["preemptions"] = preemption_rows(rep.preemptions, confidence=True)
     return Golden(doc, "log", from_log_replay=rep.kind == "log")
 

@@ -193,9 +193,11 @@ class ReplayApp(App[None]):
         profile: str | None = None,
         year: int | None = None,
         snapshot_every: int | None = None,
+        config: str | None = None,
     ) -> None:
         super().__init__()
         self.paths = list(paths)
+        self.config = config  # engine config of request spans opened alone (open_replay)
         self.profile_name = profile
         self.year = year  # of the log's time stamps (vLLM prints none)
         self.snapshot_every = snapshot_every
@@ -250,7 +252,8 @@ class ReplayApp(App[None]):
         try:
             from kvreplay.sources import open_replay
 
-            rep = open_replay(self.paths, profile=self.profile_name, year=self.year)
+            rep = open_replay(self.paths, profile=self.profile_name, year=self.year,
+                              config=self.config)
         except UserError as exc:
             self.post_message(Loaded(error=str(exc)))
             return
