@@ -128,7 +128,8 @@ def run_setting(cfg: dict, reqs: list[dict], arrivals: list[float], start: float
             sched.add_request(Request(request_id=str(r["id"]),
                                       prompt_token_ids=list(r["prompt_token_ids"]),
                                       sampling_params=sp, pooling_params=None,
-                                      arrival_time=float(arrivals[i]),
+                                      # as run_oracle.py: the arrival step, file order
+                                      arrival_time=float(step) + i * 1e-6,
                                       priority=int(r.get("priority", 0)), block_hasher=hasher))
             arrival_step[str(r["id"])] = step
             k += 1
