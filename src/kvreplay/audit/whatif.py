@@ -76,11 +76,27 @@ class Context:
     placement: tuple[float, float]
     fit_text: str
     notes: list[str]
+    # the base replay: its arrival step per request and its steps (Replay.inputs, .steps);
+    # with them each request arrives at the time its step starts under the model in use
+    arrival_steps: list[int] | None = None
+    base_steps: list[Any] | None = None
+    start: float = 0.0
+    members: list[Any] = field(default_factory=list)  # models the log allows (intervals)
+    batch_range: tuple[float, float] | None = None  # scheduled requests a step, as fitted
+    fit_source: str = "stats lines"
 
 
-def load(paths: Sequence[str], *, profile: str | None = None, year: int | None = None) -> Context:
-    """The log's replay (kvreplay.sources.open_replay): its workload and clock."""
+DRAWS = 6  # step-time models drawn for a row's interval (inference/step_model.py)
+
+
+def load(paths: Sequence[str], *, profile: str | None = None, year: int | None = None,
+         draws: int = DRAWS) -> Context:
+    """The log's replay (kvreplay.sources.open_replay): its workload, its steps and their
+    arrivals, and the step-time model fitted term by term on what the log times
+    (inference/step_model.py: iteration lines, else stats lines and request spans)."""
     from kvreplay.errors import UserError
+    from kvreplay.inference.formats import log_format
+    from kvreplay.inference.step_model import fit_step_model
     from kvreplay.sources import open_replay
 
     rp = open_replay(list(paths), profile=profile, year=year, samples=0)
@@ -96,8 +112,39 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
     notes = list(rp.notes[: len(rp.notes) - len(rp.facts.notes)] if rp.facts.notes else rp.notes)
     if rp.info.get("prompts") == "estimated":
         notes.append("prompt lengths are estimated (not in the log): prefix caching cannot be judged")
-    return Context("+".join(paths), rp.workload, rp.facts, rp.profile, rp.step_time_model,
-                   tuple(rp.info.get("placement", (0.0, 0.0))), fit_text, notes)  # type: ignore[arg-type]
+    fmt = log_format(rp.facts.vllm_version, rp.facts.engine_version, profile)
+    fm = fit_step_model(rp.steps, rp.facts, fmt, rp.clock, draws=draws)
+    model, members, batch, source = rp.step_time_model, [], None, "the replay's fit"
+    if fm is None:
+        fit_text = f"the log replay's stats lines ({fit_text})"
+    else:
+        model, members, batch, source = fm.model, fm.members, fm.batch_range, fm.source
+        fit_text = (f"{source}: {fm.rows} rows, residual {fm.rms_s * 1e3:.3g} ms a row; "
+                    f"replay {fit_text}")
+    placement = rp.info.get("placement")
+    placement = tuple(placement) if isinstance(placement, (list, tuple)) else (0.0, 0.0)
+    start = rp.clock[0] if rp.clock else 0.0
+    return Context("+".join(paths), rp.workload, rp.facts, rp.profile, model,
+                   placement, fit_text, notes,  # type: ignore[arg-type]
+                   arrival_steps=list(rp.inputs.arrival_steps), base_steps=rp.steps,
+                   start=start, members=members, batch_range=batch, fit_source=source)
+
+
+def timed_arrivals(ctx: Context, model: Any) -> list[float]:
+    """Request i's arrival: the start of its step in the base replay with the steps timed
+    by `model`, less a little (0.5 ms, or a quarter of the step before): under the logged
+    setting the run is the base replay again; under another, each request comes at the
+    same time and the engine takes it at its first step starting after."""
+    assert ctx.arrival_steps is not None and ctx.base_steps is not None
+    cum = [ctx.start]
+    for rec in ctx.base_steps:
+        cum.append(cum[-1] + model.dt_record(rec))
+    out = []
+    for a in ctx.arrival_steps:
+        a = min(max(a, 0), len(cum) - 1)
+        before = cum[a] - cum[a - 1] if a > 0 else (cum[1] - cum[0] if len(cum) > 1 else 0.0)
+        out.append(cum[a] - min(5e-4, before / 4))
+    return out
 
 
 def configure(ctx: Context, setting: Setting):
@@ -170,6 +217,7 @@ def drive(workload, profile, model, *, arrivals: Sequence[float] | None = None,
     itl: list[float] = []
     out_tokens = done = 0
     kv_area = busy_time = 0.0
+    busy_steps = sched_reqs = 0
     while not engine.done and len(steps) < cap:
         if not engine.has_work():
             if k >= n:
@@ -193,6 +241,8 @@ def drive(workload, profile, model, *, arrivals: Sequence[float] | None = None,
         dt = model.dt_record(rec)
         end = clock + dt
         if rec.num_scheduled:
+            busy_steps += 1
+            sched_reqs += rec.num_scheduled
             busy_time += dt
             kv_area += dt * rec.kv_usage
         for rid in rec.first_tokens:
@@ -218,13 +268,26 @@ def drive(workload, profile, model, *, arrivals: Sequence[float] | None = None,
         "itl_p50_s": M.rnd(M.quantile(itl, 0.5), 5), "itl_p95_s": M.rnd(M.quantile(itl, 0.95), 5),
         "kv_usage_mean": M.rnd(kv_area / busy_time) if busy_time > 0 else None,
         "completed": done, "requests": n, "steps": len(steps),
+        "batch_mean": round(sched_reqs / busy_steps, 2) if busy_steps else None,
     }
 
 
-def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, Any]:
-    """One row: the setting replayed open loop (clients None) or closed loop."""
+def _arrivals_for(ctx: Context, model: Any, wl: Any, facts: Any) -> list[float]:
     from kvreplay.inference.runs import arrival_times
 
+    if ctx.arrival_steps is None:
+        return arrival_times(facts, *ctx.placement)
+    full = timed_arrivals(ctx, model)
+    if len(wl.requests) == len(ctx.workload.requests):
+        return full
+    pos = {s.id: i for i, s in enumerate(ctx.workload.requests)}
+    return [full[pos[s.id]] for s in wl.requests]
+
+
+def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, Any]:
+    """One row: the setting replayed open loop (clients None) or closed loop, with the
+    fitted step-time model; then with each model the log allows (ctx.members), whose
+    spread is the row's interval."""
     row: dict[str, Any] = {"setting": setting.label, "concurrency": clients}
     row.update({k: setting.overrides.get(k) for k in KNOBS})
     try:
@@ -232,15 +295,49 @@ def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, An
     except ValueError as exc:
         row["note"] = str(exc)
         return row
-    if clients is None:
-        res = drive(wl, ctx.profile, ctx.model, arrivals=arrival_times(facts, *ctx.placement))
-    else:
-        res = drive(wl, ctx.profile, ctx.model, clients=clients)
+
+    def go(model: Any) -> dict[str, Any]:
+        if clients is None:
+            return drive(wl, ctx.profile, model, arrivals=_arrivals_for(ctx, model, wl, facts))
+        return drive(wl, ctx.profile, model, clients=clients)
+
+    res = go(ctx.model)
     row.update(res)
+    if ctx.members:
+        runs = [res] + [go(m) for m in ctx.members]
+        pre = [r["preemptions"] for r in runs]
+        tput = [r["output_tput"] for r in runs]
+        row["preemptions_interval"] = [min(pre), max(pre)]
+        row["output_tput_interval"] = [min(tput), max(tput)]
+        row["output_tput_draws"] = tput
+        row["preemptions_range"] = f"{min(pre)}-{max(pre)}"
+        row["output_tput_range"] = f"{min(tput):,.0f}-{max(tput):,.0f}"
+        row["trust"] = trust(ctx, row)
     if res["completed"] < len(wl.requests):
         notes.append(f"only {res['completed']} of {len(wl.requests)} requests finished within the step cap")
     row["note"] = "; ".join(notes) or None
     return row
+
+
+def trust(ctx: Context, row: dict[str, Any]) -> str:
+    """Whether to act on a row: its batches against those the model was fitted on, and how
+    far the models the log allows disagree."""
+    lo, hi = row["output_tput_interval"]
+    width = (hi - lo) / max(1e-9, row["output_tput"])
+    b = row.get("batch_mean")
+    inside = ctx.batch_range is None or b is None or (
+        0.8 * ctx.batch_range[0] <= b <= 1.2 * ctx.batch_range[1])
+    where = "" if ctx.batch_range is None or b is None else (
+        f"mean batch {b:.0f} requests a step, the log timed {ctx.batch_range[0]:.0f}-"
+        f"{ctx.batch_range[1]:.0f}")
+    if inside and width <= 0.1:
+        return f"trustworthy: {where}; the models the log allows agree within {100 * width:.0f}%"
+    why = []
+    if not inside:
+        why.append(f"{where}: the step time is extrapolated")
+    if width > 0.1:
+        why.append(f"the models the {ctx.fit_source} allow differ by {100 * width:.0f}% in throughput")
+    return "uncertain: " + "; ".join(why)
 
 
 # ---------------------------------------------------------------- sweep
@@ -286,8 +383,44 @@ def sweep(ctx: Context, settings: list[Setting], concurrency: Sequence[int] | No
     else:
         mode = (f"open loop: the log's {len(ctx.workload.requests)} requests at their "
                 "logged arrival times; times simulated with the step-time model")
-    return {"log": ctx.log, "model": ctx.model.describe(), "fit": ctx.fit_text, "mode": mode,
-            "notes": ctx.notes, "rows": rows, "knees": knees}
+    out = {"log": ctx.log, "model": ctx.model.describe(), "fit": ctx.fit_text, "mode": mode,
+           "notes": ctx.notes, "rows": rows, "knees": knees}
+    if not concurrency:
+        k = sweep_knee(rows, "max_num_seqs", base.max_num_seqs)
+        if k is not None:
+            out["seqs_knee"] = k
+    return out
+
+
+def sweep_knee(rows: list[dict[str, Any]], knob: str, logged: Any) -> dict[str, Any] | None:
+    """The knee of output throughput vs a swept setting (open loop; metrics.knee: the lowest
+    value reaching 90% of the peak), with the as-logged row at the logged value; its
+    interval: the knee under each step-time model the log allows (run_one's draws)."""
+    pts: dict[Any, dict[str, Any]] = {}
+    for r in rows:
+        ov = {k for k in KNOBS if r.get(k) is not None}
+        if r.get("output_tput") is None or r.get("concurrency") is not None:
+            continue
+        if ov == {knob}:
+            pts[r[knob]] = r
+        elif not ov:
+            pts.setdefault(logged, r)
+    if len(pts) < 3:
+        return None
+    xs = sorted(pts)
+    k = M.knee([(x, pts[x]["output_tput"]) for x in xs])
+    out = {"knob": knob, "knee": k["knee"], "peak": k["peak"],
+           "points": [[x, pts[x]["output_tput"]] for x in xs]}
+    draws = [pts[x].get("output_tput_draws") for x in xs]
+    if all(draws) and len({len(d) for d in draws}) == 1:  # type: ignore[arg-type]
+        ks = [M.knee([(x, d[j]) for x, d in zip(xs, draws)])["knee"]  # type: ignore[index]
+              for j in range(len(draws[0]))]  # type: ignore[arg-type]
+        out["knee_interval"] = [min(ks), max(ks)]
+    lo_hi = out.get("knee_interval")
+    out["text"] = (f"knee of throughput vs --{knob.replace('_', '-')}: {k['knee']} (the lowest "
+                   f"value reaching 90% of the peak {k['peak_throughput']:,.0f} tok/s, at {k['peak']})"
+                   + (f"; {lo_hi[0]}-{lo_hi[1]} under the step-time models the log allows" if lo_hi else ""))
+    return out
 
 
 def knees_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
