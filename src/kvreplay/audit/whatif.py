@@ -82,15 +82,20 @@ class Context:
     base_steps: list[Any] | None = None
     start: float = 0.0
     members: list[Any] = field(default_factory=list)  # models the log allows (intervals)
+    # (model, arrival steps, steps) of each run an interval takes: a model the log allows
+    # with the replay's arrivals, or (a thin log) an ensemble member's arrivals with one
+    variants: list[tuple[Any, list[int], list[Any]]] = field(default_factory=list)
     batch_range: tuple[float, float] | None = None  # scheduled requests a step, as fitted
+    form_error: float = 0.0  # step_model.FittedModel.form_error: widens throughput intervals
     fit_source: str = "stats lines"
 
 
 DRAWS = 6  # step-time models drawn for a row's interval (inference/step_model.py)
+ENSEMBLE_RUNS = 8  # ensemble members re-run under each setting (a log that cannot pin arrivals)
 
 
 def load(paths: Sequence[str], *, profile: str | None = None, year: int | None = None,
-         draws: int = DRAWS) -> Context:
+         draws: int = DRAWS, samples: int | None = None) -> Context:
     """The log's replay (kvreplay.sources.open_replay): its workload, its steps and their
     arrivals, and the step-time model fitted term by term on what the log times
     (inference/step_model.py: iteration lines, else stats lines and request spans)."""
@@ -99,7 +104,7 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
     from kvreplay.inference.step_model import fit_step_model
     from kvreplay.sources import open_replay
 
-    rp = open_replay(list(paths), profile=profile, year=year, samples=0)
+    rp = open_replay(list(paths), profile=profile, year=year, samples=samples)
     if rp.facts is None or rp.step_time_model is None:
         raise UserError("what-if replays a server log's requests at their logged times: give "
                         "a vLLM log (a workload or a step trace has no logged times)")
@@ -124,26 +129,75 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
     placement = rp.info.get("placement")
     placement = tuple(placement) if isinstance(placement, (list, tuple)) else (0.0, 0.0)
     start = rp.clock[0] if rp.clock else 0.0
-    return Context("+".join(paths), rp.workload, rp.facts, rp.profile, model,
-                   placement, fit_text, notes,  # type: ignore[arg-type]
-                   arrival_steps=list(rp.inputs.arrival_steps), base_steps=rp.steps,
-                   start=start, members=members, batch_range=batch, fit_source=source)
+    ctx = Context("+".join(paths), rp.workload, rp.facts, rp.profile, model,
+                  placement, fit_text, notes,  # type: ignore[arg-type]
+                  arrival_steps=list(rp.inputs.arrival_steps), base_steps=rp.steps,
+                  start=start, members=members, batch_range=batch, fit_source=source,
+                  form_error=fm.form_error if fm is not None else 0.0)
+    ens = ensemble_arrivals(rp)
+    if ens:
+        ctx.variants = [(members[j % len(members)] if members else model, arr,
+                         _steps_of(rp, arr)) for j, arr in enumerate(ens)]
+        ctx.notes.append(f"intervals: {len(ens)} members of the uncertainty ensemble (arrival "
+                         "steps the stats lines allow), each with a step-time model the log allows")
+    else:
+        ctx.variants = [(m, ctx.arrival_steps, rp.steps) for m in members]
+    return ctx
 
 
-def timed_arrivals(ctx: Context, model: Any) -> list[float]:
+def ensemble_arrivals(rp: Any, k: int = ENSEMBLE_RUNS) -> list[list[int]]:
+    """k members of the replay's uncertainty ensemble (inference/ensemble.py), drawn by
+    their weights (systematic resampling, deterministic); [] without an ensemble."""
+    u = rp.uncertainty
+    ms = [m for m in (u.members if u is not None else []) if m.arrival_steps is not None]
+    total = sum(m.weight for m in ms)
+    if not ms or total <= 0:
+        return []
+    out, acc, j = [], 0.0, 0
+    for m in ms:
+        acc += m.weight / total
+        while j < k and (j + 0.5) / k <= acc:
+            out.append(list(m.arrival_steps))
+            j += 1
+    return out
+
+
+def _steps_of(rp: Any, arrival_steps: list[int]) -> list[Any]:
+    """The steps of the replay's workload with these arrival steps (to time the arrivals)."""
+    from kvreplay.inference.runs import step_limit
+    from kvreplay.replay.engine import Engine
+    from kvreplay.replay.records import EngineInputs
+
+    eng = Engine(rp.workload, rp.profile, inputs=EngineInputs(list(arrival_steps)))
+    cap = step_limit(rp.workload)
+    steps = []
+    while not eng.done and len(steps) < cap:
+        steps.append(eng.step())
+    return steps
+
+
+def timed_arrivals(ctx: Context, model: Any, *, early: bool = False,
+                   arrival_steps: list[int] | None = None, steps: list[Any] | None = None) -> list[float]:
     """Request i's arrival: the start of its step in the base replay with the steps timed
     by `model`, less a little (0.5 ms, or a quarter of the step before): under the logged
     setting the run is the base replay again; under another, each request comes at the
-    same time and the engine takes it at its first step starting after."""
-    assert ctx.arrival_steps is not None and ctx.base_steps is not None
+    same time and the engine takes it at its first step starting after. The log pins an
+    arrival only to the step before it (it came while that step ran): `early` puts each
+    at that step's start instead, the other end of what the log allows."""
+    arrival_steps = arrival_steps if arrival_steps is not None else ctx.arrival_steps
+    steps = steps if steps is not None else ctx.base_steps
+    assert arrival_steps is not None and steps is not None
     cum = [ctx.start]
-    for rec in ctx.base_steps:
+    for rec in steps:
         cum.append(cum[-1] + model.dt_record(rec))
     out = []
-    for a in ctx.arrival_steps:
+    for a in arrival_steps:
         a = min(max(a, 0), len(cum) - 1)
         before = cum[a] - cum[a - 1] if a > 0 else (cum[1] - cum[0] if len(cum) > 1 else 0.0)
-        out.append(cum[a] - min(5e-4, before / 4))
+        if early and a > 0:
+            out.append(cum[a - 1] + min(5e-4, before / 4))
+        else:
+            out.append(cum[a] - min(5e-4, before / 4))
     return out
 
 
@@ -272,12 +326,16 @@ def drive(workload, profile, model, *, arrivals: Sequence[float] | None = None,
     }
 
 
-def _arrivals_for(ctx: Context, model: Any, wl: Any, facts: Any) -> list[float]:
+def _arrivals_for(ctx: Context, model: Any, wl: Any, facts: Any, early: bool = False,
+                  variant: tuple[Any, list[int], list[Any]] | None = None) -> list[float]:
     from kvreplay.inference.runs import arrival_times
 
     if ctx.arrival_steps is None:
         return arrival_times(facts, *ctx.placement)
-    full = timed_arrivals(ctx, model)
+    if variant is not None:
+        full = timed_arrivals(ctx, model, arrival_steps=variant[1], steps=variant[2])
+    else:
+        full = timed_arrivals(ctx, model, early=early)
     if len(wl.requests) == len(ctx.workload.requests):
         return full
     pos = {s.id: i for i, s in enumerate(ctx.workload.requests)}
@@ -296,22 +354,30 @@ def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, An
         row["note"] = str(exc)
         return row
 
-    def go(model: Any) -> dict[str, Any]:
+    def go(model: Any, early: bool = False, variant: Any = None) -> dict[str, Any]:
         if clients is None:
-            return drive(wl, ctx.profile, model, arrivals=_arrivals_for(ctx, model, wl, facts))
+            return drive(wl, ctx.profile, model,
+                         arrivals=_arrivals_for(ctx, model, wl, facts, early, variant))
         return drive(wl, ctx.profile, model, clients=clients)
 
     res = go(ctx.model)
     row.update(res)
-    if ctx.members:
-        runs = [res] + [go(m) for m in ctx.members]
+    if ctx.variants:
+        # the interval: the runs the log allows (a step-time model, and on a thin log an
+        # ensemble member's arrivals), and (open loop) the arrivals at the other end of
+        # their steps
+        runs = [res] + [go(v[0], variant=v) for v in ctx.variants]
+        if clients is None:
+            runs.append(go(ctx.model, early=True))
         pre = [r["preemptions"] for r in runs]
         tput = [r["output_tput"] for r in runs]
         row["preemptions_interval"] = [min(pre), max(pre)]
-        row["output_tput_interval"] = [min(tput), max(tput)]
+        e = ctx.form_error * res["output_tput"]
+        row["output_tput_interval"] = [round(min(min(tput), res["output_tput"] - e), 2),
+                                       round(max(max(tput), res["output_tput"] + e), 2)]
         row["output_tput_draws"] = tput
         row["preemptions_range"] = f"{min(pre)}-{max(pre)}"
-        row["output_tput_range"] = f"{min(tput):,.0f}-{max(tput):,.0f}"
+        row["output_tput_range"] = "{:,.0f}-{:,.0f}".format(*row["output_tput_interval"])
         row["trust"] = trust(ctx, row)
     if res["completed"] < len(wl.requests):
         notes.append(f"only {res['completed']} of {len(wl.requests)} requests finished within the step cap")

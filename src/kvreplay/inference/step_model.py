@@ -41,6 +41,10 @@ class FittedModel:
     members: list[StepTimeModel] = field(default_factory=list)
     # the batch the fit saw: scheduled requests per step (min, max over rows' means)
     batch_range: tuple[float, float] = (0.0, 0.0)
+    # the residual per timed step relative to a step's mean time (iteration lines: what the
+    # model's form misses, which no draw of its coefficients shows); 0 for interval rows,
+    # whose residual is mostly the lines' read noise (carried by the draws)
+    form_error: float = 0.0
 
 
 def _features(r: StepRecord, floor: int) -> tuple[float, float, float, float]:
@@ -152,6 +156,8 @@ def fit_step_model(steps: list[StepRecord], facts: Any, fmt: Any, clock: list[fl
     means = sorted(sum(r.num_scheduled for r in seg) / len(seg) for seg, _ in data if seg)
     lo, hi = (means[len(means) // 20], means[-1 - len(means) // 20]) if means else (0.0, 0.0)
     fm = FittedModel(_model(coef, floor), source, m, math.sqrt(err / m), batch_range=(lo, hi))
+    if source == "iteration lines":
+        fm.form_error = fm.rms_s / max(1e-12, sum(y for _, y in data) / m)
     # floors about as good: residual within what noise of this size gives (F-like, 2 sigma)
     near = [f for f in fits if f[0] <= err * (1.0 + 4.0 / dof) + 1e-15][:8]
     rng = random.Random(seed)
