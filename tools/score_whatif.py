@@ -58,10 +58,33 @@ def main() -> int:
             r = json.loads(line)
             by_case[r["case"]].append(r)
     out = []
+    knees = []
     for case, keys in by_case.items():
-        ctx = whatif.load([os.path.join(args.root, case, args.log)], year=2026)
         settings = [whatif.Setting(" ".join(k["set"]) or "as logged", parse_set(k["set"])) for k in keys]
-        res = whatif.sweep(ctx, settings, jobs=args.jobs)
+        try:
+            ctx = whatif.load([os.path.join(args.root, case, args.log)], year=2026)
+            res = whatif.sweep(ctx, settings, jobs=args.jobs)
+        except Exception as exc:  # a crash is a miss on every row of the case
+            print(f"{case}: {type(exc).__name__}: {exc}", flush=True)
+            res = {"rows": [{"preemptions": -1000, "output_tput": 0.0} for _ in keys]}
+        # the knee of throughput vs max-num-seqs: vLLM's own runs against the what-if's
+        seqs = {parse_set(k["set"]).get("max_num_seqs"): k for k in keys
+                if set(parse_set(k["set"])) <= {"max_num_seqs"}}
+        if len(seqs) >= 3 and res.get("seqs_knee"):
+            # the base row (no setting) is at the logged value: the one the sweep adds
+            logged = next((x for x, _ in res["seqs_knee"]["points"] if x not in seqs), None)
+            pts = [(logged if v is None else v, k["gen_tok_per_s"]) for v, k in seqs.items()]
+            from kvreplay.audit.metrics import knee
+
+            xs = sorted(x for x, _ in pts)
+            vk = knee(pts)["knee"]
+            ours = res["seqs_knee"]
+            lo, hi = ours.get("knee_interval") or [ours["knee"], ours["knee"]]
+            near = abs(xs.index(ours["knee"]) - xs.index(vk)) <= 1 if vk in xs and ours["knee"] in xs else False
+            knees.append({"case": case, "vllm_knee": vk, "knee": ours["knee"], "knee_interval": [lo, hi],
+                          "within_one_point": near, "interval_holds": lo <= vk <= hi})
+            print(f"{case:22s} knee vs max-num-seqs: vLLM {vk}, what-if {ours['knee']} ({lo}-{hi})"
+                  f" {'ok' if near else 'MISS'}", flush=True)
         for k, row in zip(keys, res["rows"]):
             pre_ok, tput_ok = right(row, k)
             rec = {"case": case, "set": k["set"], "base": not parse_set(k["set"]),
@@ -97,9 +120,16 @@ def main() -> int:
           f"base rows right {summary['base_right']}/{len(base)}"
           + (f"; intervals hold vLLM's preemptions {summary['pre_interval_holds']}/{len(iv)}, "
              f"throughput {summary['tput_interval_holds']}/{len(iv)}" if iv else ""))
+    if knees:
+        summary["knees"] = len(knees)
+        summary["knees_within_one_point"] = sum(k["within_one_point"] for k in knees)
+        summary["knee_intervals_hold"] = sum(k["interval_holds"] for k in knees)
+        print(f"knee of throughput vs max-num-seqs within one sweep point of vLLM's: "
+              f"{summary['knees_within_one_point']}/{len(knees)}; its interval holds vLLM's: "
+              f"{summary['knee_intervals_hold']}/{len(knees)}")
     if args.output:
         with open(args.output, "w") as f:
-            json.dump({"summary": summary, "rows": out}, f, indent=1)
+            json.dump({"summary": summary, "rows": out, "knees": knees}, f, indent=1)
     return 0
 
 
