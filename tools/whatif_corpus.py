@@ -11,8 +11,8 @@ prefixes with prefix caching; outputs 50-500; priorities 0-4 under the priority 
 Poisson arrivals over steps), run by our scheduler (== vLLM's step for step,
 tests/test_oracle_bank.py), each step timed by the log cases' step-time formula (p1's
 truth.json `step_time_model`, context = num_computed_tokens after scheduling), rendered
-(replay/render.py) with prompts (`server.log`) and with iteration lines as well
-(`server.iter.log`), stats lines every 2 s. truth.json has what tools/whatif_keys.py reads:
+(replay/render.py) with prompts (`server.log`), with iteration lines as well
+(`server.iter.log`) and without prompts (`server.noprompts.log`), stats lines every 2 s. truth.json has what tools/whatif_keys.py reads:
 `step_time_model`, `step_start_sim_time`, `requests[id].arrival_sim_time` (the start of
 the step the request entered at, less `arrival_lead_s` and 20 us per later request of
 that step, as in p1). jobs.json asks for the sweeps: max-num-seqs, KV blocks, batched tokens.
@@ -76,10 +76,11 @@ def make_case(out: str, i: int, model: dict) -> dict:
     starts = step_starts(recs, lambda r: dts[r["step"]], START)
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
-    for fname, it in (("server.log", False), ("server.iter.log", True)):
+    for fname, it, wp in (("server.log", False, True), ("server.iter.log", True, True),
+                          ("server.noprompts.log", False, False)):
         lines = render_log(wl, recs, step_time_s=lambda r: dts[r["step"]], start=START,
                            stats_interval_s=2.0, stats_phase_s=round(rng.uniform(0.05, 0.95), 2),
-                           with_prompts=True, iteration_lines=it)
+                           with_prompts=wp, iteration_lines=it)
         with open(os.path.join(d, fname), "w") as fh:
             fh.write("\n".join(lines) + "\n")
     reqs = {}
