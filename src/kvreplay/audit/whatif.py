@@ -395,8 +395,9 @@ def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, An
 
 
 def trust(ctx: Context, row: dict[str, Any]) -> str:
-    """Whether to act on a row: its batches against those the model was fitted on, and how
-    far the models the log allows disagree."""
+    """Whether to act on a row: its batches against those the model was fitted on, how far
+    the models the log allows disagree in throughput, and whether the runs the log allows
+    agree on the preemption count within max(3, 10%) (the answer keys' tolerance)."""
     lo, hi = row["output_tput_interval"]
     width = (hi - lo) / max(1e-9, row["output_tput"])
     b = row.get("batch_mean")
@@ -405,13 +406,20 @@ def trust(ctx: Context, row: dict[str, Any]) -> str:
     where = "" if ctx.batch_range is None or b is None else (
         f"mean batch {b:.0f} requests a step, the log timed {ctx.batch_range[0]:.0f}-"
         f"{ctx.batch_range[1]:.0f}")
-    if inside and width <= 0.1:
-        return f"trustworthy: {where}; the models the log allows agree within {100 * width:.0f}%"
+    c = row["preemptions"]
+    p_lo, p_hi = row["preemptions_interval"]
+    pinned = max(c - p_lo, p_hi - c) <= max(3.0, 0.1 * c)  # the runs agree within max(3, 10%)
+    if inside and width <= 0.1 and pinned:
+        return (f"trustworthy: {where}; the runs the log allows agree within {100 * width:.0f}% "
+                f"in throughput and {p_lo}-{p_hi} preemptions")
     why = []
     if not inside:
         why.append(f"{where}: the step time is extrapolated")
     if width > 0.1:
         why.append(f"the models the {ctx.fit_source} allow differ by {100 * width:.0f}% in throughput")
+    if not pinned:
+        why.append(f"the runs the log allows give {p_lo}-{p_hi} preemptions (where each request "
+                   "arrived is not pinned to the step)")
     return "uncertain: " + "; ".join(why)
 
 
