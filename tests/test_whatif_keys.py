@@ -119,3 +119,17 @@ def test_exactly_timed_steps_give_the_model_back(seed, floor):
         assert got == pytest.approx(want, rel=1e-3, abs=1e-9 if want > 1e-6 else 1e-11)
     if any(s.num_scheduled_tokens < floor for s in steps):  # the floor binds somewhere
         assert m.token_floor == floor
+
+
+def test_without_prompts_the_replays_model_and_an_uncertain_row():
+    """No prompts in the log: the rows' token counts are estimates, so the what-if keeps the
+    step-time model the replay fitted with them, and says no row is sure."""
+    from kvreplay.sources import open_replay
+
+    log = str(P1 / "server.log")
+    ctx = W.load([log], year=2026, samples=0, draws=1)
+    assert ctx.fit_source == W.ESTIMATED and not ctx.variants
+    assert ctx.model == open_replay([log], year=2026, samples=0).step_time_model
+    row = W.run_one(ctx, W.Setting("--max-num-seqs 16", {"max_num_seqs": 16}), None)
+    assert row["trust"].startswith("uncertain: the log has no prompts")
+    assert row["preemptions"] == 0 and "preemptions_interval" not in row

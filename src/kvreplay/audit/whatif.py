@@ -91,6 +91,7 @@ class Context:
 
 
 DRAWS = 6  # step-time models drawn for a row's interval (inference/step_model.py)
+ESTIMATED = "stats lines (prompts estimated)"
 ENSEMBLE_RUNS = 8  # ensemble members re-run under each setting (a log that cannot pin arrivals)
 
 
@@ -127,7 +128,7 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
         # prompt lengths (measured on p1 without prompts: throughput within 9%, the
         # term-wise fit 15%, docs/accuracy.md)
         fit_text = f"the log replay's stats lines, prompts estimated ({fit_text})"
-        batch, source, fm = fm.batch_range, "stats lines (prompts estimated)", None
+        batch, source, fm = fm.batch_range, ESTIMATED, None
     elif fm is None:
         fit_text = f"the log replay's stats lines ({fit_text})"
     else:
@@ -388,6 +389,9 @@ def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, An
         row["preemptions_range"] = f"{min(pre)}-{max(pre)}"
         row["output_tput_range"] = "{:,.0f}-{:,.0f}".format(*row["output_tput_interval"])
         row["trust"] = trust(ctx, row)
+    elif ctx.fit_source == ESTIMATED:
+        row["trust"] = ("uncertain: the log has no prompts; their lengths, and so every run "
+                        "here, are estimates (no ranges: the ensemble draws its own prompts)")
     if res["completed"] < len(wl.requests):
         notes.append(f"only {res['completed']} of {len(wl.requests)} requests finished within the step cap")
     row["note"] = "; ".join(notes) or None
