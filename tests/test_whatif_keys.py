@@ -88,10 +88,10 @@ def test_sweep_knee_with_its_interval():
             {"setting": "a", "max_num_seqs": 8, "output_tput": 50.0, "output_tput_draws": [50.0, 95.0]},
             {"setting": "b", "max_num_seqs": 16, "output_tput": 92.0, "output_tput_draws": [85.0, 99.0]},
             {"setting": "c", "max_num_seqs": 32, "output_tput": 99.0, "output_tput_draws": [99.0, 100.0]}]
-    k = W.sweep_knee(rows, "max_num_seqs", 64)
+    k = W.sweep_knee(rows, "max_num_seqs", 64, W.KNOBS)
     # 90% of the peak (100, at 64): 16 in the central run; 32 and 8 in the two draws
     assert k["knee"] == 16 and k["peak"] == 64 and k["knee_interval"] == [8, 32]
-    assert W.sweep_knee(rows[:2], "max_num_seqs", 64) is None
+    assert W.sweep_knee(rows[:2], "max_num_seqs", 64, W.KNOBS) is None
 
 
 @settings(max_examples=25, deadline=None)
