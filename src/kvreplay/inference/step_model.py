@@ -131,6 +131,8 @@ def _model(c: list[float], floor: int) -> StepTimeModel:
 
 def fit_step_model(steps: list[StepRecord], facts: Any, fmt: Any, clock: list[float] | None,
                    *, draws: int = 6, seed: int = 0) -> FittedModel | None:
+    """The model of the replay's `steps` (Replay.steps) on what `facts` times (module
+    docstring), with `draws` models the log allows; None with fewer rows than terms + 1."""
     data = iteration_rows(steps, facts, clock)
     source = "iteration lines"
     if data is None:
@@ -163,7 +165,7 @@ def fit_step_model(steps: list[StepRecord], facts: Any, fmt: Any, clock: list[fl
     rng = random.Random(seed)
     members = []
     for k in range(draws):
-        e_, fl, c, rws = near[k % len(near)]
+        _, fl, c, rws = near[k % len(near)]
         members.append(_model(_draw(rws, c, sigma2, rng), fl))
     fm.members = members
     return fm
