@@ -1,10 +1,14 @@
 """What-if replays: the log's workload under other scheduler settings or concurrencies.
 
-* Open loop (default): the log's requests arrive at their logged times (within-second
-  spread as fitted); the replay runs under each setting with the step-time model fitted
-  on the log (`kvreplay.sources.replay_logs`). The completion order the log shows is NOT
+* Open loop (default): each request arrives when its step of the log's replay started
+  (whatif_inputs.timed_arrivals), and the run under each setting is timed by the
+  step-time model fitted term by term on what the log times (inference/step_model.py).
+  As logged, the run is the replay again. The completion order the log shows is NOT
   imposed (it belongs to the logged setting), nor are aborts or the log's end: every
-  request runs to completion.
+  request runs to completion. Each row is re-run under the runs the log allows (drawn
+  models, ensemble members, the arrivals' other end of their steps) for its ranges, and
+  says whether to act on it (whatif_ranges.trust). Checked against vLLM's own scheduler
+  under the changed setting: tools/whatif_keys.py, docs/accuracy.md.
 * Closed loop (`concurrency`): N clients, each sends the next request of the log as soon
   as its previous one finished, as `vllm bench serve --max-concurrency N` does; the
   engine is driven step by step and the clock advances by the fitted step time.
