@@ -26,6 +26,8 @@ def trust(ctx: Any, row: dict[str, Any]) -> str:
     c = row["preemptions"]
     p_lo, p_hi = row["preemptions_interval"]
     pinned = max(c - p_lo, p_hi - c) <= max(3.0, 0.1 * c)  # the runs agree within max(3, 10%)
+    if not where:
+        where = "the log times too few stretches to check the batch against"
     if inside and width <= 0.1 and pinned:
         return (f"trustworthy: {where}; the runs the log allows agree within {100 * width:.0f}% "
                 f"in throughput and {p_lo}-{p_hi} preemptions")
