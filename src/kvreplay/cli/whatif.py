@@ -51,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="uncertainty ensemble of a log that cannot pin every arrival (default: "
                    "as kvreplay replay; 0: off); rows' intervals re-run some of its members")
     p.add_argument("--draws", type=int, default=None, metavar="N",
-                   help="step-time models drawn for each row's interval (default 6; 0: no intervals)")
+                   help="step-time models drawn for each row's range (default 6; with --samples 0 "
+                   "as well: no ranges)")
     p.add_argument("--profile", default=None, help="vLLM release whose scheduler rules apply (default: the log's)")
     p.add_argument("--year", type=int, default=None)
 
