@@ -28,7 +28,7 @@ def logged(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ctx(logged):
-    return W.load([logged[0]])
+    return W.load([logged[0]], samples=0)  # (ranges: tests/test_whatif_keys.py)
 
 
 def test_plan_one_at_a_time_and_grid():
@@ -96,7 +96,12 @@ def test_open_loop_sweep_more_blocks_fewer_preemptions(ctx, logged):
     base = rows["as logged"]
     assert truth["preemptions"] > 0 and base["preemptions"] > 0
     assert rows["--num-gpu-blocks 1200"]["preemptions"] == 0
-    assert rows["--num-gpu-blocks 150"]["preemptions"] >= base["preemptions"]
+    # as logged, each request arrives when its step of the base replay starts (timed by the
+    # same model): the run is the base replay again, preemption for preemption
+    from kvreplay.sources import open_replay
+
+    assert base["preemptions"] == len(open_replay([logged[0]], samples=0).preemptions)
+    assert rows["--num-gpu-blocks 150"]["preemptions"] > 0
     assert rows["--num-gpu-blocks 1200"]["recompute_ratio"] == 0.0
     assert all(r["completed"] == 40 for r in res["rows"])
     assert "step time" in res["model"] and "loss" in res["fit"]
@@ -121,14 +126,14 @@ def test_concurrency_sweep_and_knee(ctx):
 def test_whatif_cli(logged, tmp_path, capsys):
     out = tmp_path / "w.json"
     assert main(["whatif", logged[0], "--max-num-seqs", "8,32", "--concurrency", "4,16",
-                 "--format", "json", "-o", str(out)]) == 0
+                 "--samples", "0", "--format", "json", "-o", str(out)]) == 0
     res = json.loads(out.read_text())
     assert [r["setting"] for r in res["rows"]][::2] == ["as logged", "--max-num-seqs 8",
                                                          "--max-num-seqs 32 (= logged)"]
     html = (tmp_path / "w.html").read_text()
     assert "Output throughput vs concurrency" in html and "knee" in html
     capsys.readouterr()
-    assert main(["whatif", logged[0], "--no-enable-prefix-caching"]) == 0
+    assert main(["whatif", logged[0], "--no-enable-prefix-caching", "--samples", "0"]) == 0
     text = capsys.readouterr().out
     assert "--no-enable-prefix-caching" in text and "open loop" in text
 
@@ -140,3 +145,22 @@ def test_whatif_cli_errors(logged, capsys):
     assert "'x' is not an integer" in capsys.readouterr().err
     assert main(["whatif", logged[0]]) == 2
     assert "give at least one setting" in capsys.readouterr().err
+
+
+def test_ranges_rerun_ensemble_members(logged):
+    """A log that cannot pin every arrival: a row's range re-runs members of the replay's
+    uncertainty ensemble (their own arrival steps), drawn by weight, the same each time."""
+    from kvreplay.sources import open_replay
+
+    rp = open_replay([logged[0]], samples=6)
+    ens = W.ensemble_arrivals(rp, 4)
+    assert len(ens) == 4 and all(len(a) == len(rp.workload.requests) for a in ens)
+    assert ens == W.ensemble_arrivals(open_replay([logged[0]], samples=6), 4)
+    ctx = W.load([logged[0]], samples=6)
+    assert len(ctx.variants) == W.ENSEMBLE_RUNS and "uncertainty ensemble" in " ".join(ctx.notes)
+    row = W.run_one(ctx, W.Setting("x", {"max_num_seqs": 8}), None)
+    lo, hi = row["preemptions_interval"]
+    assert lo <= row["preemptions"] <= hi
+    # the central run, one per variant, and the arrivals at the other end of their steps
+    assert len(row["preemptions_draws"]) == 1 + len(ctx.variants) + 1
+    assert row["trust"].startswith(("trustworthy", "uncertain"))

@@ -238,8 +238,9 @@ def audit_html(rows: list[dict[str, Any]]) -> str:
 # ---------------------------------------------------------------- what-if
 WHATIF_COLUMNS = [
     ("setting", "setting"), ("concurrency", "clients"), ("preemptions", "preempt"),
+    ("preemptions_range", "preempt range"),
     ("requests_preempted", "victims"), ("recompute_ratio", "recompute"),
-    ("output_tput", "out tok/s"), ("requests_per_s", "req/s"), ("ttft_p50_s", "TTFT p50"),
+    ("output_tput", "out tok/s"), ("output_tput_range", "tok/s range"), ("requests_per_s", "req/s"), ("ttft_p50_s", "TTFT p50"),
     ("ttft_p95_s", "TTFT p95"), ("itl_p50_s", "ITL p50"), ("kv_usage_mean", "KV mean"),
     ("completed", "done"), ("note", "note"),
 ]
@@ -249,7 +250,7 @@ def whatif_text(res: dict[str, Any], *, markdown: bool = False) -> str:
     h = (lambda s: f"## {s}\n\n") if markdown else (lambda s: f"{s}\n{'=' * len(s)}\n")
     b = "- " if markdown else ""
     out = [h(f"kvreplay whatif: {res['log']}")]
-    out.append(f"{b}step-time model: {res['model']} (fitted on the log's stats lines: {res['fit']})\n")
+    out.append(f"{b}step-time model: {res['model']} (fitted on {res['fit']})\n")
     out.append(f"{b}{res['mode']}\n")
     for n in res.get("notes", []):
         out.append(f"{b}note: {n}\n")
@@ -260,12 +261,19 @@ def whatif_text(res: dict[str, Any], *, markdown: bool = False) -> str:
         out.append("\n" + (h("knee of throughput vs concurrency") if markdown else "knee of throughput vs concurrency:\n"))
         for k in res["knees"]:
             out.append(f"{b}{k['text']}\n")
+    trusted = [r for r in res["rows"] if r.get("trust")]
+    if trusted:
+        out.append("\n" + (h("which rows to act on") if markdown else "which rows to act on:\n"))
+        for r in trusted:
+            out.append(f"{b}{r['setting']}{'' if r.get('concurrency') is None else ' x ' + str(r['concurrency'])}: {r['trust']}\n")
+    if res.get("seqs_knee"):
+        out.append(f"\n{b}{res['seqs_knee']['text']}\n")
     return "".join(out)
 
 
 def whatif_html(res: dict[str, Any]) -> str:
     body = [f"<h1>kvreplay whatif</h1><p>{escape(res['log'])}</p>",
-            f"<p class='ev'>Step-time model: {escape(res['model'])} (fitted on the log's stats lines: {escape(res['fit'])}). "
+            f"<p class='ev'>Step-time model: {escape(res['model'])} (fitted on {escape(res['fit'])}). "
             f"{escape(res['mode'])}</p>"]
     for n in res.get("notes", []):
         body.append(f"<p class='null'>note: {escape(n)}</p>")
@@ -305,4 +313,9 @@ def whatif_html(res: dict[str, Any]) -> str:
     body.append(_html_table(rows, cols))
     for k in res.get("knees", []):
         body.append(f"<p class='ev'>{escape(k['text'])}</p>")
+    for r in rows:
+        if r.get("trust"):
+            body.append(f"<p class='ev'>{escape(str(r['setting']))}: {escape(r['trust'])}</p>")
+    if res.get("seqs_knee"):
+        body.append(f"<p class='ev'>{escape(res['seqs_knee']['text'])}</p>")
     return _page("kvreplay whatif", body)

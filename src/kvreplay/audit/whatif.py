@@ -1,10 +1,14 @@
 """What-if replays: the log's workload under other scheduler settings or concurrencies.
 
-* Open loop (default): the log's requests arrive at their logged times (within-second
-  spread as fitted); the replay runs under each setting with the step-time model fitted
-  on the log (`kvreplay.sources.replay_logs`). The completion order the log shows is NOT
+* Open loop (default): each request arrives when its step of the log's replay started
+  (whatif_inputs.timed_arrivals), and the run under each setting is timed by the
+  step-time model fitted term by term on what the log times (inference/step_model.py).
+  As logged, the run is the replay again. The completion order the log shows is NOT
   imposed (it belongs to the logged setting), nor are aborts or the log's end: every
-  request runs to completion.
+  request runs to completion. Each row is re-run under the runs the log allows (drawn
+  models, ensemble members, the arrivals' other end of their steps) for its ranges, and
+  says whether to act on it (whatif_ranges.trust). Checked against vLLM's own scheduler
+  under the changed setting: tools/whatif_keys.py, docs/accuracy.md.
 * Closed loop (`concurrency`): N clients, each sends the next request of the log as soon
   as its previous one finished, as `vllm bench serve --max-concurrency N` does; the
   engine is driven step by step and the clock advances by the fitted step time.
@@ -25,6 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from kvreplay.audit import metrics as M
+from kvreplay.audit.whatif_inputs import (  # noqa: F401 (re-exported)
+    DRAWS, ENSEMBLE_RUNS, ESTIMATED, Context, ensemble_arrivals, load, timed_arrivals)
+from kvreplay.audit.whatif_ranges import sweep_knee, trust  # noqa: F401 (re-exported)
 
 # vLLM flag (dest form) -> SchedulerConfig field
 KNOBS: dict[str, str] = {
@@ -62,42 +69,6 @@ def plan(knobs: dict[str, list[Any]], *, grid: bool = False) -> list[Setting]:
             for x in vals:
                 out.append(Setting(flag(k, x), {k: x}))
     return out
-
-
-@dataclass(slots=True)
-class Context:
-    """What every what-if run shares: the replay's workload, facts and step-time model."""
-
-    log: str
-    workload: Any
-    facts: Any
-    profile: Any
-    model: Any
-    placement: tuple[float, float]
-    fit_text: str
-    notes: list[str]
-
-
-def load(paths: Sequence[str], *, profile: str | None = None, year: int | None = None) -> Context:
-    """The log's replay (kvreplay.sources.open_replay): its workload and clock."""
-    from kvreplay.errors import UserError
-    from kvreplay.sources import open_replay
-
-    rp = open_replay(list(paths), profile=profile, year=year, samples=0)
-    if rp.facts is None or rp.step_time_model is None:
-        raise UserError("what-if replays a server log's requests at their logged times: give "
-                        "a vLLM log (a workload or a step trace has no logged times)")
-    if rp.engine_name != "V1":
-        raise UserError("what-if runs the V1 scheduler; this log comes from the V0 engine")
-    ver = rp.verification or {}
-    fit_text = f"loss {rp.info.get('fit_loss', 0.0):.3g}"
-    if ver.get("stats_lines"):
-        fit_text += f", {ver['agreeing_lines']}/{ver['stats_lines']} stats lines agree with the replay"
-    notes = list(rp.notes[: len(rp.notes) - len(rp.facts.notes)] if rp.facts.notes else rp.notes)
-    if rp.info.get("prompts") == "estimated":
-        notes.append("prompt lengths are estimated (not in the log): prefix caching cannot be judged")
-    return Context("+".join(paths), rp.workload, rp.facts, rp.profile, rp.step_time_model,
-                   tuple(rp.info.get("placement", (0.0, 0.0))), fit_text, notes)  # type: ignore[arg-type]
 
 
 def configure(ctx: Context, setting: Setting):
@@ -170,6 +141,7 @@ def drive(workload, profile, model, *, arrivals: Sequence[float] | None = None,
     itl: list[float] = []
     out_tokens = done = 0
     kv_area = busy_time = 0.0
+    busy_steps = sched_reqs = 0
     while not engine.done and len(steps) < cap:
         if not engine.has_work():
             if k >= n:
@@ -193,6 +165,8 @@ def drive(workload, profile, model, *, arrivals: Sequence[float] | None = None,
         dt = model.dt_record(rec)
         end = clock + dt
         if rec.num_scheduled:
+            busy_steps += 1
+            sched_reqs += rec.num_scheduled
             busy_time += dt
             kv_area += dt * rec.kv_usage
         for rid in rec.first_tokens:
@@ -218,13 +192,30 @@ def drive(workload, profile, model, *, arrivals: Sequence[float] | None = None,
         "itl_p50_s": M.rnd(M.quantile(itl, 0.5), 5), "itl_p95_s": M.rnd(M.quantile(itl, 0.95), 5),
         "kv_usage_mean": M.rnd(kv_area / busy_time) if busy_time > 0 else None,
         "completed": done, "requests": n, "steps": len(steps),
+        "batch_mean": round(sched_reqs / busy_steps, 2) if busy_steps else None,
     }
 
 
-def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, Any]:
-    """One row: the setting replayed open loop (clients None) or closed loop."""
+def _arrivals_for(ctx: Context, model: Any, wl: Any, facts: Any, early: bool = False,
+                  variant: tuple[Any, list[int], list[Any]] | None = None) -> list[float]:
     from kvreplay.inference.runs import arrival_times
 
+    if ctx.arrival_steps is None:
+        return arrival_times(facts, *ctx.placement)
+    if variant is not None:
+        full = timed_arrivals(ctx, model, arrival_steps=variant[1], steps=variant[2])
+    else:
+        full = timed_arrivals(ctx, model, early=early)
+    if len(wl.requests) == len(ctx.workload.requests):
+        return full
+    pos = {s.id: i for i, s in enumerate(ctx.workload.requests)}
+    return [full[pos[s.id]] for s in wl.requests]
+
+
+def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, Any]:
+    """One row: the setting replayed open loop (clients None) or closed loop, with the
+    fitted step-time model; then with each model the log allows (ctx.members), whose
+    spread is the row's interval."""
     row: dict[str, Any] = {"setting": setting.label, "concurrency": clients}
     row.update({k: setting.overrides.get(k) for k in KNOBS})
     try:
@@ -232,11 +223,36 @@ def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, An
     except ValueError as exc:
         row["note"] = str(exc)
         return row
-    if clients is None:
-        res = drive(wl, ctx.profile, ctx.model, arrivals=arrival_times(facts, *ctx.placement))
-    else:
-        res = drive(wl, ctx.profile, ctx.model, clients=clients)
+
+    def go(model: Any, early: bool = False, variant: Any = None) -> dict[str, Any]:
+        if clients is None:
+            return drive(wl, ctx.profile, model,
+                         arrivals=_arrivals_for(ctx, model, wl, facts, early, variant))
+        return drive(wl, ctx.profile, model, clients=clients)
+
+    res = go(ctx.model)
     row.update(res)
+    if ctx.variants:
+        # the interval: the runs the log allows (a step-time model, and on a thin log an
+        # ensemble member's arrivals), and (open loop) the arrivals at the other end of
+        # their steps
+        runs = [res] + [go(v[0], variant=v) for v in ctx.variants]
+        if clients is None:
+            runs.append(go(ctx.model, early=True))
+        pre = [r["preemptions"] for r in runs]
+        tput = [r["output_tput"] for r in runs]
+        row["preemptions_interval"] = [min(pre), max(pre)]
+        e = ctx.form_error * res["output_tput"]
+        row["output_tput_interval"] = [round(min(min(tput), res["output_tput"] - e), 2),
+                                       round(max(max(tput), res["output_tput"] + e), 2)]
+        row["output_tput_draws"] = tput
+        row["preemptions_draws"] = pre
+        row["preemptions_range"] = f"{min(pre)}-{max(pre)}"
+        row["output_tput_range"] = "{:,.0f}-{:,.0f}".format(*row["output_tput_interval"])
+        row["trust"] = trust(ctx, row)
+    elif ctx.fit_source == ESTIMATED:
+        row["trust"] = ("uncertain: the log has no prompts; their lengths, and so every run "
+                        "here, are estimates (no ranges: the ensemble draws its own prompts)")
     if res["completed"] < len(wl.requests):
         notes.append(f"only {res['completed']} of {len(wl.requests)} requests finished within the step cap")
     row["note"] = "; ".join(notes) or None
@@ -286,8 +302,13 @@ def sweep(ctx: Context, settings: list[Setting], concurrency: Sequence[int] | No
     else:
         mode = (f"open loop: the log's {len(ctx.workload.requests)} requests at their "
                 "logged arrival times; times simulated with the step-time model")
-    return {"log": ctx.log, "model": ctx.model.describe(), "fit": ctx.fit_text, "mode": mode,
-            "notes": ctx.notes, "rows": rows, "knees": knees}
+    out = {"log": ctx.log, "model": ctx.model.describe(), "fit": ctx.fit_text, "mode": mode,
+           "notes": ctx.notes, "rows": rows, "knees": knees}
+    if not concurrency:
+        k = sweep_knee(rows, "max_num_seqs", base.max_num_seqs, KNOBS)
+        if k is not None:
+            out["seqs_knee"] = k
+    return out
 
 
 def knees_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -47,6 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="PATH", default="-", help="write here (an HTML report with the plots goes next to it)")
     p.add_argument("--html", metavar="PATH", help="write the HTML report here")
     p.add_argument("-j", "--jobs", type=int, default=None, help="parallel processes (default: one per CPU)")
+    p.add_argument("--samples", type=int, default=None, metavar="N",
+                   help="uncertainty ensemble of a log that cannot pin every arrival (default: "
+                   "as kvreplay replay; 0: off); rows' intervals re-run some of its members")
+    p.add_argument("--draws", type=int, default=None, metavar="N",
+                   help="step-time models drawn for each row's range (default 6; with --samples 0 "
+                   "as well: no ranges)")
     p.add_argument("--profile", default=None, help="vLLM release whose scheduler rules apply (default: the log's)")
     p.add_argument("--year", type=int, default=None)
 
@@ -71,7 +77,10 @@ def run(args: argparse.Namespace) -> int:
     settings = whatif.plan(knobs, grid=args.grid)
     if len(settings) * max(1, len(args.concurrency or [])) > 400:
         raise UserError(f"{len(settings)} settings x {len(args.concurrency or [1])} concurrencies is too many runs (max 400)")
-    ctx = whatif.load(args.log, profile=args.profile, year=args.year)
+    if args.samples is not None and args.samples < 0 or args.draws is not None and args.draws < 0:
+        raise UserError("--samples and --draws must be >= 0")
+    ctx = whatif.load(args.log, profile=args.profile, year=args.year, samples=args.samples,
+                      draws=whatif.DRAWS if args.draws is None else args.draws)
     res = whatif.sweep(ctx, settings, args.concurrency, jobs=args.jobs)
     if args.format == "parquet":
         import polars as pl

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from array import array
 import multiprocessing
 import os
 import random
@@ -80,6 +81,9 @@ class Member:
     processed: int
     by_victim: dict[str, list[int]]
     windows: list[int]
+    # the member's arrival step per request when it kept the replay's workload (what-if
+    # runs re-run it under other settings); None when it drew its own prompts
+    arrival_steps: array | None = None
 
 
 @dataclass(slots=True)
@@ -410,6 +414,8 @@ def _draw_member(c: _Context, i: int) -> tuple[Member, Run | None]:
         arr = c.draw._fix_order([max(a, 0) for a in timed.arrival_steps])
     alt = placed(rb, c.facts, c.fmt, c.profile, arr, c.run.model, c.phase)
     m = _member(alt.run, c.facts, c.fmt, c.phase, c.bounds, c.known)
+    if rb is c.rebuilt:
+        m.arrival_steps = array("i", alt.run.arrival_steps)
     # (a member with its own workload, drawn prompt lengths, is never the replay shown)
     return m, alt.run if m.sse < c.keep_below and rb is c.rebuilt else None
 

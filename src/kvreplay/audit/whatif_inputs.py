@@ -1,0 +1,158 @@
+"""What every what-if run of a log shares: the log's replay, its arrivals, the step-time
+model fitted term by term, and the runs the log allows (for the rows' ranges).
+
+`load` opens the replay once (kvreplay.sources.open_replay); audit/whatif.py runs the
+settings on it. Each request arrives at the start of its step in the base replay, timed by
+the model in use (`timed_arrivals`): as logged, a what-if run is that replay again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+
+@dataclass(slots=True)
+class Context:
+    """What every what-if run shares: the replay's workload, facts and step-time model."""
+
+    log: str
+    workload: Any
+    facts: Any
+    profile: Any
+    model: Any
+    placement: tuple[float, float]
+    fit_text: str
+    notes: list[str]
+    # the base replay: its arrival step per request and its steps (Replay.inputs, .steps);
+    # with them each request arrives at the time its step starts under the model in use
+    arrival_steps: list[int] | None = None
+    base_steps: list[Any] | None = None
+    start: float = 0.0
+    members: list[Any] = field(default_factory=list)  # models the log allows (intervals)
+    # (model, arrival steps, steps) of each run an interval takes: a model the log allows
+    # with the replay's arrivals, or (a thin log) an ensemble member's arrivals with one
+    variants: list[tuple[Any, list[int], list[Any]]] = field(default_factory=list)
+    batch_range: tuple[float, float] | None = None  # scheduled requests a step, as fitted
+    form_error: float = 0.0  # step_model.FittedModel.form_error: widens throughput intervals
+    fit_source: str = "stats lines"
+
+
+DRAWS = 6  # step-time models drawn for a row's interval (inference/step_model.py)
+ESTIMATED = "stats lines (prompts estimated)"
+ENSEMBLE_RUNS = 8  # ensemble members re-run under each setting (a log that cannot pin arrivals)
+
+
+def load(paths: Sequence[str], *, profile: str | None = None, year: int | None = None,
+         draws: int = DRAWS, samples: int | None = None) -> Context:
+    """The log's replay (kvreplay.sources.open_replay): its workload, its steps and their
+    arrivals, and the step-time model fitted term by term on what the log times
+    (inference/step_model.py: iteration lines, else stats lines and request spans)."""
+    from kvreplay.errors import UserError
+    from kvreplay.inference.formats import log_format
+    from kvreplay.inference.step_model import fit_step_model
+    from kvreplay.sources import open_replay
+
+    rp = open_replay(list(paths), profile=profile, year=year, samples=samples)
+    if rp.facts is None or rp.step_time_model is None:
+        raise UserError("what-if replays a server log's requests at their logged times: give "
+                        "a vLLM log (a workload or a step trace has no logged times)")
+    if rp.engine_name != "V1":
+        raise UserError("what-if runs the V1 scheduler; this log comes from the V0 engine")
+    ver = rp.verification or {}
+    fit_text = f"loss {rp.info.get('fit_loss', 0.0):.3g}"
+    if ver.get("stats_lines"):
+        fit_text += f", {ver['agreeing_lines']}/{ver['stats_lines']} stats lines agree with the replay"
+    notes = list(rp.notes[: len(rp.notes) - len(rp.facts.notes)] if rp.facts.notes else rp.notes)
+    if rp.info.get("prompts") == "estimated":
+        notes.append("prompt lengths are estimated (not in the log): prefix caching cannot be judged")
+    fmt = log_format(rp.facts.vllm_version, rp.facts.engine_version, profile)
+    fm = fit_step_model(rp.steps, rp.facts, fmt, rp.clock, draws=draws)
+    model, members, batch, source = rp.step_time_model, [], None, "the replay's fit"
+    estimated = rp.info.get("prompts") == "estimated"
+    if estimated and fm is not None and fm.source != "iteration lines":
+        # the rows' token counts are estimates: the split between the per-token and the
+        # per-request terms is not the log's; keep the model the replay fitted with the
+        # prompt lengths (measured on p1 without prompts: throughput within 9%, the
+        # term-wise fit 15%, docs/accuracy.md)
+        fit_text = f"the log replay's stats lines, prompts estimated ({fit_text})"
+        batch, source, fm = fm.batch_range, ESTIMATED, None
+    elif fm is None:
+        fit_text = f"the log replay's stats lines ({fit_text})"
+    else:
+        model, members, batch, source = fm.model, fm.members, fm.batch_range, fm.source
+        fit_text = (f"{source}: {fm.rows} rows, residual {fm.rms_s * 1e3:.3g} ms a row; "
+                    f"replay {fit_text}")
+    placement = rp.info.get("placement")
+    placement = tuple(placement) if isinstance(placement, (list, tuple)) else (0.0, 0.0)
+    start = rp.clock[0] if rp.clock else 0.0
+    ctx = Context("+".join(paths), rp.workload, rp.facts, rp.profile, model,
+                  placement, fit_text, notes,  # type: ignore[arg-type]
+                  arrival_steps=list(rp.inputs.arrival_steps), base_steps=rp.steps,
+                  start=start, members=members, batch_range=batch, fit_source=source,
+                  form_error=fm.form_error if fm is not None else 0.0)
+    ens = ensemble_arrivals(rp)
+    if ens:
+        ctx.variants = [(members[j % len(members)] if members else model, arr,
+                         _steps_of(rp, arr)) for j, arr in enumerate(ens)]
+        ctx.notes.append(f"intervals: {len(ens)} members of the uncertainty ensemble (arrival "
+                         "steps the stats lines allow), each with a step-time model the log allows")
+    else:
+        ctx.variants = [(m, ctx.arrival_steps, rp.steps) for m in members]
+    return ctx
+
+
+def ensemble_arrivals(rp: Any, k: int = ENSEMBLE_RUNS) -> list[list[int]]:
+    """k members of the replay's uncertainty ensemble (inference/ensemble.py), drawn by
+    their weights (systematic resampling, deterministic); [] without an ensemble."""
+    u = rp.uncertainty
+    ms = [m for m in (u.members if u is not None else []) if m.arrival_steps is not None]
+    total = sum(m.weight for m in ms)
+    if not ms or total <= 0:
+        return []
+    out, acc, j = [], 0.0, 0
+    for m in ms:
+        acc += m.weight / total
+        while j < k and (j + 0.5) / k <= acc:
+            out.append(list(m.arrival_steps))
+            j += 1
+    return out
+
+
+def _steps_of(rp: Any, arrival_steps: list[int]) -> list[Any]:
+    """The steps of the replay's workload with these arrival steps (to time the arrivals)."""
+    from kvreplay.inference.runs import step_limit
+    from kvreplay.replay.engine import Engine
+    from kvreplay.replay.records import EngineInputs
+
+    eng = Engine(rp.workload, rp.profile, inputs=EngineInputs(list(arrival_steps)))
+    cap = step_limit(rp.workload)
+    steps = []
+    while not eng.done and len(steps) < cap:
+        steps.append(eng.step())
+    return steps
+
+
+def timed_arrivals(ctx: Context, model: Any, *, early: bool = False,
+                   arrival_steps: list[int] | None = None, steps: list[Any] | None = None) -> list[float]:
+    """Request i's arrival: the start of its step in the base replay with the steps timed
+    by `model`, less a little (0.5 ms, or a quarter of the step before): under the logged
+    setting the run is the base replay again; under another, each request comes at the
+    same time and the engine takes it at its first step starting after. The log pins an
+    arrival only to the step before it (it came while that step ran): `early` puts each
+    at that step's start instead, the other end of what the log allows."""
+    arrival_steps = arrival_steps if arrival_steps is not None else ctx.arrival_steps
+    steps = steps if steps is not None else ctx.base_steps
+    assert arrival_steps is not None and steps is not None
+    cum = [ctx.start]
+    for rec in steps:
+        cum.append(cum[-1] + model.dt_record(rec))
+    out = []
+    for a in arrival_steps:
+        a = min(max(a, 0), len(cum) - 1)
+        before = cum[a] - cum[a - 1] if a > 0 else (cum[1] - cum[0] if len(cum) > 1 else 0.0)
+        if early and a > 0:
+            out.append(cum[a - 1] + min(5e-4, before / 4))
+        else:
+            out.append(cum[a] - min(5e-4, before / 4))
+    return out

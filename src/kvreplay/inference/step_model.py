@@ -1,0 +1,247 @@
+"""The step-time model a what-if extrapolates with: each term fitted apart, with its spread.
+
+step time = overhead + max(weight read, per token x scheduled tokens)
+            + per request x scheduled requests + per context token x context tokens
+
+(`StepTimeModel`: the weight read is per_token_s x token_floor.) Fitted on what the log
+gives about the replay's own steps (`Replay.steps`, never recomputed):
+* `Iteration(N)` lines: every step that scheduled a token has its elapsed time; the N-th
+  line is the N-th such step of the replay (exact when the replay matched the lines), plus
+  the cost between steps the replay's clock shows. One row per step.
+* request spans (OTLP), where the log has them: the steps each span's engine stamps bound;
+* and the stats lines: the steps between two anchored lines took the lines' interval; an
+  interval in which the engine ran out of work (idle, or the run's end) says only that its
+  steps took less, so it is left out. One row per interval.
+At most MAX_ROWS per-step rows are fitted (an even sample: 0.8 s for 200,000 steps).
+Non-negative least squares for each weight-read floor tried; the best is the model. Its
+spread: the floors whose fit is about as good (residual within the noise), and for each the
+coefficients drawn from the fit's covariance (sigma^2 (X'X)^-1 over the free terms),
+non-negative. `members` are those models, for what-if intervals. Deterministic (seeded).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvreplay.inference.clock import StepTimeModel, nnls_gram
+from kvreplay.replay.records import StepRecord
+
+FLOORS = tuple(range(0, 257, 8)) + (320, 384, 448, 512)
+NVARS = 4  # overhead, per token (with floor), per request, per context token
+MAX_ROWS = 5000  # per-step rows fitted at most (a day's log has millions of steps)
+
+
+@dataclass(slots=True)
+class FittedModel:
+    model: StepTimeModel
+    source: str  # "iteration lines" | "stats lines"
+    rows: int
+    rms_s: float  # residual per row (a step, or a stats interval)
+    members: list[StepTimeModel] = field(default_factory=list)
+    # the batch the fit saw: scheduled requests per step (min, max over rows' means)
+    batch_range: tuple[float, float] = (0.0, 0.0)
+    # the residual per timed step relative to a step's mean time (iteration lines: what the
+    # model's form misses, which no draw of its coefficients shows); 0 for interval rows,
+    # whose residual is mostly the lines' read noise (carried by the draws)
+    form_error: float = 0.0
+
+
+def iteration_rows(steps: list[StepRecord], facts: Any, clock: list[float] | None
+                   ) -> list[tuple[list[StepRecord], float]] | None:
+    """(steps, seconds) per timed step; None unless every busy step has its line."""
+    its = sorted((it for it in getattr(facts, "iterations", None) or [] if not it.dummy),
+                 key=lambda it: it.step)
+    busy = [k for k, r in enumerate(steps) if r.num_scheduled_tokens > 0]
+    if not its or len(its) != len(busy):
+        return None
+    # the cost between steps (scheduling, IPC): what the clock adds to the logged time,
+    # read where a step follows one of the same busy stretch
+    gaps = []
+    if clock is not None and len(clock) == len(steps):
+        for k, it in zip(busy, its):
+            if k + 1 < len(steps) and steps[k + 1].num_scheduled_tokens > 0 and not steps[k + 1].arrivals:
+                gaps.append(clock[k + 1] - clock[k] - it.elapsed_ms / 1000.0)
+    c = max(0.0, sorted(gaps)[len(gaps) // 2]) if gaps else 0.0
+    return [([steps[k]], it.elapsed_ms / 1000.0 + c) for k, it in zip(busy, its)]
+
+
+def stats_rows(steps: list[StepRecord], facts: Any, fmt: Any
+               ) -> list[tuple[list[StepRecord], float]]:
+    from kvreplay.inference.lines import spans, token_anchors
+
+    class _Run:  # what token_anchors reads
+        pass
+
+    run = _Run()
+    run.steps = steps  # type: ignore[attr-defined]
+    anchors = [(i, a) for i, a in enumerate(token_anchors(run, facts, fmt)) if a is not None]
+    sp = spans(facts, fmt)
+    last = len(steps) - 1
+    out = []
+    for (i0, a), (i1, b) in zip(anchors, anchors[1:]):
+        if b <= a or b >= last:
+            continue
+        seg = steps[a + 1: b + 1]
+        if any(r.num_running + r.num_waiting == 0 for r in steps[a: b + 1]):
+            continue  # the engine ran dry in the interval: its steps took less than it
+        out.append((seg, sum(sp[i0 + 1: i1 + 1])))
+    return out
+
+
+def span_rows(steps: list[StepRecord], facts: Any) -> list[tuple[list[StepRecord], float]]:
+    """Request spans (OTLP): the steps from a request's first scheduling to its first token,
+    and from there to its last, took what the engine's monotonic stamps say
+    (spans.span_windows)."""
+    if not any(getattr(r, "span", None) is not None for r in facts.requests):
+        return []
+    from kvreplay.inference.spans import span_windows
+
+    class _Run:
+        pass
+
+    run = _Run()
+    run.steps = steps  # type: ignore[attr-defined]
+    return [(steps[a: b + 1], dur) for a, b, dur in span_windows(run, facts) if b >= a]
+
+
+@dataclass(slots=True)
+class _Segment:
+    """A row's steps, summed once: every term but the floored token count, and the busy
+    steps' token counts sorted (with prefix sums) for sum(max(tokens, floor)) at any floor."""
+
+    steps: float
+    requests: float
+    context: float
+    tokens: list[int]
+    prefix: list[int]
+    y: float
+
+    def token_sum(self, floor: int) -> float:
+        k = bisect.bisect_left(self.tokens, floor)  # steps below the floor count as floor
+        return float(floor * k + self.prefix[-1] - self.prefix[k])
+
+
+def _segments(data: list[tuple[list[StepRecord], float]]) -> list[_Segment]:
+    out = []
+    for seg, y in data:
+        busy = [r for r in seg if r.num_scheduled > 0]
+        toks = sorted(r.num_scheduled_tokens for r in busy)
+        prefix = [0]
+        for t in toks:
+            prefix.append(prefix[-1] + t)
+        out.append(_Segment(float(len(seg)), float(sum(r.num_scheduled for r in busy)),
+                            float(sum(r.context_tokens for r in busy)), toks, prefix, y))
+    return out
+
+
+def _rows(segs: list[_Segment], floor: int) -> list[tuple[float, ...]]:
+    """One row per segment: (steps, floored tokens, requests, context, seconds); an empty
+    step costs the fixed cost only."""
+    return [(g.steps, g.token_sum(floor), g.requests, g.context, g.y) for g in segs]
+
+
+def _model(c: list[float], floor: int) -> StepTimeModel:
+    return StepTimeModel(overhead_s=c[0], per_token_s=c[1], per_request_s=c[2],
+                         per_context_token_s=c[3], token_floor=floor if c[1] > 0 else 0)
+
+
+def fit_step_model(steps: list[StepRecord], facts: Any, fmt: Any, clock: list[float] | None,
+                   *, draws: int = 6, seed: int = 0) -> FittedModel | None:
+    """The model of the replay's `steps` (Replay.steps) on what `facts` times (module
+    docstring), with `draws` models the log allows; None with fewer rows than terms + 1."""
+    data = iteration_rows(steps, facts, clock)
+    source = "iteration lines"
+    if data is None:
+        data, source = stats_rows(steps, facts, fmt), "stats lines"
+        spans = span_rows(steps, facts)
+        if spans:
+            data, source = data + spans, "stats lines and request spans"
+    if len(data) < NVARS + 1:
+        return None
+    if len(data) > MAX_ROWS:  # (exact per-step rows: an even sample pins the terms as well)
+        data = data[:: -(-len(data) // MAX_ROWS)]
+    segs = _segments(data)
+    fits = []
+    for floor in FLOORS:
+        f = nnls_gram(_rows(segs, floor), NVARS)
+        if f is not None:
+            fits.append((max(f[0], 0.0), floor, f[1]))
+    if not fits:
+        return None
+    fits.sort(key=lambda x: (x[0], x[1]))
+    err, floor, coef = fits[0]
+    m = len(segs)
+    dof = max(1, m - NVARS)
+    sigma2 = err / dof
+    means = sorted(sum(r.num_scheduled for r in seg) / len(seg) for seg, _ in data if seg)
+    lo, hi = (means[len(means) // 20], means[-1 - len(means) // 20]) if means else (0.0, 0.0)
+    fm = FittedModel(_model(coef, floor), source, m, math.sqrt(err / m), batch_range=(lo, hi))
+    if source == "iteration lines":
+        fm.form_error = fm.rms_s / max(1e-12, sum(y for _, y in data) / m)
+    # floors about as good: residual within what noise of this size gives (F-like, 2 sigma)
+    near = [f for f in fits if f[0] <= err * (1.0 + 4.0 / dof) + 1e-15][:8]
+    rng = random.Random(seed)
+    members = []
+    for k in range(draws):
+        _, fl, c = near[k % len(near)]
+        members.append(_model(_draw(_rows(segs, fl), c, sigma2, rng), fl))
+    fm.members = members
+    return fm
+
+
+def _draw(rows: list[tuple[float, ...]], coef: list[float], sigma2: float,
+          rng: random.Random) -> list[float]:
+    """coef + a draw of N(0, sigma^2 (X'X)^-1) over the free (non-zero) terms, clipped at 0."""
+    idx = [i for i in range(NVARS) if coef[i] > 0]
+    if not idx or sigma2 <= 0:
+        return list(coef)
+    g = [[sum(r[i] * r[j] for r in rows) for j in idx] for i in idx]
+    d = [1.0 / math.sqrt(g[a][a]) if g[a][a] > 0 else 1.0 for a in range(len(idx))]
+    inv = _inverse([[g[a][b] * d[a] * d[b] for b in range(len(idx))] for a in range(len(idx))])
+    if inv is None:
+        return list(coef)
+    cov = [[inv[a][b] * d[a] * d[b] for b in range(len(idx))] for a in range(len(idx))]
+    low = _cholesky([[sigma2 * v for v in row] for row in cov])
+    if low is None:
+        return list(coef)
+    z = [rng.gauss(0.0, 1.0) for _ in idx]
+    out = list(coef)
+    for a, i in enumerate(idx):
+        out[i] = max(0.0, coef[i] + sum(low[a][b] * z[b] for b in range(a + 1)))
+    return out
+
+
+def _inverse(a: list[list[float]]) -> list[list[float]] | None:
+    n = len(a)
+    m = [row[:] + [1.0 if i == j else 0.0 for j in range(n)] for i, row in enumerate(a)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[piv][col]) < 1e-300:
+            return None
+        m[col], m[piv] = m[piv], m[col]
+        p = m[col][col]
+        m[col] = [v / p for v in m[col]]
+        for r in range(n):
+            if r != col and m[r][col]:
+                f = m[r][col]
+                m[r] = [v - f * w for v, w in zip(m[r], m[col])]
+    return [row[n:] for row in m]
+
+
+def _cholesky(a: list[list[float]]) -> list[list[float]] | None:
+    n = len(a)
+    low = [[0.0] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1):
+            s = a[i][j] - sum(low[i][k] * low[j][k] for k in range(j))
+            if i == j:
+                if s <= 0:
+                    s = 0.0
+                low[i][j] = math.sqrt(s)
+            else:
+                low[i][j] = s / low[j][j] if low[j][j] > 0 else 0.0
+    return low
