@@ -88,3 +88,52 @@ def test_a_large_log_runs_one_anchoring_round_after_its_first_replay(
     assert rep_full.info["fit_loss"] == pytest.approx(min(full), abs=1e-4)
     assert any("a large log" in n for n in rep_budget.facts.notes)
     assert not any("a large log" in n for n in rep_full.facts.notes)
+
+
+def test_a_stopped_timed_replay_is_a_prefix_of_the_whole_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large log's first fit round replays only its first stretch (fit.prefix_end) for a
+    model: that stretch must be the whole run's, step for step."""
+    import kvreplay.inference.fit as fit_mod
+    from kvreplay.inference.fit import prefix_end
+
+    monkeypatch.setattr(fit_mod, "PREFIX_MIN_LINES", 4)  # p1 has 16 stats lines
+    facts, fmt, prof, rebuilt = _setup()
+    model = StepTimeModel(overhead_s=0.01, per_token_s=4e-5, per_request_s=5e-5)
+    whole = timed_replay(rebuilt, facts, prof, model, (0.0, 1.0), order_window_s=fmt.order_window_s)
+    head = prefix_end(facts)
+    assert head is not None and facts.first_time < head < facts.last_time
+    part = timed_replay(rebuilt, facts, prof, model, (0.0, 1.0), order_window_s=fmt.order_window_s,
+                        stop_after=head)
+    assert 0 < len(part.steps) < len(whole.steps)
+    enc = msgspec.json.encode
+    assert [enc(r) for r in part.steps] == [enc(r) for r in whole.steps[: len(part.steps)]]
+    assert part.clock == whole.clock[: len(part.clock)]
+    assert part.clock[-1] <= head < whole.clock[len(part.steps)]
+
+
+def test_a_large_log_fits_its_first_model_on_a_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forced large, p1's fit replays a prefix first (stopped at prefix_end), then whole
+    runs only; a small log never stops early."""
+    import kvreplay.inference.fit as fit_mod
+
+    calls: list[float | None] = []
+    real = fit_mod.timed_replay
+
+    def spy(*a, **k):
+        calls.append(k.get("stop_after"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(fit_mod, "timed_replay", spy)
+    replay_logs([P1], year=2026, samples=0)
+    assert calls and all(c is None for c in calls)
+    whole_runs = len(calls)
+    calls.clear()
+    monkeypatch.setattr(facts_mod, "LARGE_LOG_REQUESTS", 1)
+    monkeypatch.setattr(fit_mod, "PREFIX_MIN_LINES", 4)  # p1 has 16 stats lines
+    rep = replay_logs([P1], year=2026, samples=0)
+    head = fit_mod.prefix_end(rep.facts)
+    prefixes = [c for c in calls if c is not None]
+    assert prefixes and all(c == head for c in prefixes)
+    # each fit starts with the prefix, and the prefix stands in for one whole round
+    assert calls[0] == head
+    assert calls.count(None) == whole_runs - len(prefixes)

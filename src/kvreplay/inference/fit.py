@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvreplay.inference.clock import StepTimeModel, busy_span_model, initial_model, regression
-from kvreplay.inference.facts import LogFacts, cut_time
+from kvreplay.inference.facts import LogFacts, cut_time, large_log
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.outputs import estimate_output_lengths
 from kvreplay.inference.rebuild import Rebuilt, rebuild_workload
@@ -46,6 +46,23 @@ def first_model(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Any)
     return busy_span_model(run, facts, fmt, cut_time(facts) is not None) or m
 
 
+# A large log (facts.large_log) starts its fit from a model regressed on a replay of its
+# first stretch only: this share of its time, and at least this many stats lines. That
+# model only decides where the next round's arrivals fall; every later round refits on the
+# whole log.
+PREFIX_SHARE = 0.125
+PREFIX_MIN_LINES = 20
+
+
+def prefix_end(facts: LogFacts) -> float | None:
+    """The wall time a large log's first fit round replays to (None: the whole log)."""
+    if facts.first_time is None or facts.last_time is None or not facts.stats:
+        return None
+    t = facts.first_time + PREFIX_SHARE * (facts.last_time - facts.first_time)
+    t = max(t, facts.stats[min(PREFIX_MIN_LINES, len(facts.stats)) - 1].time)
+    return t if t < facts.last_time else None
+
+
 def fit(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Any,
         placements: tuple[tuple[float, float], ...], *, model: StepTimeModel | None = None,
         rounds: int | None = None) -> Fit:
@@ -55,10 +72,18 @@ def fit(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Any,
     best: Fit | None = None
     out_lens = None  # kept across placements
     m0 = model or first_model(rebuilt, facts, fmt, profile)
+    head = None
+    if model is None and rounds > 1 and not fmt.estimate_output_lengths and large_log(facts):
+        head = prefix_end(facts)
     for placement in placements:
         m = m0
         rb = rebuilt
-        for _ in range(rounds):
+        if head is not None:
+            # a prefix, for a model only: its loss is not comparable with a whole run's
+            first = timed_replay(rb, facts, profile, m, placement, stop_after=head,
+                                 order_window_s=fmt.order_window_s)
+            m = regression(first, facts, fmt) or m
+        for _ in range(rounds - (head is not None)):
             run = timed_replay(rb, facts, profile, m, placement, order_window_s=fmt.order_window_s,
                                record_sampled=fmt.estimate_output_lengths)
             loss = fit_loss(run, facts, fmt)

@@ -92,10 +92,11 @@ def _finish(eng: Any, rebuilt: Any, steps: list, starts: list, end: float, model
 def timed_replay(rebuilt: Any, facts: LogFacts, profile: Any, model: StepTimeModel,
                  placement: tuple[float, float], *, use_completion_order: bool = True,
                  record_sampled: bool = False, cut: bool = True,
-                 order_window_s: float | None = None) -> Run:
+                 order_window_s: float | None = None, stop_after: float | None = None) -> Run:
     """`order_window_s`: an arrival the log shows before the next completion is let in
     ahead of an imminent finish only within this many seconds of its time (None: always;
-    LogFormat.order_window_s)."""
+    LogFormat.order_window_s). `stop_after`: stop once the clock passes this wall time, as
+    at the log's cut (the run is then a prefix of the whole one, step for step)."""
     eng = make_engine(rebuilt.workload, profile, record_sampled=record_sampled)
     reqs = facts.requests
     times = arrival_times(facts, *placement)
@@ -105,6 +106,8 @@ def timed_replay(rebuilt: Any, facts: LogFacts, profile: Any, model: StepTimeMod
     starts: list[float] = []
     finished = 0
     stop_at = cut_time(facts) if cut else None
+    if stop_after is not None:
+        stop_at = stop_after if stop_at is None else min(stop_at, stop_after)
     cut_at = None
     ab = aborts(facts)
     ai = 0
