@@ -15,8 +15,7 @@ from typing import Any
 
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
-from kvreplay.inference.lines import (cum_generated, line_time, ran_dry, spans, stats_intervals,
-                                     token_anchors)
+from kvreplay.inference.lines import cum_generated, line_time, spans, token_anchors
 from kvreplay.replay.records import StepRecord
 
 IDLE_PICKUP_S = 0.05  # an idle engine starts a step this soon after a request arrives
@@ -92,17 +91,12 @@ def busy_span_model(run: Any, facts: LogFacts, fmt: LogFormat, cut: bool) -> Ste
 
 
 def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | None:
-    """Each pair of stats lines anchored to steps a < b (lines.stats_intervals) closes a
-    span of known length in which steps a+1..b ran; least squares with non-negative
-    coefficients over those spans gives the model, for each token floor the format tries
-    (the best fit wins). Where the format says so (V1), the spans the engine ran dry in
-    are left out, as step_model does, when enough busy ones remain for every term."""
-    intervals = stats_intervals(run, facts, fmt, busy_only=False)
-    if fmt.regression_busy_only:
-        busy = [iv for iv in intervals if not ran_dry(run.steps, iv[0], iv[1])]
-        nv = 4 if fmt.context_term else 3
-        if len(busy) > nv:  # enough busy intervals for every term: those alone
-            intervals = busy
+    """Each pair of stats lines anchored to steps a < b (lines.token_anchors) closes a span
+    of known length (lines.spans) in which steps a+1..b ran; least squares with
+    non-negative coefficients over those spans gives the model, for each token floor the
+    format tries (the best fit wins)."""
+    anchors = [(i, a) for i, a in enumerate(token_anchors(run, facts, fmt)) if a is not None]
+    sp = spans(facts, fmt)
     feats = [(r.num_scheduled_tokens, r.num_scheduled, r.context_tokens) for r in run.steps]
     with_spans = any(r.span is not None for r in facts.requests)
     all_spans = with_spans and all(r.span is not None for r in facts.requests)
@@ -116,9 +110,11 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
     best = None
     for floor in fmt.token_floors:
         rows = []
-        for a, b, dur in intervals:
+        for (i0, a), (i1, b) in zip(anchors, anchors[1:]):
             if windows and all_spans:
                 break  # spans for every request time the steps to the us: theirs alone
+            if b <= a:
+                continue
             row = [0.0] * nvars
             for k in range(a + 1, b + 1):
                 tok, req, ctx = feats[k]
@@ -129,7 +125,7 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
                 row[2] += req
                 if nvars == 4:
                     row[3] += ctx
-            rows.append(row + [dur])
+            rows.append(row + [sum(sp[i0 + 1: i1 + 1])])
         for a, b, dur in windows:  # steps a..b took dur (a request span)
             row = [0.0] * nvars
             for k in range(a, b + 1):

@@ -114,9 +114,6 @@ class LogFormat:
     # writes it, in another process, and only the stream's interleaving orders the two
     iteration_window: tuple[int, int] = (0, 2)
     iteration_kv: bool = True  # the line shows the KV usage after that step (0.26+)
-    # the step-time regression leaves out the stats intervals the engine ran dry in
-    # (lines.ran_dry): V1, whose lines are read at anchors; V0 keeps every interval
-    regression_busy_only: bool = False
 
 
 V1_FORMAT = LogFormat(
@@ -127,7 +124,7 @@ V1_FORMAT = LogFormat(
     estimate_output_lengths=False, rescale_unknown_prompts=True, caps_to_limits=True,
     priorities_logged=True, stats_has_swap=False, waiting_label="waiting", kv_label="KV usage",
     unread_line_disagrees=False, preemption_warnings=False,
-    exact_confidence=True, defaults=V1_DEFAULTS, fit_rounds=2, regression_busy_only=True,
+    exact_confidence=True, defaults=V1_DEFAULTS, fit_rounds=2,
 )
 V0_FORMAT = LogFormat(
     engine="V0", name="V0 (0.5-0.10)", stats_interval_s=5.0, stats_read="step_end",

@@ -3,8 +3,7 @@
 Consumes: a `Run` (runs.py), `LogFacts`, the `LogFormat`. Produces: per stats line the step
 it shows (`line_steps`), the step where the run's generated tokens reach what the log
 counted by then (`token_anchors`), the seconds each line's throughputs cover (`spans`),
-the intervals between anchored lines (`stats_intervals`, `ran_dry`), the sub-second
-phase of the lines, and step end times. Nothing here replays anything.
+the sub-second phase of the lines, and step end times. Nothing here replays anything.
 """
 
 from __future__ import annotations
@@ -109,28 +108,6 @@ def token_anchors(run: Any, facts: LogFacts, fmt: LogFormat,
         if j >= len(cum):
             break
         out[i] = j
-    return out
-
-
-def ran_dry(steps: list[Any], a: int, b: int) -> bool:
-    """The engine ran out of work over steps a..b (one of them left nothing running or
-    waiting: it idled until an arrival), or b is the run's last step (it ended inside the
-    interval): a stats interval closed by them says only that their steps took less."""
-    return b >= len(steps) - 1 or any(r.num_running + r.num_waiting == 0 for r in steps[a: b + 1])
-
-
-def stats_intervals(run: Any, facts: LogFacts, fmt: LogFormat, *,
-                    busy_only: bool) -> list[tuple[int, int, float]]:
-    """(a, b, seconds) for each pair of stats lines anchored to steps a < b
-    (`token_anchors`): steps a+1..b ran in the lines' interval (`spans`). With `busy_only`
-    the intervals the engine ran dry in (`ran_dry`) are left out."""
-    anchors = [(i, a) for i, a in enumerate(token_anchors(run, facts, fmt)) if a is not None]
-    sp = spans(facts, fmt)
-    out = []
-    for (i0, a), (i1, b) in zip(anchors, anchors[1:]):
-        if b <= a or (busy_only and ran_dry(run.steps, a, b)):
-            continue
-        out.append((a, b, sum(sp[i0 + 1: i1 + 1])))
     return out
 
 

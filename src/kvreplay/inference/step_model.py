@@ -71,15 +71,25 @@ def iteration_rows(steps: list[StepRecord], facts: Any, clock: list[float] | Non
 
 def stats_rows(steps: list[StepRecord], facts: Any, fmt: Any
                ) -> list[tuple[list[StepRecord], float]]:
-    """The stats intervals the engine was busy through (lines.stats_intervals)."""
-    from kvreplay.inference.lines import stats_intervals
+    from kvreplay.inference.lines import spans, token_anchors
 
-    class _Run:  # what stats_intervals reads
+    class _Run:  # what token_anchors reads
         pass
 
     run = _Run()
     run.steps = steps  # type: ignore[attr-defined]
-    return [(steps[a + 1: b + 1], dur) for a, b, dur in stats_intervals(run, facts, fmt, busy_only=True)]
+    anchors = [(i, a) for i, a in enumerate(token_anchors(run, facts, fmt)) if a is not None]
+    sp = spans(facts, fmt)
+    last = len(steps) - 1
+    out = []
+    for (i0, a), (i1, b) in zip(anchors, anchors[1:]):
+        if b <= a or b >= last:
+            continue
+        seg = steps[a + 1: b + 1]
+        if any(r.num_running + r.num_waiting == 0 for r in steps[a: b + 1]):
+            continue  # the engine ran dry in the interval: its steps took less than it
+        out.append((seg, sum(sp[i0 + 1: i1 + 1])))
+    return out
 
 
 def span_rows(steps: list[StepRecord], facts: Any) -> list[tuple[list[StepRecord], float]]:
