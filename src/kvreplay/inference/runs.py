@@ -202,7 +202,8 @@ def as_step_replay(run: Run, facts: LogFacts, arrival_steps: list[int],
     the way step_replay runs it. None when that does not hold."""
     ins = run.inputs
     if (run.model is not model or list(ins.arrival_steps) != list(arrival_steps)
-            or ins.aborts or ins.mid_aborts or ins.max_steps is not None or aborts(facts) or cut_time(facts) is not None or run.cut_at is not None):
+            or ins.aborts or ins.mid_aborts or ins.max_steps is not None or aborts(facts)
+            or cut_time(facts) is not None or run.cut_at is not None):
         return None
     reqs = facts.requests
     t = reqs[0].time if reqs and reqs[0].time is not None else 0.0
