@@ -156,8 +156,10 @@ def test_sampled_spans_join_what_there_is(p1_spans):
 
 
 def test_sampled_spans_place_the_arrivals_with_prompts_logged(tmp_path):
-    """Every other span, p1 with prompts: 39 of 54 (37 when such spans were left to the
-    seconds-based placement; 39 without spans); a quarter of the spans: by seconds."""
+    """Every other span, p1 with prompts: 38 of 54 (37 when such spans were left to the
+    seconds-based placement; 39 without spans; 39 before the snap tolerance was capped at
+    half the shortest step, which exact marks need: tests/test_span_clock.py); a quarter
+    of the spans: by seconds."""
     from span_variants import main as variants
 
     out = tmp_path / "half.otlp.jsonl"
@@ -168,7 +170,7 @@ def test_sampled_spans_place_the_arrivals_with_prompts_logged(tmp_path):
     finally:
         sys.argv = argv
     rep, hits = _p1_hits(out, log="server.reqbody.log")
-    assert rep.summary()["spans"]["arrivals"] == "spans" and hits >= 39
+    assert rep.summary()["spans"]["arrivals"] == "spans" and hits >= 38
     assert any("estimated between the spanned arrivals" in n for n in rep.notes)
 
 

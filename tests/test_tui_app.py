@@ -260,13 +260,23 @@ def test_escape_stops_a_long_load() -> None:
         json.dump(data, f)
 
     async def body():
-        app = ReplayApp([f.name])
+        # a snapshot every step keeps the load slow (it runs at ~100k steps/s otherwise,
+        # and could end before the key press reaches it); it also checks that dense
+        # snapshots do not starve the loader's cancel check
+        app = ReplayApp([f.name], snapshot_every=1)
         async with app.run_test(size=SIZE) as pilot:
             while app.tl is None or app.tl.num_steps < 500:
                 await pilot.pause(0.05)
             await pilot.press("right")  # usable while loading
             await pilot.press("escape")
-            await app.workers.wait_for_complete()
+
+            # a cancelled thread worker counts as complete at once; the loader sees the
+            # flag at its next progress check (256 steps and 0.25 s apart), later on a
+            # busy machine: wait for its Loaded message, not for the worker
+            for _ in range(400):
+                if app.loaded:
+                    break
+                await pilot.pause(0.05)
             await pilot.pause()
             assert app.tl.cancelled and not app.tl.done
             assert "stopped" in str(app.query_one("#status-label").render())

@@ -36,6 +36,9 @@ from kvreplay.inference.runs import Run, _finish, step_limit
 from kvreplay.replay.engine import without_cyclic_gc
 
 SNAP_FRAC = 0.4  # a boundary this close to a predicted step end (x the step) is its end
+# ... and never farther than this share of the shortest step the model allows: a boundary
+# as far as a whole step away may be the next step's end, not this one's
+SNAP_SHORTEST_FRAC = 0.5
 SAME_S = 1e-4  # stamps this close are the same boundary (they are exact to ~1 us)
 FIT_ROUNDS = 4  # snapped replay -> regression on the spans' windows -> again
 SCALES = (0.6, 0.8, 1.25)  # other starts for the model, when the first agrees poorly
@@ -158,6 +161,7 @@ def snapped_replay(rebuilt: Any, facts: LogFacts, profile: Any, model: StepTimeM
         last = marks.last_token[i]
         if last is not None:
             lasts[spec.id] = last
+    shortest = SNAP_SHORTEST_FRAC * model.dt(1, 1)
     eng = make_engine(rebuilt.workload, profile)
     order = sorted(range(num_requests(rebuilt.workload)), key=lambda k: (entry[k], k))
     pending = 0
@@ -194,12 +198,13 @@ def snapped_replay(rebuilt: Any, facts: LogFacts, profile: Any, model: StepTimeM
             continue
         d = model.dt_record(rec)
         nxt = clock + d
+        tol = min(SNAP_FRAC * d, shortest)
         i = bisect.bisect_right(bounds, clock + SAME_S)
         best = None
         for b in bounds[i:i + 8]:  # the boundaries just after this step's start
-            if b > nxt + SNAP_FRAC * d:
+            if b > nxt + tol:
                 break
-            if abs(b - nxt) <= SNAP_FRAC * d and (best is None or abs(b - nxt) < abs(best - nxt)):
+            if abs(b - nxt) <= tol and (best is None or abs(b - nxt) < abs(best - nxt)):
                 best = b
         clock = best if best is not None else nxt
     if not eng.done:

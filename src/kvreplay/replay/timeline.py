@@ -198,7 +198,9 @@ class Timeline:
                                          f"{want.step}")
                 self._ingest(want)
             since_snap += 1
-            if (since_snap & 255) == 0:
+            # NOTE: counted in steps loaded, not since the last snapshot: snapshots closer
+            # than 256 steps apart would otherwise skip every progress and cancel check
+            if (self.num_steps & 255) == 0:
                 now = perf()
                 if now - t_last >= progress_every_s:
                     t_last = now
