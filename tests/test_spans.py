@@ -155,20 +155,25 @@ def test_sampled_spans_join_what_there_is(p1_spans):
     assert sum(r.prompt_len is not None for r in facts.requests) == 100
 
 
+def _span_variant(out: Path, *options: str) -> Path:
+    """p1's spans through tools/span_variants.py (sampled, shifted) into `out`."""
+    from span_variants import main as variants
+
+    argv = sys.argv
+    sys.argv = ["span_variants", str(P1 / "spans.otlp.jsonl"), str(out), *options]
+    try:
+        variants()
+    finally:
+        sys.argv = argv
+    return out
+
+
 def test_sampled_spans_place_the_arrivals_with_prompts_logged(tmp_path):
     """Every other span, p1 with prompts: 38 of 54 (37 when such spans were left to the
     seconds-based placement; 39 without spans; 39 before the snap tolerance was capped at
     half the shortest step, which exact marks need: tests/test_span_clock.py); a quarter
     of the spans: by seconds."""
-    from span_variants import main as variants
-
-    out = tmp_path / "half.otlp.jsonl"
-    argv = sys.argv
-    sys.argv = ["span_variants", str(P1 / "spans.otlp.jsonl"), str(out), "--every", "2"]
-    try:
-        variants()
-    finally:
-        sys.argv = argv
+    out = _span_variant(tmp_path / "half.otlp.jsonl", "--every", "2")
     rep, hits = _p1_hits(out, log="server.reqbody.log")
     assert rep.summary()["spans"]["arrivals"] == "spans" and hits >= 38
     assert any("estimated between the spanned arrivals" in n for n in rep.notes)
@@ -237,15 +242,7 @@ def test_p1_victims_with_a_clock_offset(tmp_path):
     """Spans 3.2 s behind the log: the offset is found (to ~2 ms) and reported, and the
     placement, which reads only the spans' own differences, loses nothing (54 of 54; it
     was 21 before the spans' stamps placed the arrivals)."""
-    from span_variants import main as variants
-
-    out = tmp_path / "shifted.otlp.jsonl"
-    argv = sys.argv
-    sys.argv = ["span_variants", str(P1 / "spans.otlp.jsonl"), str(out), "--shift", "-3.2"]
-    try:
-        variants()
-    finally:
-        sys.argv = argv
+    out = _span_variant(tmp_path / "shifted.otlp.jsonl", "--shift", "-3.2")
     rep, hits = _p1_hits(out)
     assert rep.summary()["spans"]["clock_offset_s"] == pytest.approx(-3.2, abs=0.01)
     assert any("off the log's" in n for n in rep.notes)

@@ -28,6 +28,23 @@ from kvreplay.sources import read_facts
 from matching import match_preemptions
 
 
+def mean_gap(wl) -> float:
+    """The workload's mean gap between arrivals, in steps."""
+    steps = [s.arrival_step for s in wl.requests]
+    return max(1e-9, (max(steps) - min(steps)) / max(1, len(steps) - 1))
+
+
+def poisson_redraw(wl0, rng: random.Random, gap: float):
+    """The workload with its arrivals redrawn as a Poisson process over steps (mean `gap`),
+    drawn from `rng` (which the caller may draw on from after)."""
+    t = 0.0
+    specs = []
+    for s in wl0.requests:
+        specs.append(dataclasses.replace(s, arrival_step=int(t)))
+        t += rng.expovariate(1.0 / gap)
+    return dataclasses.replace(wl0, requests=specs)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("workload")
@@ -45,21 +62,14 @@ def main() -> int:
     ap.add_argument("--phase", type=float, default=0.37, help="stats lines' phase in the second")
     args = ap.parse_args()
     wl0 = parse_workload(json.load(open(args.workload)))
-    steps = [s.arrival_step for s in wl0.requests]
-    gap = max(1e-9, (max(steps) - min(steps)) / max(1, len(steps) - 1))
+    gap = mean_gap(wl0)
     calib: dict[float, list[int]] = collections.defaultdict(lambda: [0, 0])
     conf: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     tot_true = tot_hit = tot_found = 0
     for seed in ([None] if args.original else args.seeds):
         wl = wl0
         if seed is not None:
-            rng = random.Random(seed)
-            t = 0.0
-            specs = []
-            for s in wl0.requests:
-                specs.append(dataclasses.replace(s, arrival_step=int(t)))
-                t += rng.expovariate(1.0 / gap)
-            wl = dataclasses.replace(wl0, requests=specs)
+            wl = poisson_redraw(wl0, random.Random(seed), gap)
         recs, summ = simulate(wl)
         true = [(r["step"], p) for r in recs for p in r.get("preempted", ())]
         step_time = args.step_ms / 1000.0

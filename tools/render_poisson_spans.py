@@ -20,7 +20,6 @@ log, the log + spans, and the spans alone (the workload JSON's config as --confi
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import random
@@ -32,6 +31,7 @@ from pathlib import Path
 from kvreplay.replay import parse_workload, simulate
 from kvreplay.replay.render import formula_step_time, render_log, step_starts
 from kvreplay.sources import open_replay
+from eval_poisson import mean_gap, poisson_redraw
 from matching import match_preemptions
 
 START = 1778148060.05
@@ -83,17 +83,11 @@ def main() -> int:
     wl0 = parse_workload(json.load(open(args.workload)))
     model = json.load(open(args.clock_from))["step_time_model"]
     dt = formula_step_time(model)
-    st = [s.arrival_step for s in wl0.requests]
-    gap = max(1e-9, (max(st) - min(st)) / max(1, len(st) - 1))
+    gap = mean_gap(wl0)
     tot = [0, 0, 0, 0]
     for seed in args.seeds:
         rng = random.Random(seed)
-        t = 0.0
-        specs = []
-        for s in wl0.requests:
-            specs.append(dataclasses.replace(s, arrival_step=int(t)))
-            t += rng.expovariate(1.0 / gap)
-        wl = dataclasses.replace(wl0, requests=specs)
+        wl = poisson_redraw(wl0, rng, gap)
         recs, _ = simulate(wl)
         true = [(r["step"], p) for r in recs for p in r.get("preempted", ())]
         starts = step_starts(recs, dt, START)

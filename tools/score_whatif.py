@@ -18,15 +18,7 @@ import json
 import os
 import sys
 
-
-def parse_set(items: list[str]) -> dict:
-    out = {}
-    for it in items:
-        if not it:
-            continue
-        k, _, v = it.partition("=")
-        out[k] = v.lower() in ("1", "true") if k == "enable_prefix_caching" else int(v)
-    return out
+from whatif_keys import parse_set
 
 
 def right(pred: dict, key: dict) -> tuple[bool, bool]:
