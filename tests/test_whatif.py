@@ -153,9 +153,10 @@ def test_ranges_rerun_ensemble_members(logged):
     from kvreplay.sources import open_replay
 
     rp = open_replay([logged[0]], samples=6)
-    ens = W.ensemble_arrivals(rp, 4)
+    ens = [list(m.arrival_steps) for m in W.ensemble_members(rp, 4)]
     assert len(ens) == 4 and all(len(a) == len(rp.workload.requests) for a in ens)
-    assert ens == W.ensemble_arrivals(open_replay([logged[0]], samples=6), 4)
+    again = open_replay([logged[0]], samples=6)
+    assert ens == [list(m.arrival_steps) for m in W.ensemble_members(again, 4)]
     ctx = W.load([logged[0]], samples=6)
     assert len(ctx.variants) == W.ENSEMBLE_RUNS and "uncertainty ensemble" in " ".join(ctx.notes)
     row = W.run_one(ctx, W.Setting("x", {"max_num_seqs": 8}), None)

@@ -123,13 +123,52 @@ def test_exactly_timed_steps_give_the_model_back(seed, floor):
 
 def test_without_prompts_the_replays_model_and_an_uncertain_row():
     """No prompts in the log: the rows' token counts are estimates, so the what-if keeps the
-    step-time model the replay fitted with them, and says no row is sure."""
+    step-time model the replay fitted with them, and says no row is sure. Without an
+    ensemble (samples=0) the range is the term-wise fit's models on the replay's arrivals."""
     from kvreplay.sources import open_replay
 
     log = str(P1 / "server.log")
-    ctx = W.load([log], year=2026, samples=0, draws=1)
-    assert ctx.fit_source == W.ESTIMATED and not ctx.variants
+    ctx = W.load([log], year=2026, samples=0, draws=2)
+    assert ctx.fit_source == W.ESTIMATED and len(ctx.variants) == 2
+    assert all(v[1] == ctx.arrival_steps and v[3] is None for v in ctx.variants)
     assert ctx.model == open_replay([log], year=2026, samples=0).step_time_model
+    assert all(v[0] != ctx.model for v in ctx.variants)
     row = W.run_one(ctx, W.Setting("--max-num-seqs 16", {"max_num_seqs": 16}), None)
     assert row["trust"].startswith("uncertain: the log has no prompts")
-    assert row["preemptions"] == 0 and "preemptions_interval" not in row
+    assert row["preemptions"] == 0 and row["preemptions_interval"] == [0, 0]
+    lo, hi = row["output_tput_interval"]
+    assert lo <= row["output_tput"] <= hi and hi > lo
+
+
+def test_without_prompts_the_ranges_rerun_members_with_their_own_prompts():
+    """No prompts: each ensemble member drew its own prompt lengths; a row's range re-runs
+    the member with them (ensemble.member_workload, the ensemble's own recipe), so the
+    member's as-logged run is the member's replay again."""
+    from kvreplay.inference.ensemble import member_workload
+    from kvreplay.inference.formats import log_format
+    from kvreplay.sources import open_replay
+
+    log = str(P1 / "server.log")
+    rp = open_replay([log], year=2026, samples=4)
+    ms = W.ensemble_members(rp, 4)
+    own = [m for m in ms if m.prompt_lens is not None]
+    assert own, "members of a log without prompts draw their own lengths"
+    m = own[0]
+    fmt = log_format(rp.facts.vllm_version, rp.facts.engine_version, None)
+    wl = member_workload(rp.facts, fmt, rp.profile, m.prompt_lens, rp.uncertainty.shared_prefix,
+                         m.priorities).workload
+    shared = rp.uncertainty.shared_prefix
+    cap = wl.config.max_model_len - 1  # (rebuild: the longest prompt vLLM accepts)
+    assert [len(s.prompt_token_ids) for s in wl.requests] == [min(n + shared, cap) for n in m.prompt_lens]
+    assert [len(s.prompt_token_ids) for s in wl.requests] != \
+        [len(s.prompt_token_ids) for s in rp.workload.requests]
+    # the member's own run: its preemption count is the one the ensemble recorded
+    from kvreplay.audit.whatif_inputs import _steps_of
+
+    steps = _steps_of(wl, rp.profile, list(m.arrival_steps))
+    assert sum(len(r.preemptions) for r in steps) == m.count
+    ctx = W.load([log], year=2026, samples=4, draws=2)
+    assert any(v[3] is not None for v in ctx.variants)
+    row = W.run_one(ctx, W.Setting("--num-gpu-blocks 1500", {"num_gpu_blocks": 1500}), None)
+    lo, hi = row["preemptions_interval"]
+    assert lo <= row["preemptions"] <= hi and len(row["preemptions_draws"]) == 2 + len(ctx.variants)

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from kvreplay.audit import metrics as M
 from kvreplay.audit.whatif_inputs import (  # noqa: F401 (re-exported)
-    DRAWS, ENSEMBLE_RUNS, ESTIMATED, Context, ensemble_arrivals, load, timed_arrivals)
+    DRAWS, ENSEMBLE_RUNS, ESTIMATED, Context, ensemble_members, load, timed_arrivals)
 from kvreplay.audit.whatif_ranges import sweep_knee, trust  # noqa: F401 (re-exported)
 
 # vLLM flag (dest form) -> SchedulerConfig field
@@ -71,9 +71,12 @@ def plan(knobs: dict[str, list[Any]], *, grid: bool = False) -> list[Setting]:
     return out
 
 
-def configure(ctx: Context, setting: Setting):
-    """(workload, facts, notes) for a setting, or raise ValueError with vLLM's reason."""
-    base = ctx.workload.config
+def configure(ctx: Context, setting: Setting, workload: Any = None):
+    """(workload, facts, notes) for a setting, or raise ValueError with vLLM's reason.
+    `workload`: another rebuild of the log's requests (an ensemble member's), else the
+    replay's."""
+    workload = workload if workload is not None else ctx.workload
+    base = workload.config
     cfg = dataclasses.replace(base, **{KNOBS[k]: v for k, v in setting.overrides.items()})
     need = -(-cfg.max_model_len // cfg.block_size)
     if need > cfg.num_gpu_blocks - 1:
@@ -83,7 +86,7 @@ def configure(ctx: Context, setting: Setting):
         raise ValueError(f"vLLM would not start: chunked prefill off needs max_num_batched_tokens "
                          f"({cfg.max_num_batched_tokens}) >= max_model_len ({cfg.max_model_len})")
     notes: list[str] = []
-    specs = ctx.workload.requests
+    specs = workload.requests
     logged = ctx.facts.requests
     keep: list[int] = []
     new_specs = []
@@ -106,7 +109,7 @@ def configure(ctx: Context, setting: Setting):
         notes.append(f"{clamped} requests' default max_tokens cut to max_model_len")
     if not new_specs:
         raise ValueError("every request is rejected under this max_model_len")
-    wl = dataclasses.replace(ctx.workload, config=cfg, requests=new_specs)
+    wl = dataclasses.replace(workload, config=cfg, requests=new_specs)
     facts = ctx.facts
     if len(keep) != len(specs):
         facts = dataclasses.replace(facts, requests=[facts.requests[i] for i in keep])
@@ -225,10 +228,13 @@ def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, An
         return row
 
     def go(model: Any, early: bool = False, variant: Any = None) -> dict[str, Any]:
+        w, f = wl, facts
+        if variant is not None and variant[3] is not None:  # the member's own workload
+            w, f, _ = configure(ctx, setting, variant[3])
         if clients is None:
-            return drive(wl, ctx.profile, model,
-                         arrivals=_arrivals_for(ctx, model, wl, facts, early, variant))
-        return drive(wl, ctx.profile, model, clients=clients)
+            return drive(w, ctx.profile, model,
+                         arrivals=_arrivals_for(ctx, model, w, f, early, variant))
+        return drive(w, ctx.profile, model, clients=clients)
 
     res = go(ctx.model)
     row.update(res)

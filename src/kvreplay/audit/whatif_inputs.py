@@ -30,9 +30,10 @@ class Context:
     base_steps: list[Any] | None = None
     start: float = 0.0
     members: list[Any] = field(default_factory=list)  # models the log allows (intervals)
-    # (model, arrival steps, steps) of each run an interval takes: a model the log allows
-    # with the replay's arrivals, or (a thin log) an ensemble member's arrivals with one
-    variants: list[tuple[Any, list[int], list[Any]]] = field(default_factory=list)
+    # (model, arrival steps, steps, workload) of each run an interval takes: a model the log
+    # allows with the replay's arrivals, or (a thin log) an ensemble member's arrivals with
+    # one; workload None: the replay's, else the member's own (prompts it drew)
+    variants: list[tuple[Any, list[int], list[Any], Any]] = field(default_factory=list)
     batch_range: tuple[float, float] | None = None  # scheduled requests a step, as fitted
     form_error: float = 0.0  # step_model.FittedModel.form_error: widens throughput intervals
     fit_source: str = "stats lines"
@@ -49,6 +50,7 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
     arrivals, and the step-time model fitted term by term on what the log times
     (inference/step_model.py: iteration lines, else stats lines and request spans)."""
     from kvreplay.errors import UserError
+    from kvreplay.inference.ensemble import member_workload
     from kvreplay.inference.formats import log_format
     from kvreplay.inference.step_model import fit_step_model
     from kvreplay.sources import open_replay
@@ -69,14 +71,16 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
     fmt = log_format(rp.facts.vllm_version, rp.facts.engine_version, profile)
     fm = fit_step_model(rp.steps, rp.facts, fmt, rp.clock, draws=draws)
     model, members, batch, source = rp.step_time_model, [], None, "the replay's fit"
+    form_error = fm.form_error if fm is not None else 0.0
     estimated = rp.info.get("prompts") == "estimated"
     if estimated and fm is not None and fm.source != "iteration lines":
         # the rows' token counts are estimates: the split between the per-token and the
         # per-request terms is not the log's; keep the model the replay fitted with the
         # prompt lengths (measured on p1 without prompts: throughput within 9%, the
-        # term-wise fit 15%, docs/accuracy.md)
+        # term-wise fit 15%, docs/accuracy.md); the term-wise fit's models still time the
+        # interval's runs: where the two disagree, so does the interval
         fit_text = f"the log replay's stats lines, prompts estimated ({fit_text})"
-        batch, source, fm = fm.batch_range, ESTIMATED, None
+        batch, source, members, fm = fm.batch_range, ESTIMATED, fm.members, None
     elif fm is None:
         fit_text = f"the log replay's stats lines ({fit_text})"
     else:
@@ -90,19 +94,30 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
                   placement, fit_text, notes,  # type: ignore[arg-type]
                   arrival_steps=list(rp.inputs.arrival_steps), base_steps=rp.steps,
                   start=start, members=members, batch_range=batch, fit_source=source,
-                  form_error=fm.form_error if fm is not None else 0.0)
-    ens = ensemble_arrivals(rp)
+                  form_error=form_error)
+    ens = ensemble_members(rp)
     if ens:
-        ctx.variants = [(members[j % len(members)] if members else model, arr,
-                         _steps_of(rp, arr)) for j, arr in enumerate(ens)]
+        ctx.variants = []
+        own: dict[int, Any] = {}  # a member drawn twice rebuilds its workload once
+        for j, m in enumerate(ens):
+            wl = None
+            if m.prompt_lens is not None or m.priorities is not None:
+                if id(m) not in own:
+                    own[id(m)] = member_workload(rp.facts, fmt, rp.profile, m.prompt_lens,
+                                                 rp.uncertainty.shared_prefix, m.priorities).workload
+                wl = own[id(m)]
+            arr = list(m.arrival_steps)
+            ctx.variants.append((members[j % len(members)] if members else model, arr,
+                                 _steps_of(wl if wl is not None else rp.workload, rp.profile, arr), wl))
         ctx.notes.append(f"intervals: {len(ens)} members of the uncertainty ensemble (arrival "
-                         "steps the stats lines allow), each with a step-time model the log allows")
+                         "steps the stats lines allow" + (", prompt lengths drawn around the "
+                         "estimate" if own else "") + "), each with a step-time model the log allows")
     else:
-        ctx.variants = [(m, ctx.arrival_steps, rp.steps) for m in members]
+        ctx.variants = [(m, ctx.arrival_steps, rp.steps, None) for m in members]
     return ctx
 
 
-def ensemble_arrivals(rp: Any, k: int = ENSEMBLE_RUNS) -> list[list[int]]:
+def ensemble_members(rp: Any, k: int = ENSEMBLE_RUNS) -> list[Any]:
     """k members of the replay's uncertainty ensemble (inference/ensemble.py), drawn by
     their weights (systematic resampling, deterministic); [] without an ensemble."""
     u = rp.uncertainty
@@ -114,19 +129,19 @@ def ensemble_arrivals(rp: Any, k: int = ENSEMBLE_RUNS) -> list[list[int]]:
     for m in ms:
         acc += m.weight / total
         while j < k and (j + 0.5) / k <= acc:
-            out.append(list(m.arrival_steps))
+            out.append(m)
             j += 1
     return out
 
 
-def _steps_of(rp: Any, arrival_steps: list[int]) -> list[Any]:
-    """The steps of the replay's workload with these arrival steps (to time the arrivals)."""
+def _steps_of(workload: Any, profile: Any, arrival_steps: list[int]) -> list[Any]:
+    """The steps of a workload with these arrival steps (to time the arrivals)."""
     from kvreplay.inference.runs import step_limit
     from kvreplay.replay.engine import Engine
     from kvreplay.replay.records import EngineInputs
 
-    eng = Engine(rp.workload, rp.profile, inputs=EngineInputs(list(arrival_steps)))
-    cap = step_limit(rp.workload)
+    eng = Engine(workload, profile, inputs=EngineInputs(list(arrival_steps)))
+    cap = step_limit(workload)
     steps = []
     while not eng.done and len(steps) < cap:
         steps.append(eng.step())

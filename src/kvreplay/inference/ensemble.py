@@ -81,9 +81,12 @@ class Member:
     processed: int
     by_victim: dict[str, list[int]]
     windows: list[int]
-    # the member's arrival step per request when it kept the replay's workload (what-if
-    # runs re-run it under other settings); None when it drew its own prompts
+    # the member's arrival step per request (what-if runs re-run it under other settings)
     arrival_steps: array | None = None
+    # what it drew of its own workload (member_workload rebuilds it): prompt lengths after
+    # the shared prefix, priorities; None where it kept the replay's
+    prompt_lens: array | None = None
+    priorities: array | None = None
 
 
 @dataclass(slots=True)
@@ -104,6 +107,7 @@ class Uncertainty:
     # its SSE): the replay to show instead; None when the placed run is the best
     representative: Run | None = field(default=None, repr=False)
     row_map: Sequence[tuple[float, float]] | None = field(default=None, repr=False)
+    shared_prefix: int = 0  # the tokens every estimated prompt shares (member_workload)
 
     def assign(self, pre: Sequence[PreemptionRecord]) -> None:
         """Each row's probability: the weighted share of members that preempt its victim
@@ -399,13 +403,13 @@ def _draw_member(c: _Context, i: int) -> tuple[Member, Run | None]:
     kind = c.kinds[i % len(c.kinds)]
     arr = c.draw.placement(kind, rng)
     rb = c.rebuilt
+    lens = prios = None
     if c.lengths is not None or c.priority_unknown:
         lens = draw_lengths(c.lengths, c.facts, rng) if c.lengths is not None else None
-        rb = rebuild_workload(c.facts, c.fmt, c.profile, prompt_lens=lens,
-                              shared_prefix=c.shared_prefix)
         if c.priority_unknown:
-            specs = [replace(sp, priority=rng.randint(0, 4)) for sp in rb.workload.requests]
-            rb.workload = replace(rb.workload, requests=specs)
+            n = len(c.rebuilt.workload.requests)
+            prios = [rng.randint(0, 4) for _ in range(n)]
+        rb = member_workload(c.facts, c.fmt, c.profile, lens, c.shared_prefix, prios)
     if kind == "model":
         # the step-time model's uncertainty: the clock-driven replay under another model
         # puts the arrivals at other steps (and the run at another length)
@@ -414,10 +418,25 @@ def _draw_member(c: _Context, i: int) -> tuple[Member, Run | None]:
         arr = c.draw._fix_order([max(a, 0) for a in timed.arrival_steps])
     alt = placed(rb, c.facts, c.fmt, c.profile, arr, c.run.model, c.phase)
     m = _member(alt.run, c.facts, c.fmt, c.phase, c.bounds, c.known)
-    if rb is c.rebuilt:
-        m.arrival_steps = array("i", alt.run.arrival_steps)
+    m.arrival_steps = array("i", alt.run.arrival_steps)
+    if lens is not None:
+        m.prompt_lens = array("i", lens)
+    if prios is not None:
+        m.priorities = array("i", prios)
     # (a member with its own workload, drawn prompt lengths, is never the replay shown)
     return m, alt.run if m.sse < c.keep_below and rb is c.rebuilt else None
+
+
+def member_workload(facts: LogFacts, fmt: LogFormat, profile: Any, lens: Sequence[int] | None,
+                    shared_prefix: int, priorities: Sequence[int] | None) -> Any:
+    """The workload a member drew (`Rebuilt`): the log's, with these prompt lengths (after
+    `shared_prefix`) and priorities. The one recipe for the ensemble and the what-if."""
+    rb = rebuild_workload(facts, fmt, profile, prompt_lens=list(lens) if lens is not None else None,
+                          shared_prefix=shared_prefix)
+    if priorities is not None:
+        specs = [replace(sp, priority=p) for sp, p in zip(rb.workload.requests, priorities)]
+        rb.workload = replace(rb.workload, requests=specs)
+    return rb
 
 
 _CTX: _Context | None = None  # the context a forked worker reads
@@ -550,7 +569,8 @@ def ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, run: R
         recomputed_tokens=_interval([m.recomputed for m in members], w, widen=widen),
         recompute_ratio=_interval(ratios, w, digits=4, widen=widen),
         windows=win_rows, requests=reqs, members=members, representative=best_run,
-        row_map=maps[1] if maps else None, fit_per_line=fit, poor_fit=cal and fit >= POOR_FIT)
+        row_map=maps[1] if maps else None, fit_per_line=fit, poor_fit=cal and fit >= POOR_FIT,
+        shared_prefix=shared_prefix)
 
 
 def headline(unc: Uncertainty, pre: Sequence[PreemptionRecord], make_exact: str) -> str:

@@ -44,9 +44,9 @@ class FittedModel:
     members: list[StepTimeModel] = field(default_factory=list)
     # the batch the fit saw: scheduled requests per step (min, max over rows' means)
     batch_range: tuple[float, float] = (0.0, 0.0)
-    # the residual per timed step relative to a step's mean time (iteration lines: what the
-    # model's form misses, which no draw of its coefficients shows); 0 for interval rows,
-    # whose residual is mostly the lines' read noise (carried by the draws)
+    # the residual per row relative to a row's mean time (a timed step, a stats interval, a
+    # span's window): what the model's form, the lines' read noise and the inferred steps
+    # miss, which no draw of the coefficients shows
     form_error: float = 0.0
 
 
@@ -180,8 +180,10 @@ def fit_step_model(steps: list[StepRecord], facts: Any, fmt: Any, clock: list[fl
     means = sorted(sum(r.num_scheduled for r in seg) / len(seg) for seg, _ in data if seg)
     lo, hi = (means[len(means) // 20], means[-1 - len(means) // 20]) if means else (0.0, 0.0)
     fm = FittedModel(_model(coef, floor), source, m, math.sqrt(err / m), batch_range=(lo, hi))
-    if source == "iteration lines":
-        fm.form_error = fm.rms_s / max(1e-12, sum(y for _, y in data) / m)
+    # what the fit misses per row, relative to a row's time: it widens every throughput
+    # interval (audit/whatif.py). Stats-line rows too: their draws alone held vLLM's
+    # throughput in 159 of 200 rows of the what-if corpus, with it in 189 (docs/accuracy.md)
+    fm.form_error = fm.rms_s / max(1e-12, sum(y for _, y in data) / m)
     # floors about as good: residual within what noise of this size gives (F-like, 2 sigma)
     near = [f for f in fits if f[0] <= err * (1.0 + 4.0 / dof) + 1e-15][:8]
     rng = random.Random(seed)
