@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 
 import pytest
 
@@ -165,3 +166,21 @@ def test_ranges_rerun_ensemble_members(logged):
     # the central run, one per variant, and the arrivals at the other end of their steps
     assert len(row["preemptions_draws"]) == 1 + len(ctx.variants) + 1
     assert row["trust"].startswith(("trustworthy", "uncertain"))
+    # a thin log: the row is the median run of those the log allows, whole
+    assert ctx.thin
+    pre, tput = row["preemptions_draws"], row["output_tput_draws"]
+    k = W.median_run(pre, tput)
+    assert (row["preemptions"], row["output_tput"]) == (pre[k], tput[k])
+    assert abs(row["preemptions"] - statistics.median(pre)) <= min(abs(p - statistics.median(pre)) for p in pre)
+    if k:
+        assert f"replay's own arrivals: {pre[0]} preemptions" in row["note"]
+
+
+def test_median_run_picks_the_middle_count_then_throughput():
+    # counts 10, 30, 20: the median 20 is run 2
+    assert W.median_run([10, 30, 20], [1.0, 2.0, 3.0]) == 2
+    # counts 5, 7, 7, 9 (median 7): runs 1 and 2 tie; throughputs 4, 6, 5, 5 (median 5)
+    # -> run 2, whose throughput is the median
+    assert W.median_run([5, 7, 7, 9], [4.0, 6.0, 5.0, 5.0]) == 2
+    # a full tie keeps the first: the replay's own arrivals
+    assert W.median_run([3, 3, 3], [1.0, 1.0, 1.0]) == 0

@@ -85,7 +85,9 @@ def main() -> int:
                    "preemptions_ok": pre_ok, "tput_ok": tput_ok, "right": pre_ok and tput_ok,
                    "preemptions_interval": row.get("preemptions_interval"),
                    "tput_interval": row.get("output_tput_interval"),
-                   "trust": row.get("trust")}
+                   "trust": row.get("trust"),
+                   "preemptions_draws": row.get("preemptions_draws"),
+                   "tput_draws": row.get("output_tput_draws")}
             rec["pre_in"] = holds(rec["preemptions_interval"], k["total_preemptions"])
             rec["tput_in"] = holds(rec["tput_interval"], k["gen_tok_per_s"])
             out.append(rec)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -247,10 +248,21 @@ def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, An
             runs.append(go(ctx.model, early=True))
         pre = [r["preemptions"] for r in runs]
         tput = [r["output_tput"] for r in runs]
+        if ctx.thin:
+            # The log cannot pin the arrivals, and the count swings with a step's shift of
+            # a few of them: the median run of those the log allows is the better answer
+            # (on the what-if corpus's stats-line logs 146 of 200 rows right, the
+            # replay's own arrivals 133; docs/accuracy.md). The row is that run, whole.
+            k = median_run(pre, tput)
+            if k:
+                row.update(runs[k])
+                notes.append(f"the median of the {len(runs)} runs the log allows; with the "
+                             f"replay's own arrivals: {res['preemptions']} preemptions, "
+                             f"{res['output_tput']:,.0f} tok/s")
         row["preemptions_interval"] = [min(pre), max(pre)]
-        e = ctx.form_error * res["output_tput"]
-        row["output_tput_interval"] = [round(min(min(tput), res["output_tput"] - e), 2),
-                                       round(max(max(tput), res["output_tput"] + e), 2)]
+        t = row["output_tput"]
+        e = ctx.form_error * t  # what the model's fit misses, around the row's own run
+        row["output_tput_interval"] = [round(min(min(tput), t - e), 2), round(max(max(tput), t + e), 2)]
         row["output_tput_draws"] = tput
         row["preemptions_draws"] = pre
         row["preemptions_range"] = f"{min(pre)}-{max(pre)}"
@@ -263,6 +275,13 @@ def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, An
         notes.append(f"only {res['completed']} of {len(wl.requests)} requests finished within the step cap")
     row["note"] = "; ".join(notes) or None
     return row
+
+
+def median_run(pre: Sequence[int], tput: Sequence[float]) -> int:
+    """The run nearest the median preemption count, then the median throughput (then the
+    first: the replay's own arrivals come first)."""
+    mp, mt = statistics.median(pre), statistics.median(tput)
+    return min(range(len(pre)), key=lambda i: (abs(pre[i] - mp), abs(tput[i] - mt), i))
 
 
 # ---------------------------------------------------------------- sweep

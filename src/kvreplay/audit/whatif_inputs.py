@@ -37,6 +37,9 @@ class Context:
     batch_range: tuple[float, float] | None = None  # scheduled requests a step, as fitted
     form_error: float = 0.0  # step_model.FittedModel.form_error: widens throughput intervals
     fit_source: str = "stats lines"
+    # the variants are ensemble members: the log does not pin the arrivals to their steps,
+    # and a row is the median of its runs (audit/whatif.py run_one), not the replay's run
+    thin: bool = False
 
 
 DRAWS = 6  # step-time models drawn for a row's interval (inference/step_model.py)
@@ -109,6 +112,7 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
             arr = list(m.arrival_steps)
             ctx.variants.append((members[j % len(members)] if members else model, arr,
                                  _steps_of(wl if wl is not None else rp.workload, rp.profile, arr), wl))
+        ctx.thin = True
         ctx.notes.append(f"intervals: {len(ens)} members of the uncertainty ensemble (arrival "
                          "steps the stats lines allow" + (", prompt lengths drawn around the "
                          "estimate" if own else "") + "), each with a step-time model the log allows")
