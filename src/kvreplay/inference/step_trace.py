@@ -29,6 +29,7 @@ from typing import Any, Iterable
 
 from kvreplay import events as ev
 from kvreplay.errors import UserError
+from kvreplay.inference.step_model import STAMPS
 from kvreplay.replay.engine import Engine
 from kvreplay.replay.profile import get_profile
 from kvreplay.replay.records import EngineInputs, preemption_records
@@ -308,6 +309,7 @@ def _replay_session(session: TraceSession, profile, kv_events) -> dict[str, Any]
         "requests_left_out": [names[h] for h in dropped],
         "kv_events_checked": kv_check.checked if kv_check is not None else None,
         "log_lines": {st.step: [(st.file, st.line)] for st in session.steps if st.file},
+        "times": [st.time for st in session.steps[: len(steps)]],
     }
 
 
@@ -381,14 +383,33 @@ def replay_step_trace(events: list, *, profile: str | None = None,
         notes.append(f"{len(top['requests_left_out'])} requests aborted before any schedule() "
                      "saw them are left out")
     exact = top["first_divergence"] is None
+    stamps, model, clock = _timed(top["steps"], top["times"])
+    info = {"vllm_version": getattr(sess[0].config, "vllm_version", None),
+            "requests": len(wl.requests), "prompts": "exact", "output_lengths": "exact"}
+    if model is not None:
+        info["step_time_model"] = f"{STAMPS}: {model.describe()}"
     return Replay(
         kind="step-trace", label=label, paths=[], workload=wl, profile=prof,
         inputs=top["inputs"], steps=top["steps"], preemptions=top["preemptions"],
         step_check=check, log_lines=top["log_lines"], notes=notes, hasher=top["hasher"],
-        confidence="exact" if exact else "inferred",
-        info={"vllm_version": getattr(sess[0].config, "vllm_version", None),
-              "requests": len(wl.requests), "prompts": "exact", "output_lengths": "exact"},
+        confidence="exact" if exact else "inferred", info=info,
+        clock=clock, step_time_model=model, stamps=stamps,
     )
+
+
+def _timed(steps: list, times: list) -> tuple[list[float] | None, Any, list[float] | None]:
+    """(stamps, step-time model, clock) from the step lines' time stamps (trace_clock.py);
+    the model and clock None where the log times too few busy seconds to fit one."""
+    from kvreplay.inference.step_model import fit_step_model
+    from kvreplay.inference.trace_clock import line_stamps, stamp_clock
+
+    stamps = line_stamps(times)
+    if stamps is None:
+        return None, None, None
+    fm = fit_step_model(steps, None, None, None, stamps=stamps, draws=0)
+    if fm is None:
+        return stamps, None, None
+    return stamps, fm.model, stamp_clock(steps, stamps, fm.model)
 
 
 class CacheState:
