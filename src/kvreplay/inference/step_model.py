@@ -49,8 +49,9 @@ class FittedModel:
     # the batch the fit saw: scheduled requests per step (min, max over rows' means)
     batch_range: tuple[float, float] = (0.0, 0.0)
     # the residual per timed step relative to a step's mean time (iteration lines: what the
-    # model's form misses, which no draw of its coefficients shows); 0 for interval rows,
-    # whose residual is mostly the lines' read noise (carried by the draws)
+    # model's form misses, which no draw of its coefficients shows; step-trace stamps: a
+    # one-second row's, ~0.5%); 0 for stats intervals, whose residual is mostly the lines'
+    # read noise (carried by the draws)
     form_error: float = 0.0
 
 
@@ -249,7 +250,9 @@ def _fit(data: list[tuple[list[StepRecord], float]], source: str, draws: int, se
     means = sorted(sum(r.num_scheduled for r in seg) / len(seg) for seg, _ in data if seg)
     lo, hi = (means[len(means) // 20], means[-1 - len(means) // 20]) if means else (0.0, 0.0)
     fm = FittedModel(_model(coef, floor), source, m, math.sqrt(err / m), batch_range=(lo, hi))
-    if source == "iteration lines":
+    if source in ("iteration lines", STAMPS):
+        # (stamps: a one-second row's read noise, which the draws carry into the terms
+        # but not into a whole run's time)
         fm.form_error = fm.rms_s / max(1e-12, sum(y for _, y in data) / m)
     # floors about as good: residual within what noise of this size gives (F-like, 2 sigma)
     near = [f for f in fits if f[0] <= err * (1.0 + 4.0 / dof) + 1e-15][:8]
