@@ -18,6 +18,11 @@ which two full blocks are equal iff their logged hashes are equal (so any kvrepl
 reproduces the prompt-sharing pattern); the exact replay itself goes further and gives
 every block, output blocks included, the identity the log recorded.
 
+Time: each step line is written as its iteration ends, in vLLM's envelope with its
+whole-second stamp. The Replay keeps them (`stamps`), a step-time model fitted on them
+(`step_time_model`, inference/step_model.py `stamp_rows`) and the clock it gives
+(`clock`, inference/trace_clock.py); the step check and the records do not use them.
+
 KV-cache event files (`kvreplay record-kv-events`) can be checked too:
 `replay_step_trace(events, kv_events=records)` compares vLLM's BlockStored / BlockRemoved /
 AllBlocksCleared stream with the set of cached blocks in the replay's block pool.
@@ -30,6 +35,7 @@ from typing import Any, Iterable
 from kvreplay import events as ev
 from kvreplay.errors import UserError
 from kvreplay.inference.step_model import STAMPS
+from kvreplay.inference.trace_clock import timed
 from kvreplay.replay.engine import Engine
 from kvreplay.replay.profile import get_profile
 from kvreplay.replay.records import EngineInputs, preemption_records
@@ -383,7 +389,7 @@ def replay_step_trace(events: list, *, profile: str | None = None,
         notes.append(f"{len(top['requests_left_out'])} requests aborted before any schedule() "
                      "saw them are left out")
     exact = top["first_divergence"] is None
-    stamps, model, clock = _timed(top["steps"], top["times"])
+    stamps, model, clock = timed(top["steps"], top["times"])
     info = {"vllm_version": getattr(sess[0].config, "vllm_version", None),
             "requests": len(wl.requests), "prompts": "exact", "output_lengths": "exact"}
     if model is not None:
@@ -395,21 +401,6 @@ def replay_step_trace(events: list, *, profile: str | None = None,
         confidence="exact" if exact else "inferred", info=info,
         clock=clock, step_time_model=model, stamps=stamps,
     )
-
-
-def _timed(steps: list, times: list) -> tuple[list[float] | None, Any, list[float] | None]:
-    """(stamps, step-time model, clock) from the step lines' time stamps (trace_clock.py);
-    the model and clock None where the log times too few busy seconds to fit one."""
-    from kvreplay.inference.step_model import fit_step_model
-    from kvreplay.inference.trace_clock import line_stamps, stamp_clock
-
-    stamps = line_stamps(times)
-    if stamps is None:
-        return None, None, None
-    fm = fit_step_model(steps, None, None, None, stamps=stamps, draws=0)
-    if fm is None:
-        return stamps, None, None
-    return stamps, fm.model, stamp_clock(steps, stamps, fm.model)
 
 
 class CacheState:

@@ -19,6 +19,22 @@ from typing import Any
 from kvreplay.replay.records import StepRecord
 
 
+def timed(steps: list[StepRecord], times: list[float | None]
+          ) -> tuple[list[float] | None, Any, list[float] | None]:
+    """(stamps, step-time model, clock) of a step-trace replay's steps from their lines'
+    time stamps (`times`, StepTrace.time); the model and clock None where the lines time
+    too few busy seconds to fit one."""
+    from kvreplay.inference.step_model import fit_step_model
+
+    stamps = line_stamps(times)
+    if stamps is None:
+        return None, None, None
+    fm = fit_step_model(steps, None, None, None, stamps=stamps, draws=0)
+    if fm is None:
+        return stamps, None, None
+    return stamps, fm.model, stamp_clock(steps, stamps, fm.model)
+
+
 def line_stamps(times: list[float | None]) -> list[float] | None:
     """The whole-second stamps of the step lines, or None when a line has no time stamp
     (a log without vLLM's envelope) or the stamps run backwards."""
