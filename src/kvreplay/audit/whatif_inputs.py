@@ -50,7 +50,8 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
          draws: int = DRAWS, samples: int | None = None) -> Context:
     """The log's replay (kvreplay.sources.open_replay): its workload, its steps and their
     arrivals, and the step-time model fitted term by term on what the log times
-    (inference/step_model.py: iteration lines, else stats lines and request spans)."""
+    (inference/step_model.py: iteration lines, else stats lines and request spans; a
+    step trace: its lines' seconds, _load_step_trace)."""
     from kvreplay.errors import UserError
     from kvreplay.inference.formats import log_format
     from kvreplay.inference.step_model import fit_step_model
