@@ -211,3 +211,12 @@ def test_stamp_clock_puts_each_step_in_its_second(spec):
     for k in range(len(steps) - 1):
         if not (steps[k].num_running + steps[k].num_waiting == 0):
             assert stamps[k] <= clock[k + 1] < stamps[k] + 1
+
+
+def test_audit_of_a_step_trace_has_latencies(capsys):
+    """With the clock, the audit's record of a step-trace log has the latency figures (None
+    before) and names where its step time comes from."""
+    assert main(["audit", str(LOG), "--year", "2026", "--format", "json"]) == 0
+    (rec,) = json.loads(capsys.readouterr().out)
+    assert rec["step_time_model"].startswith(STAMPS)
+    assert 0 < rec["ttft_p50_s"] < rec["ttft_p95_s"] and rec["itl_p50_s"] > 0
