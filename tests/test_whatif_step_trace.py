@@ -104,6 +104,7 @@ def test_stamps_give_the_cases_step_time_terms(ctx):
 
 
 def test_as_logged_row_is_the_replay(ctx, rp):
+    assert ctx.model == rp.step_time_model  # the what-if's model is the replay's clock's
     row = W.run_one(ctx, W.Setting("as logged"), None)
     assert row["preemptions"] == rp.totals().preemptions == 54
     assert row["steps"] == len(rp.steps) and row["completed"] == 200
