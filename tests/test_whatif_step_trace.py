@@ -24,7 +24,7 @@ from kvreplay.audit import whatif as W
 from kvreplay.cli import main
 from kvreplay.errors import UserError
 from kvreplay.inference.clock import StepTimeModel
-from kvreplay.inference.step_model import STAMPS, stamp_rows
+from kvreplay.inference.step_model import STAMPS, restart, stamp_rows
 from kvreplay.inference.trace_clock import stamp_clock
 from kvreplay.replay.records import StepRecord
 from kvreplay.sources import open_replay
@@ -168,24 +168,29 @@ def test_step_trace_without_time_stamps_is_refused(tmp_path):
         W.load([str(p)], year=2026)
 
 
-def _rec(k: int, dry: bool = False, tokens: int = 10) -> StepRecord:
-    return StepRecord(k, [], num_scheduled_tokens=tokens, num_scheduled=2,
+def _rec(k: int, dry: bool = False, tokens: int = 10, woke: bool = False) -> StepRecord:
+    return StepRecord(k, ["r"] if woke else [], num_scheduled_tokens=tokens, num_scheduled=2,
                       num_running=0 if dry else 2)
 
 
 def test_stamp_rows_by_hand():
     """Stamps 0,0,1,1,1,2,3,3 (steps 0-7): the last steps of their seconds are 1, 4, 5, 7;
     rows: steps 2-4 took 1 s, step 5 took 1 s; 6-7 end at the run's last step (left out).
-    Step 3 leaving the engine dry drops the row 2-4 (anchors 1 and 4, step 3 between);
-    step 4 dry drops the row of step 5 (its anchor's next step waited for a request)."""
+    A restart at step 4 (step 3 left the engine dry, step 4 takes a request) drops the row
+    2-4; a restart at step 5 drops the row of step 5 too (its start waited). A dry step
+    whose next step takes no request (it ran at once) drops nothing."""
+    def rows(steps):
+        return [([r.step for r in seg], y) for seg, y in stamp_rows(steps, stamps)]
+
     steps = [_rec(k) for k in range(8)]
     stamps = [0, 0, 1, 1, 1, 2, 3, 3]
-    rows = stamp_rows(steps, stamps)
-    assert [([r.step for r in seg], y) for seg, y in rows] == [([2, 3, 4], 1.0), ([5], 1.0)]
+    assert rows(steps) == [([2, 3, 4], 1.0), ([5], 1.0)]
     steps[3] = _rec(3, dry=True)
-    assert [([r.step for r in seg], y) for seg, y in stamp_rows(steps, stamps)] == [([5], 1.0)]
-    steps[4] = _rec(4, dry=True)  # the anchor of 5's row left the engine dry: no row
-    assert stamp_rows(steps, stamps) == []
+    assert rows(steps) == [([2, 3, 4], 1.0), ([5], 1.0)]
+    steps[4] = _rec(4, woke=True)
+    assert rows(steps) == [([5], 1.0)]
+    steps[4], steps[5] = _rec(4, dry=True), _rec(5, woke=True)
+    assert rows(steps) == []
     # a model centres each row on the steps crossing its ends: + (dt[2] - dt[5]) / 2
     steps = [_rec(k, tokens=100 if k == 2 else 10) for k in range(8)]
     m = StepTimeModel(overhead_s=0.0, per_token_s=1e-3, per_request_s=0.0)
@@ -194,23 +199,23 @@ def test_stamp_rows_by_hand():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 400), st.booleans(), st.integers(0, 2)),
-                min_size=1, max_size=60))
+@given(st.lists(st.tuples(st.integers(1, 400), st.booleans(), st.booleans(),
+                          st.integers(0, 2)), min_size=1, max_size=60))
 def test_stamp_clock_puts_each_step_in_its_second(spec):
-    """Whatever the stamps (non-decreasing) and the dry steps: the clock never runs back,
-    and a step followed at once by the next one ends (the next one's start) within the
-    second its line is stamped with."""
+    """Whatever the stamps (non-decreasing), the dry steps and the arrivals: the clock
+    never runs back, and a step followed at once by the next one (no restart) ends, where
+    the next one starts, within the second its line is stamped with."""
     steps, stamps, t = [], [], 100.0
-    for k, (tok, dry, gap) in enumerate(spec):
+    for k, (tok, dry, woke, gap) in enumerate(spec):
         t += gap
-        steps.append(_rec(k, dry=dry, tokens=tok))
+        steps.append(_rec(k, dry=dry, tokens=tok, woke=woke))
         stamps.append(t)
     model = StepTimeModel(overhead_s=0.002, per_token_s=2e-4, per_request_s=0.0)
     clock = stamp_clock(steps, stamps, model)
     assert len(clock) == len(steps)
     assert all(b >= a for a, b in zip(clock, clock[1:]))
     for k in range(len(steps) - 1):
-        if not (steps[k].num_running + steps[k].num_waiting == 0):
+        if not restart(steps, k + 1):
             assert stamps[k] <= clock[k + 1] < stamps[k] + 1
 
 
@@ -221,3 +226,51 @@ def test_audit_of_a_step_trace_has_latencies(capsys):
     (rec,) = json.loads(capsys.readouterr().out)
     assert rec["step_time_model"].startswith(STAMPS)
     assert 0 < rec["ttft_p50_s"] < rec["ttft_p95_s"] and rec["itl_p50_s"] > 0
+
+
+def test_an_engine_that_ran_dry_restarts_at_the_wall_clock(tmp_path):
+    """Two bursts 14 s apart (tools/render_step_trace.py: the idle iterations between them
+    get no line and no number, as in vLLM). The step after the gap is a restart: its start
+    is the clock's, whatever the model, so the second burst arrives when it did (the model
+    alone would put it straight after the first burst)."""
+    import dataclasses
+
+    sys.path.insert(0, str(TESTS.parent / "tools"))
+    import render_step_trace as R
+    from calib_corpus import poisson_workload
+    from whatif_corpus import step_dt
+
+    from kvreplay.audit.whatif_inputs import timed_arrivals
+    from kvreplay.replay import parse_workload
+    from kvreplay.replay.render import step_starts
+
+    m = TRUTH["step_time_model"]
+    wd = poisson_workload(7, 30, "fcfs", False, False, 600, 4.0, 32)
+    for r in wd["requests"][15:]:
+        r["arrival_step"] += 2000
+    wl = parse_workload(wd)
+    lines, recs = R.render(wl, m, stats_interval_s=2.0, stats_phase_s=0.5, with_prompts=False)
+    path = tmp_path / "gap.log"
+    path.write_text("\n".join(lines) + "\n")
+    busy = [r for r in recs if not r.get("idle")]
+    assert len(busy) < len(recs) - 1000  # a long idle stretch, dropped from the trace
+    assert R.check(str(path), recs)["steps_checked"] == len(busy)
+    f = step_dt(m)
+    dts = [f(r) for r in recs]
+    starts = step_starts(recs, lambda r: dts[r["step"]], R.START)
+    ctx = W.load([str(path)], year=2026, draws=2)
+    (k,) = ctx.restarts  # one restart: the first step of the second burst
+    first_late = next(r for r in busy if set(r["arrivals"]) & {x["id"] for x in wd["requests"][15:]})
+    assert k == busy.index(first_late)
+    assert abs(ctx.restarts[k] - starts[first_late["step"]]) < 1.0
+    truth = {rid: starts[r["step"]] for r in recs for rid in r.get("arrivals", ())}
+    late = [i for i, s in enumerate(ctx.workload.requests) if s.id in {x["id"] for x in wd["requests"][15:]}]
+    got = timed_arrivals(ctx, ctx.model)
+    assert all(abs(got[i] - truth[ctx.workload.requests[i].id]) < 1.0 for i in late)
+    squeezed = timed_arrivals(dataclasses.replace(ctx, restarts={}), ctx.model)
+    assert all(truth[ctx.workload.requests[i].id] - squeezed[i] > 10.0 for i in late)
+    # as logged, the run is the replay again (the engine idles through the gap)
+    rp = open_replay([str(path)], year=2026)
+    row = W.run_one(ctx, W.Setting("as logged"), None)
+    assert row["preemptions"] == len(rp.preemptions) > 0 and row["steps"] == len(rp.steps)
+    assert row["makespan_s"] == pytest.approx(rp.clock[-1] - rp.clock[0], abs=1.0)

@@ -36,8 +36,9 @@ class Context:
     batch_range: tuple[float, float] | None = None  # scheduled requests a step, as fitted
     form_error: float = 0.0  # step_model.FittedModel.form_error: widens throughput intervals
     fit_source: str = "stats lines"
-    # base step -> its wall-clock start, for a step after the engine ran dry (step traces):
-    # it waited for a request, whatever the model; the model times the busy stretches
+    # base step -> its wall-clock start, for a step that waited for a request after the
+    # engine ran dry (step traces: step_model.restart), whatever the model; the model
+    # times the busy stretches
     restarts: dict[int, float] = field(default_factory=dict)
 
 
@@ -117,7 +118,7 @@ def _load_step_trace(rp: Any, paths: Sequence[str], draws: int) -> Context:
 
     from kvreplay.errors import UserError
     from kvreplay.inference.runs import step_limit
-    from kvreplay.inference.step_model import STAMPS, fit_step_model
+    from kvreplay.inference.step_model import STAMPS, fit_step_model, restart
 
     if rp.engine_name != "V1":
         raise UserError("what-if runs the V1 scheduler; this log comes from the V0 engine")
@@ -144,8 +145,7 @@ def _load_step_trace(rp: Any, paths: Sequence[str], draws: int) -> Context:
                   base_steps=rp.steps, start=rp.clock[0], members=fm.members,
                   batch_range=fm.batch_range, fit_source=STAMPS, form_error=fm.form_error)
     ctx.variants = [(m, ctx.arrival_steps, rp.steps) for m in fm.members]
-    ctx.restarts = {k: rp.clock[k] for k in range(1, len(rp.steps))
-                    if rp.steps[k - 1].num_running + rp.steps[k - 1].num_waiting == 0}
+    ctx.restarts = {k: rp.clock[k] for k in range(1, len(rp.steps)) if restart(rp.steps, k)}
     return ctx
 
 

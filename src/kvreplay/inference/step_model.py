@@ -113,6 +113,14 @@ def span_rows(steps: list[StepRecord], facts: Any) -> list[tuple[list[StepRecord
     return [(steps[a: b + 1], dur) for a, b, dur in span_windows(run, facts) if b >= a]
 
 
+def restart(steps: list[StepRecord], k: int) -> bool:
+    """Step k waited for a request: the step before it left nothing running or waiting and
+    k takes arrivals. (EngineCore sleeps with nothing to do; a step after it without
+    arrivals ran at once, as the empty step after the last finish does.)"""
+    return (k > 0 and bool(steps[k].arrivals)
+            and steps[k - 1].num_running + steps[k - 1].num_waiting == 0)
+
+
 def stamp_rows(steps: list[StepRecord], stamps: list[float], model: Any = None
                ) -> list[tuple[list[StepRecord], float]]:
     """(steps, seconds) from the whole-second stamps of the step-trace lines: step k's line
@@ -122,9 +130,8 @@ def stamp_rows(steps: list[StepRecord], stamps: list[float], model: Any = None
     b stamped S' > S took S' - S seconds, to a step at either end; with a `model`, its
     durations of the steps crossing the two seconds' ends centre that:
     S' - S + (dt[a + 1] - dt[b + 1]) / 2 (stamp_weights: how well each row is known). A
-    row whose steps include one that left nothing running or waiting (the engine ran dry:
-    its next step waited for a request) says only that its steps took less: left out, as
-    is the run's last step."""
+    row with a `restart` among steps a + 1 .. b + 1 (the engine ran dry and waited for a
+    request) says only that its steps took less: left out, as is the run's last step."""
     return [(seg, y) for seg, y, _ in _stamp_rows(steps, stamps, model)]
 
 
@@ -144,7 +151,7 @@ def _stamp_rows(steps: list[StepRecord], stamps: list[float], model: Any
     for a, b in zip(lasts, lasts[1:]):
         if b >= n - 1 or stamps[b] <= stamps[a]:
             continue  # the run's end, or a clock that went back
-        if any(r.num_running + r.num_waiting == 0 for r in steps[a: b + 1]):
+        if any(restart(steps, k) for k in range(a + 1, b + 2)):
             continue
         y, var = float(stamps[b] - stamps[a]), 1e-6
         if model is not None:

@@ -8,8 +8,8 @@ step of a second, a, with the engine going on at once, ended within the next ste
 second's end: end_a in [S_a + 1 - dt_{a+1}, S_a + 1), and its midpoint is the anchor.
 Between two anchors of one busy stretch the model's durations are stretched to fit; before
 the first and after the last they run at the model's pace from it; every end stays in its
-own second. A step after one that left nothing running or waiting (the engine ran dry)
-starts when its end less its duration says (a request's arrival woke the engine).
+own second. A restart (step_model.restart: the engine ran dry and a request woke it)
+starts when its end less its duration says.
 """
 
 from __future__ import annotations
@@ -46,10 +46,6 @@ def line_stamps(times: list[float | None]) -> list[float] | None:
     return out
 
 
-def _dry(r: StepRecord) -> bool:
-    return r.num_running + r.num_waiting == 0
-
-
 def stamp_clock(steps: list[StepRecord], stamps: list[float], model: Any) -> list[float]:
     """The start of every step (Replay.clock) from the stamps and the model (docstring)."""
     n = len(steps)
@@ -59,10 +55,13 @@ def stamp_clock(steps: list[StepRecord], stamps: list[float], model: Any) -> lis
     cum = [0.0]
     for d in dt:
         cum.append(cum[-1] + d)  # cum[k + 1]: the model's end of step k
-    # busy stretches: a new one after each step that left the engine dry
+    # busy stretches: a new one at each restart
+    from kvreplay.inference.step_model import restart
+
+    wakes = [restart(steps, k) for k in range(n)]
     stretches, i = [], 0
     for k in range(n):
-        if _dry(steps[k]) or k == n - 1:
+        if k == n - 1 or wakes[k + 1]:
             stretches.append((i, k))
             i = k + 1
     end = [0.0] * n
@@ -88,7 +87,7 @@ def stamp_clock(steps: list[StepRecord], stamps: list[float], model: Any) -> lis
         e = min(max(end[k], stamps[k]), stamps[k] + 1.0 - 1e-6)  # ends in its own second
         if prev is not None:
             e = max(e, prev)
-        follows = k > 0 and not _dry(steps[k - 1])
+        follows = k > 0 and not wakes[k]
         s = prev if follows else e - dt[k]
         if prev is not None:
             s = max(s, prev)  # type: ignore[type-var]
