@@ -4,6 +4,7 @@
     python tools/whatif_corpus.py --out /tmp/whatif_corpus [--n 20]
     $VLLM_PY tools/whatif_keys.py --jobs /tmp/whatif_corpus/jobs.json -o /tmp/whatif_corpus/keys.jsonl
     python tools/score_whatif.py /tmp/whatif_corpus/keys.jsonl
+    python tools/render_step_trace.py --root /tmp/whatif_corpus   # + server.trace.log
 
 Each log is made as p1_poisson_fcfs_200 was (../shared/logcases/README.md): 200 requests
 (tools/calib_corpus.poisson_workload: prompts 100-2000 tokens, or shared 100-800-token
