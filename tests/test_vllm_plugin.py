@@ -227,3 +227,34 @@ def test_enable_by_class_path_and_by_environment_variable(tmp_path):
         "scheduler_cls_path": "StepTraceScheduler",
         "cli_scheduler_cls": "kvreplay.vllm_plugin.StepTraceScheduler",
     }
+
+
+SYNC_CASES = [c.name for c in CASES if not c.name.startswith("x_async")]
+
+
+@pytest.mark.parametrize("case", SYNC_CASES)
+def test_rendered_step_trace_is_what_the_plugin_writes(vllm_runs, case):
+    """tools/render_step_trace.py (the step-trace variant of a rendered log) writes, from
+    our scheduler's run, the lines vLLM with the plugin wrote: message and `[file:line]`,
+    in order (block hashes compared by first appearance: ours are not vLLM's bytes)."""
+    import re
+
+    sys.path.insert(0, str(TESTS.parent / "tools"))
+    import render_step_trace as R
+
+    from kvreplay.replay import parse_workload
+
+    wl = parse_workload(json.loads((TESTS / "data" / "conformance" / "cases" / case
+                                    / "workload.json").read_text()))
+    recs, made = R.run_traced(wl)
+    ours = [s for _, s in R.trace_lines(wl, recs, made, [0.0] * (len(recs) + 1))]
+    real = [s for s in (vllm_runs[case] / "vllm.log").read_text().splitlines() if "] kvtrace " in s]
+    hexes = re.compile(r"\b[0-9a-f]{16}\b")
+
+    def canon(lines: list[str]) -> list[str]:
+        ids: dict[str, int] = {}
+        return [hexes.sub(lambda m: f"H{ids.setdefault(m.group(0), len(ids))}", s[s.index("["):])
+                for s in lines]
+
+    assert len(ours) == len(real) > 0
+    assert canon(ours) == canon(real)

@@ -4,6 +4,7 @@
     python tools/whatif_corpus.py --out /tmp/whatif_corpus [--n 20]
     $VLLM_PY tools/whatif_keys.py --jobs /tmp/whatif_corpus/jobs.json -o /tmp/whatif_corpus/keys.jsonl
     python tools/score_whatif.py /tmp/whatif_corpus/keys.jsonl
+    python tools/render_step_trace.py --root /tmp/whatif_corpus   # + server.trace.log
 
 Each log is made as p1_poisson_fcfs_200 was (../shared/logcases/README.md): 200 requests
 (tools/calib_corpus.poisson_workload: prompts 100-2000 tokens, or shared 100-800-token
@@ -60,7 +61,12 @@ def step_dt(m: dict):
     return dt
 
 
-def make_case(out: str, i: int, model: dict) -> dict:
+FILES = (("server.log", False, True), ("server.iter.log", True, True),
+         ("server.noprompts.log", False, False))  # (name, iteration lines, prompts)
+
+
+def case_setup(i: int) -> tuple[str, dict, int, dict[str, float]]:
+    """Case i: (name, workload dict, KV blocks, stats-line phase of each file in FILES)."""
     policy = "priority" if i % 3 == 1 else "fcfs"
     pc = i % 3 == 2
     rng = random.Random(2300 + i)
@@ -69,17 +75,28 @@ def make_case(out: str, i: int, model: dict) -> dict:
     wl_d = poisson_workload(2300 + i, 200, policy, pc, False, blocks, gap, 64)
     name = f"w{i:02d}-{policy}-{'pc' if pc else 'nopc'}"
     wl_d["name"] = name
+    phases = {fname: round(rng.uniform(0.05, 0.95), 2) for fname, _, _ in FILES}
+    return name, wl_d, blocks, phases
+
+
+def case_run(wl_d: dict, model: dict):
+    """(workload, conformance records, each step's duration, each step's start and the
+    last's end) of a case, timed by the log cases' formula (step_dt)."""
     wl = parse_workload(wl_d)
-    recs, summ = simulate(wl)
+    recs, _ = simulate(wl)
     f = step_dt(model)  # stateful: called on the records in order
     dts = [f(r) for r in recs]
-    starts = step_starts(recs, lambda r: dts[r["step"]], START)
+    return wl, recs, dts, step_starts(recs, lambda r: dts[r["step"]], START)
+
+
+def make_case(out: str, i: int, model: dict) -> dict:
+    name, wl_d, blocks, phases = case_setup(i)
+    wl, recs, dts, starts = case_run(wl_d, model)
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
-    for fname, it, wp in (("server.log", False, True), ("server.iter.log", True, True),
-                          ("server.noprompts.log", False, False)):
+    for fname, it, wp in FILES:
         lines = render_log(wl, recs, step_time_s=lambda r: dts[r["step"]], start=START,
-                           stats_interval_s=2.0, stats_phase_s=round(rng.uniform(0.05, 0.95), 2),
+                           stats_interval_s=2.0, stats_phase_s=phases[fname],
                            with_prompts=wp, iteration_lines=it)
         with open(os.path.join(d, fname), "w") as fh:
             fh.write("\n".join(lines) + "\n")

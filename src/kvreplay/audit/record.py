@@ -444,7 +444,8 @@ def _fill_replay(rec, rp, origin: float) -> None:
             rec["replay_exact"] = round(ver["exact_lines"] / ver["stats_lines"], 4)
     model = rp.step_time_model
     if model is not None:
-        rec["step_time_model"] = f"{model.describe()} (fit loss {info.get('fit_loss', 0.0):.3g})"
+        rec["step_time_model"] = (info["step_time_model"] if rp.kind == "step-trace" else
+                                  f"{model.describe()} (fit loss {info.get('fit_loss', 0.0):.3g})")
 
     # workload from the replayed requests (exact or estimated lengths)
     wl = rp.workload

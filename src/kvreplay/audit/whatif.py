@@ -88,7 +88,7 @@ def configure(ctx: Context, setting: Setting, workload: Any = None):
                          f"({cfg.max_num_batched_tokens}) >= max_model_len ({cfg.max_model_len})")
     notes: list[str] = []
     specs = workload.requests
-    logged = ctx.facts.requests
+    logged = ctx.facts.requests if ctx.facts is not None else []  # (a step trace: none)
     keep: list[int] = []
     new_specs = []
     rejected = clamped = 0
@@ -112,7 +112,7 @@ def configure(ctx: Context, setting: Setting, workload: Any = None):
         raise ValueError("every request is rejected under this max_model_len")
     wl = dataclasses.replace(workload, config=cfg, requests=new_specs)
     facts = ctx.facts
-    if len(keep) != len(specs):
+    if len(keep) != len(specs) and facts is not None:
         facts = dataclasses.replace(facts, requests=[facts.requests[i] for i in keep])
     return wl, facts, notes
 

@@ -40,6 +40,10 @@ class Context:
     # the variants are ensemble members: the log does not pin the arrivals to their steps,
     # and a row is the median of its runs (audit/whatif.py run_one), not the replay's run
     thin: bool = False
+    # base step -> its wall-clock start, for a step that waited for a request after the
+    # engine ran dry (step traces: step_model.restart), whatever the model; the model
+    # times the busy stretches
+    restarts: dict[int, float] = field(default_factory=dict)
 
 
 DRAWS = 6  # step-time models drawn for a row's interval (inference/step_model.py)
@@ -51,7 +55,8 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
          draws: int = DRAWS, samples: int | None = None) -> Context:
     """The log's replay (kvreplay.sources.open_replay): its workload, its steps and their
     arrivals, and the step-time model fitted term by term on what the log times
-    (inference/step_model.py: iteration lines, else stats lines and request spans)."""
+    (inference/step_model.py: iteration lines, else stats lines and request spans; a
+    step trace: its lines' seconds, _load_step_trace)."""
     from kvreplay.errors import UserError
     from kvreplay.inference.ensemble import member_workload
     from kvreplay.inference.formats import log_format
@@ -59,9 +64,11 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
     from kvreplay.sources import open_replay
 
     rp = open_replay(list(paths), profile=profile, year=year, samples=samples)
+    if rp.kind == "step-trace":
+        return _load_step_trace(rp, paths, draws)
     if rp.facts is None or rp.step_time_model is None:
         raise UserError("what-if replays a server log's requests at their logged times: give "
-                        "a vLLM log (a workload or a step trace has no logged times)")
+                        "a vLLM log (a workload has no logged times)")
     if rp.engine_name != "V1":
         raise UserError("what-if runs the V1 scheduler; this log comes from the V0 engine")
     ver = rp.verification or {}
@@ -121,6 +128,46 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
     return ctx
 
 
+def _load_step_trace(rp: Any, paths: Sequence[str], draws: int) -> Context:
+    """A step-trace log (inference/step_trace.py): the arrival steps are the log's own and
+    every step is checked, so the base run is exact; the step-time model is fitted on the
+    step lines' seconds (step_model.stamp_rows) and its members give the intervals (no
+    ensemble: nothing about the arrivals is left open)."""
+    import dataclasses
+
+    from kvreplay.errors import UserError
+    from kvreplay.inference.runs import step_limit
+    from kvreplay.inference.step_model import STAMPS, fit_step_model, restart
+
+    if rp.engine_name != "V1":
+        raise UserError("what-if runs the V1 scheduler; this log comes from the V0 engine")
+    if rp.stamps is None:
+        raise UserError("the step trace's lines carry no time stamps (vLLM's envelope): "
+                        "what-if needs the seconds they were written in")
+    fm = fit_step_model(rp.steps, None, None, None, stamps=rp.stamps, draws=draws)
+    if fm is None or rp.clock is None:
+        raise UserError("the step trace's lines time too few busy seconds to fit a step "
+                        "time (what-if needs at least 5)")
+    chk = rp.step_check or {}
+    fit_text = (f"{STAMPS}: {fm.rows} rows, residual {fm.rms_s * 1e3:.3g} ms a row; replay "
+                f"exact, {chk.get('steps_checked', 0)}/{chk.get('steps_logged', 0)} steps checked")
+    notes = list(rp.notes)
+    div = chk.get("first_divergence")
+    if div is not None:
+        notes.append(f"the replay differs from the log at step {div['step']} ({div['field']}): "
+                     "the base run is the log's only up to there")
+    # the rebuilt workload ends where the log ends (max_steps); a what-if runs every
+    # request to completion
+    wl = dataclasses.replace(rp.workload, max_steps=step_limit(rp.workload))
+    ctx = Context("+".join(paths), wl, None, rp.profile, fm.model, (0.0, 0.0),
+                  fit_text, notes, arrival_steps=list(rp.inputs.arrival_steps),
+                  base_steps=rp.steps, start=rp.clock[0], members=fm.members,
+                  batch_range=fm.batch_range, fit_source=STAMPS, form_error=fm.form_error)
+    ctx.variants = [(m, ctx.arrival_steps, rp.steps, None) for m in fm.members]
+    ctx.restarts = {k: rp.clock[k] for k in range(1, len(rp.steps)) if restart(rp.steps, k)}
+    return ctx
+
+
 def ensemble_members(rp: Any, k: int = ENSEMBLE_RUNS) -> list[Any]:
     """k members of the replay's uncertainty ensemble (inference/ensemble.py), drawn by
     their weights (systematic resampling, deterministic); [] without an ensemble."""
@@ -163,14 +210,16 @@ def timed_arrivals(ctx: Context, model: Any, *, early: bool = False,
     arrival_steps = arrival_steps if arrival_steps is not None else ctx.arrival_steps
     steps = steps if steps is not None else ctx.base_steps
     assert arrival_steps is not None and steps is not None
+    restarts = ctx.restarts if steps is ctx.base_steps else {}
     cum = [ctx.start]
-    for rec in steps:
+    for k, rec in enumerate(steps):
+        cum[k] = max(cum[k], restarts.get(k, cum[k]))
         cum.append(cum[-1] + model.dt_record(rec))
     out = []
     for a in arrival_steps:
         a = min(max(a, 0), len(cum) - 1)
         before = cum[a] - cum[a - 1] if a > 0 else (cum[1] - cum[0] if len(cum) > 1 else 0.0)
-        if early and a > 0:
+        if early and a > 0 and a not in restarts:  # (a restart: its request woke the engine)
             out.append(cum[a - 1] + min(5e-4, before / 4))
         else:
             out.append(cum[a] - min(5e-4, before / 4))

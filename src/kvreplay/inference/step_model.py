@@ -9,6 +9,9 @@ gives about the replay's own steps (`Replay.steps`, never recomputed):
   line is the N-th such step of the replay (exact when the replay matched the lines), plus
   the cost between steps the replay's clock shows. One row per step.
 * request spans (OTLP), where the log has them: the steps each span's engine stamps bound;
+* step-trace lines (kvreplay's plugin), each written as its step ends and stamped with the
+  whole second (`stamp_rows`): the steps after the last line of one second up to the last
+  line of a later one took the seconds between, when the engine was busy throughout;
 * and the stats lines: the steps between two anchored lines took the lines' interval; an
   interval in which the engine ran out of work (idle, or the run's end) says only that its
   steps took less, so it is left out. One row per interval.
@@ -33,20 +36,21 @@ from kvreplay.replay.records import StepRecord
 FLOORS = tuple(range(0, 257, 8)) + (320, 384, 448, 512)
 NVARS = 4  # overhead, per token (with floor), per request, per context token
 MAX_ROWS = 5000  # per-step rows fitted at most (a day's log has millions of steps)
+STAMPS = "step-trace lines' seconds"
 
 
 @dataclass(slots=True)
 class FittedModel:
     model: StepTimeModel
-    source: str  # "iteration lines" | "stats lines"
+    source: str  # "iteration lines" | "stats lines" | STAMPS ...
     rows: int
     rms_s: float  # residual per row (a step, or a stats interval)
     members: list[StepTimeModel] = field(default_factory=list)
     # the batch the fit saw: scheduled requests per step (min, max over rows' means)
     batch_range: tuple[float, float] = (0.0, 0.0)
     # the residual per row relative to a row's mean time (a timed step, a stats interval, a
-    # span's window): what the model's form, the lines' read noise and the inferred steps
-    # miss, which no draw of the coefficients shows
+    # span's window, a step-trace second): what the model's form, the lines' read noise
+    # and the inferred steps miss, which no draw of the coefficients shows
     form_error: float = 0.0
 
 
@@ -108,6 +112,55 @@ def span_rows(steps: list[StepRecord], facts: Any) -> list[tuple[list[StepRecord
     return [(steps[a: b + 1], dur) for a, b, dur in span_windows(run, facts) if b >= a]
 
 
+def restart(steps: list[StepRecord], k: int) -> bool:
+    """Step k waited for a request: the step before it left nothing running or waiting and
+    k takes arrivals. (EngineCore sleeps with nothing to do; a step after it without
+    arrivals ran at once, as the empty step after the last finish does.)"""
+    return (k > 0 and bool(steps[k].arrivals)
+            and steps[k - 1].num_running + steps[k - 1].num_waiting == 0)
+
+
+def stamp_rows(steps: list[StepRecord], stamps: list[float], model: Any = None
+               ) -> list[tuple[list[StepRecord], float]]:
+    """(steps, seconds) from the whole-second stamps of the step-trace lines: step k's line
+    is written as its iteration ends (update_from_output), stamped `stamps[k]`. The last
+    step a stamped S ended in the next step's time before S + 1 when the engine went on at
+    once (the next step's end is stamped later), so the steps after it up to the last step
+    b stamped S' > S took S' - S seconds, to a step at either end; with a `model`, its
+    durations of the steps crossing the two seconds' ends centre that:
+    S' - S + (dt[a + 1] - dt[b + 1]) / 2 (stamp_weights: how well each row is known). A
+    row with a `restart` among steps a + 1 .. b + 1 (the engine ran dry and waited for a
+    request) says only that its steps took less: left out, as is the run's last step."""
+    return [(seg, y) for seg, y, _ in _stamp_rows(steps, stamps, model)]
+
+
+def stamp_weights(steps: list[StepRecord], stamps: list[float], model: Any) -> list[float]:
+    """Each stamp row's weight (mean 1): 1 / the variance of its seconds, what the steps
+    crossing its two ends leave open (uniform over each: dt^2 / 12), plus 1 ms^2."""
+    w = [1.0 / v for _, _, v in _stamp_rows(steps, stamps, model)]
+    mean = sum(w) / len(w) if w else 1.0
+    return [x / mean for x in w]
+
+
+def _stamp_rows(steps: list[StepRecord], stamps: list[float], model: Any
+                ) -> list[tuple[list[StepRecord], float, float]]:
+    n = min(len(steps), len(stamps))
+    lasts = [k for k in range(n) if k + 1 == n or stamps[k + 1] != stamps[k]]
+    out = []
+    for a, b in zip(lasts, lasts[1:]):
+        if b >= n - 1 or stamps[b] <= stamps[a]:
+            continue  # the run's end, or a clock that went back
+        if any(restart(steps, k) for k in range(a + 1, b + 2)):
+            continue
+        y, var = float(stamps[b] - stamps[a]), 1e-6
+        if model is not None:
+            da, db = model.dt_record(steps[a + 1]), model.dt_record(steps[b + 1])
+            y += (da - db) / 2
+            var += (da * da + db * db) / 12
+        out.append((steps[a + 1: b + 1], y, var))
+    return out
+
+
 @dataclass(slots=True)
 class _Segment:
     """A row's steps, summed once: every term but the floored token count, and the busy
@@ -119,29 +172,33 @@ class _Segment:
     tokens: list[int]
     prefix: list[int]
     y: float
+    w: float = 1.0  # the row's weight (its features and seconds scaled by sqrt(w))
 
     def token_sum(self, floor: int) -> float:
         k = bisect.bisect_left(self.tokens, floor)  # steps below the floor count as floor
         return float(floor * k + self.prefix[-1] - self.prefix[k])
 
 
-def _segments(data: list[tuple[list[StepRecord], float]]) -> list[_Segment]:
+def _segments(data: list[tuple[list[StepRecord], float]],
+              weights: list[float] | None = None) -> list[_Segment]:
     out = []
-    for seg, y in data:
+    for j, (seg, y) in enumerate(data):
         busy = [r for r in seg if r.num_scheduled > 0]
         toks = sorted(r.num_scheduled_tokens for r in busy)
         prefix = [0]
         for t in toks:
             prefix.append(prefix[-1] + t)
         out.append(_Segment(float(len(seg)), float(sum(r.num_scheduled for r in busy)),
-                            float(sum(r.context_tokens for r in busy)), toks, prefix, y))
+                            float(sum(r.context_tokens for r in busy)), toks, prefix, y,
+                            math.sqrt(weights[j]) if weights is not None else 1.0))
     return out
 
 
 def _rows(segs: list[_Segment], floor: int) -> list[tuple[float, ...]]:
     """One row per segment: (steps, floored tokens, requests, context, seconds); an empty
     step costs the fixed cost only."""
-    return [(g.steps, g.token_sum(floor), g.requests, g.context, g.y) for g in segs]
+    return [(g.w * g.steps, g.w * g.token_sum(floor), g.w * g.requests, g.w * g.context,
+             g.w * g.y) for g in segs]
 
 
 def _model(c: list[float], floor: int) -> StepTimeModel:
@@ -150,21 +207,40 @@ def _model(c: list[float], floor: int) -> StepTimeModel:
 
 
 def fit_step_model(steps: list[StepRecord], facts: Any, fmt: Any, clock: list[float] | None,
-                   *, draws: int = 6, seed: int = 0) -> FittedModel | None:
+                   *, draws: int = 6, seed: int = 0,
+                   stamps: list[float] | None = None) -> FittedModel | None:
     """The model of the replay's `steps` (Replay.steps) on what `facts` times (module
-    docstring), with `draws` models the log allows; None with fewer rows than terms + 1."""
-    data = iteration_rows(steps, facts, clock)
+    docstring), with `draws` models the log allows; None with fewer rows than terms + 1.
+    `stamps`: a step-trace log's line stamps (Replay.stamps; `facts` None there)."""
+    data = iteration_rows(steps, facts, clock) if facts is not None else None
     source = "iteration lines"
+    if stamps is not None:
+        # twice: the first fit's durations of the steps crossing each row's ends centre
+        # and weigh the rows of the second
+        first = _fit(stamp_rows(steps, stamps), STAMPS, 0, seed)
+        if first is None:
+            return None
+        return _fit(stamp_rows(steps, stamps, first.model), STAMPS, draws, seed,
+                    stamp_weights(steps, stamps, first.model))
     if data is None:
         data, source = stats_rows(steps, facts, fmt), "stats lines"
         spans = span_rows(steps, facts)
         if spans:
             data, source = data + spans, "stats lines and request spans"
+    return _fit(data, source, draws, seed)
+
+
+def _fit(data: list[tuple[list[StepRecord], float]], source: str, draws: int, seed: int,
+         weights: list[float] | None = None) -> FittedModel | None:
+    """NNLS over the floors, the best fit and `draws` models about as good (weighted rows:
+    `weights`, mean 1, so the residual stays in seconds a row)."""
     if len(data) < NVARS + 1:
         return None
     if len(data) > MAX_ROWS:  # (exact per-step rows: an even sample pins the terms as well)
-        data = data[:: -(-len(data) // MAX_ROWS)]
-    segs = _segments(data)
+        every = -(-len(data) // MAX_ROWS)
+        data = data[::every]
+        weights = weights[::every] if weights is not None else None
+    segs = _segments(data, weights)
     fits = []
     for floor in FLOORS:
         f = nnls_gram(_rows(segs, floor), NVARS)

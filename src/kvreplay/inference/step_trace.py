@@ -18,6 +18,11 @@ which two full blocks are equal iff their logged hashes are equal (so any kvrepl
 reproduces the prompt-sharing pattern); the exact replay itself goes further and gives
 every block, output blocks included, the identity the log recorded.
 
+Time: each step line is written as its iteration ends, in vLLM's envelope with its
+whole-second stamp. The Replay keeps them (`stamps`), a step-time model fitted on them
+(`step_time_model`, inference/step_model.py `stamp_rows`) and the clock it gives
+(`clock`, inference/trace_clock.py); the step check and the records do not use them.
+
 KV-cache event files (`kvreplay record-kv-events`) can be checked too:
 `replay_step_trace(events, kv_events=records)` compares vLLM's BlockStored / BlockRemoved /
 AllBlocksCleared stream with the set of cached blocks in the replay's block pool.
@@ -29,6 +34,8 @@ from typing import Any, Iterable
 
 from kvreplay import events as ev
 from kvreplay.errors import UserError
+from kvreplay.inference.step_model import STAMPS
+from kvreplay.inference.trace_clock import timed
 from kvreplay.replay.engine import Engine
 from kvreplay.replay.profile import get_profile
 from kvreplay.replay.records import EngineInputs, preemption_records
@@ -308,6 +315,7 @@ def _replay_session(session: TraceSession, profile, kv_events) -> dict[str, Any]
         "requests_left_out": [names[h] for h in dropped],
         "kv_events_checked": kv_check.checked if kv_check is not None else None,
         "log_lines": {st.step: [(st.file, st.line)] for st in session.steps if st.file},
+        "times": [st.time for st in session.steps[: len(steps)]],
     }
 
 
@@ -381,13 +389,17 @@ def replay_step_trace(events: list, *, profile: str | None = None,
         notes.append(f"{len(top['requests_left_out'])} requests aborted before any schedule() "
                      "saw them are left out")
     exact = top["first_divergence"] is None
+    stamps, model, clock = timed(top["steps"], top["times"])
+    info = {"vllm_version": getattr(sess[0].config, "vllm_version", None),
+            "requests": len(wl.requests), "prompts": "exact", "output_lengths": "exact"}
+    if model is not None:
+        info["step_time_model"] = f"{STAMPS}: {model.describe()}"
     return Replay(
         kind="step-trace", label=label, paths=[], workload=wl, profile=prof,
         inputs=top["inputs"], steps=top["steps"], preemptions=top["preemptions"],
         step_check=check, log_lines=top["log_lines"], notes=notes, hasher=top["hasher"],
-        confidence="exact" if exact else "inferred",
-        info={"vllm_version": getattr(sess[0].config, "vllm_version", None),
-              "requests": len(wl.requests), "prompts": "exact", "output_lengths": "exact"},
+        confidence="exact" if exact else "inferred", info=info,
+        clock=clock, step_time_model=model, stamps=stamps,
     )
 
 

@@ -38,12 +38,35 @@ def render_log(
     wrapper_times: bool = False,
     iteration_lines: bool = False,
 ) -> list[str]:
-    """Lines of a 0.33 log for `records` (a `simulate` trace), step k starting at
+    """Lines of a 0.33 log for `records` (timed_lines: its arguments and the lines' times).
+    `wrapper_times`: each line behind the time stamp `docker logs -t` puts before it."""
+    out = timed_lines(workload, records, step_time_s=step_time_s, start=start,
+                      stats_interval_s=stats_interval_s, stats_phase_s=stats_phase_s,
+                      with_prompts=with_prompts, model=model, iteration_lines=iteration_lines)
+    if wrapper_times:  # as `docker logs -t` prints it: RFC 3339, UTC, nanoseconds
+        return [f"{_time.strftime('%Y-%m-%dT%H:%M:%S', _time.gmtime(t))}."
+                f"{round((t % 1) * 1e9) % 1_000_000_000:09d}Z {line}" for t, line in out]
+    return [line for _, line in out]
+
+
+def timed_lines(
+    workload: Workload,
+    records: list[dict[str, Any]],
+    *,
+    step_time_s: float | Callable[[dict[str, Any]], float],
+    start: float = 1778148060.0,
+    stats_interval_s: float = 10.0,
+    stats_phase_s: float = 0.5,
+    with_prompts: bool = True,
+    model: str = "meta-llama/Llama-3.1-8B-Instruct",
+    iteration_lines: bool = False,
+) -> list[tuple[float, str]]:
+    """(time, line) of a 0.33 log for `records` (a `simulate` trace), step k starting at
     start + k * step_time_s, or (`step_time_s` a function of a step's record, as in
     render_v0_log) at start + the durations of steps 0..k-1. Arrivals are logged just before
-    the step that adds them. `wrapper_times`: each line behind the time stamp `docker logs -t`
-    puts before it. `iteration_lines`: also the `Iteration(N)` line of every step that
-    scheduled a token (--enable-logging-iteration-details; iteration_line())."""
+    the step that adds them. In time order (ties: in the order written). `iteration_lines`:
+    also the `Iteration(N)` line of every step that scheduled a token
+    (--enable-logging-iteration-details; iteration_line())."""
     cfg = workload.config
     out: list[tuple[float, int, str]] = []  # (time, tie-break order, line)
     seq = 0
@@ -173,10 +196,7 @@ def render_log(
                    f"{waiting} reqs, GPU KV cache usage: {usage:.1f}%{hit_rate}")
         tick += stats_interval_s
     out.sort(key=lambda x: (x[0], x[1]))
-    if wrapper_times:  # as `docker logs -t` prints it: RFC 3339, UTC, nanoseconds
-        return [f"{_time.strftime('%Y-%m-%dT%H:%M:%S', _time.gmtime(t))}."
-                f"{round((t % 1) * 1e9) % 1_000_000_000:09d}Z {line}" for t, _, line in out]
-    return [line for _, _, line in out]
+    return [(t, line) for t, _, line in out]
 
 
 def iteration_lines_of(records: list[dict[str, Any]], step_start: Callable[[int], float],

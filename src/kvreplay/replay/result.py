@@ -51,6 +51,8 @@ class Replay:
     confidence: str = "exact"  # the replay as a whole: exact | consistent | inferred
     hasher: Callable[[], Any] | None = None  # block identities of a step-trace log
     step_time_model: Any = None  # the clock's model of a step's duration (log replays)
+    # step-trace logs: the whole-second stamp of each step's line (its iteration's end)
+    stamps: list[float] | None = None
 
     @property
     def engine_name(self) -> str:
