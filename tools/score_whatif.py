@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Score `kvreplay whatif` against answer keys made with vLLM's scheduler (dev tool).
 
-    python tools/score_whatif.py KEYS.jsonl --root DIR --log server.log [-j 2] [-o SCORES.json]
+    python tools/score_whatif.py KEYS.jsonl --root DIR --log server.log [--spans FILE] [-j 2] [-o SCORES.json]
 
 KEYS.jsonl: rows of tools/whatif_keys.py (or a log case's published whatif.jsonl); the log
 of case C is DIR/C/LOG. Each key row's setting is replayed by kvreplay.audit.whatif (as
@@ -41,6 +41,7 @@ def main() -> int:
     ap.add_argument("keys")
     ap.add_argument("--root", required=True)
     ap.add_argument("--log", default="server.log")
+    ap.add_argument("--spans", default=None, help="a span file beside each log (spans.otlp.jsonl)")
     ap.add_argument("-j", "--jobs", type=int, default=None)
     ap.add_argument("-o", "--output")
     args = ap.parse_args()
@@ -54,7 +55,10 @@ def main() -> int:
     for case, keys in by_case.items():
         settings = [whatif.Setting(" ".join(k["set"]) or "as logged", parse_set(k["set"])) for k in keys]
         try:
-            ctx = whatif.load([os.path.join(args.root, case, args.log)], year=2026)
+            paths = [os.path.join(args.root, case, args.log)]
+            if args.spans:
+                paths.append(os.path.join(args.root, case, args.spans))
+            ctx = whatif.load(paths, year=2026)
             res = whatif.sweep(ctx, settings, jobs=args.jobs)
         except Exception as exc:  # a crash is a miss on every row of the case
             print(f"{case}: {type(exc).__name__}: {exc}", flush=True)
