@@ -18,7 +18,7 @@ def trust(ctx: Any, row: dict[str, Any]) -> str:
     agree on the preemption count: their whole range within max(3, 10%) (the answer keys'
     tolerance). A range twice that wide (the central run within the tolerance of either end)
     was called trustworthy before: 31 of those 37 rows were right on the what-if corpus's
-    stats-line logs; with the range inside one tolerance, 25 of 25 (docs/accuracy.md)."""
+    stats-line logs; with the range inside one tolerance, 20 of 20 (docs/accuracy.md)."""
     lo, hi = row["output_tput_interval"]
     width = (hi - lo) / max(1e-9, row["output_tput"])
     b = row.get("batch_mean")
