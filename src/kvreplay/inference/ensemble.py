@@ -85,8 +85,8 @@ class Member:
     arrival_steps: array | None = None
     # what it drew of its own workload (member_workload rebuilds it): prompt lengths after
     # the shared prefix, priorities; None where it kept the replay's
-    prompt_lens: array | None = None
-    priorities: array | None = None
+    prompt_lens: tuple[int, ...] | None = None
+    priorities: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -420,9 +420,9 @@ def _draw_member(c: _Context, i: int) -> tuple[Member, Run | None]:
     m = _member(alt.run, c.facts, c.fmt, c.phase, c.bounds, c.known)
     m.arrival_steps = array("i", alt.run.arrival_steps)
     if lens is not None:
-        m.prompt_lens = array("i", lens)
+        m.prompt_lens = tuple(lens)  # (not an int32 array: a damaged log's can overflow it)
     if prios is not None:
-        m.priorities = array("i", prios)
+        m.priorities = tuple(prios)
     # (a member with its own workload, drawn prompt lengths, is never the replay shown)
     return m, alt.run if m.sse < c.keep_below and rb is c.rebuilt else None
 
