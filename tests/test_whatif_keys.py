@@ -169,7 +169,7 @@ def test_without_prompts_the_ranges_rerun_members_with_their_own_prompts():
     assert sum(len(r.preemptions) for r in steps) == m.count
     ctx = W.load([log], year=2026, samples=4, draws=2)
     # every variant is a member (its own prompts), timed by one of the term-wise fit's models
-    assert ctx.ensemble_runs == len(ctx.variants) > 0
+    assert ctx.thin and ctx.variants
     assert any(v[3] is not None for v in ctx.variants)
     assert all(v[0] is not ctx.model for v in ctx.variants)
     row = W.run_one(ctx, W.Setting("--num-gpu-blocks 1500", {"num_gpu_blocks": 1500}), None)

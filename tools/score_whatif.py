@@ -28,6 +28,23 @@ def right(pred: dict, key: dict) -> tuple[bool, bool]:
     return pre_ok, abs(pred["output_tput"] - t) <= 0.1 * t
 
 
+def keys_by_case(path: str) -> dict[str, list[dict]]:
+    """The answer keys' rows (tools/whatif_keys.py, or a published whatif.jsonl) by case."""
+    by_case: dict[str, list[dict]] = collections.defaultdict(list)
+    for line in open(path):
+        if line.strip():
+            r = json.loads(line)
+            by_case[r["case"]].append(r)
+    return by_case
+
+
+def settings_of(keys: list[dict]) -> list:
+    """Each key row's setting, as `kvreplay whatif LOG --<knob> V` would run it."""
+    from kvreplay.audit import whatif
+
+    return [whatif.Setting(" ".join(k["set"]) or "as logged", parse_set(k["set"])) for k in keys]
+
+
 def holds(lo_hi, v) -> bool | None:
     if not lo_hi or lo_hi[0] is None:
         return None
@@ -45,15 +62,11 @@ def main() -> int:
     ap.add_argument("-j", "--jobs", type=int, default=None)
     ap.add_argument("-o", "--output")
     args = ap.parse_args()
-    by_case: dict[str, list[dict]] = collections.defaultdict(list)
-    for line in open(args.keys):
-        if line.strip():
-            r = json.loads(line)
-            by_case[r["case"]].append(r)
+    by_case = keys_by_case(args.keys)
     out = []
     knees = []
     for case, keys in by_case.items():
-        settings = [whatif.Setting(" ".join(k["set"]) or "as logged", parse_set(k["set"])) for k in keys]
+        settings = settings_of(keys)
         try:
             paths = [os.path.join(args.root, case, args.log)]
             if args.spans:

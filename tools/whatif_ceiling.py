@@ -18,14 +18,13 @@ Prints, per J, the rows within max(3, 10%) preemptions and 10% throughput of vLL
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import random
 import statistics
 import sys
 
-from score_whatif import right
+from score_whatif import keys_by_case, right, settings_of
 from whatif_keys import parse_set
 
 
@@ -49,11 +48,7 @@ def main() -> int:
     ap.add_argument("--placement", action="store_true")
     ap.add_argument("-o", "--output")
     args = ap.parse_args()
-    by_case: dict[str, list[dict]] = collections.defaultdict(list)
-    for line in open(args.keys):
-        if line.strip():
-            r = json.loads(line)
-            by_case[r["case"]].append(r)
+    by_case = keys_by_case(args.keys)
     score = {j: [0, 0, 0] for j in args.jitter}  # rows right, rows, base rows right
     offsets = []
     for case, keys in by_case.items():
@@ -64,7 +59,7 @@ def main() -> int:
         true_steps = [truth["requests"][i]["arrival_step"] for i in ids]
         assert ctx.arrival_steps == true_steps, f"{case}: the Iteration-line replay is not exact"
         ctx.variants = []  # central runs only
-        settings = [whatif.Setting(" ".join(k["set"]) or "as logged", parse_set(k["set"])) for k in keys]
+        settings = settings_of(keys)
         line = [case]
         for j in args.jitter:
             for seed in range(args.seeds if j else 1):

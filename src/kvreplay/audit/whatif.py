@@ -201,7 +201,7 @@ def drive(workload, profile, model, *, arrivals: Sequence[float] | None = None,
 
 
 def _arrivals_for(ctx: Context, model: Any, wl: Any, facts: Any, early: bool = False,
-                  variant: tuple[Any, list[int], list[Any]] | None = None) -> list[float]:
+                  variant: tuple[Any, list[int], list[Any], Any] | None = None) -> list[float]:
     from kvreplay.inference.runs import arrival_times
 
     if ctx.arrival_steps is None:
@@ -248,13 +248,12 @@ def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, An
             runs.append(go(ctx.model, early=True))
         pre = [r["preemptions"] for r in runs]
         tput = [r["output_tput"] for r in runs]
-        if ctx.ensemble_runs:
+        if ctx.thin:
             # The log cannot pin the arrivals, and the count swings with a step's shift of
-            # a few of them: the median of the runs that vary them is the better answer
+            # a few of them: the median run of those the log allows is the better answer
             # (on the what-if corpus's stats-line logs 146 of 200 rows right, the
             # replay's own arrivals 133; docs/accuracy.md). The row is that run, whole.
-            among = list(range(1 + ctx.ensemble_runs)) + ([len(runs) - 1] if clients is None else [])
-            k = among[median_run([pre[i] for i in among], [tput[i] for i in among])]
+            k = median_run(pre, tput)
             if k:
                 row.update(runs[k])
                 notes.append(f"the median of the {len(runs)} runs the log allows; with the "
@@ -271,7 +270,7 @@ def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, An
         row["trust"] = trust(ctx, row)
     elif ctx.fit_source == ESTIMATED:
         row["trust"] = ("uncertain: the log has no prompts; their lengths, and so every run "
-                        "here, are estimates (no ranges: the ensemble draws its own prompts)")
+                        "here, are estimates (no ranges: no ensemble and no drawn models)")
     if res["completed"] < len(wl.requests):
         notes.append(f"only {res['completed']} of {len(wl.requests)} requests finished within the step cap")
     row["note"] = "; ".join(notes) or None

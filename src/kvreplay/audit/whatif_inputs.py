@@ -37,11 +37,9 @@ class Context:
     batch_range: tuple[float, float] | None = None  # scheduled requests a step, as fitted
     form_error: float = 0.0  # step_model.FittedModel.form_error: widens throughput intervals
     fit_source: str = "stats lines"
-    # the first `ensemble_runs` variants are ensemble members (so far every variant): the
-    # log does not pin the arrivals to their steps, and a row is the median of the runs
-    # that vary them (the replay's own arrivals, these, the other end of their steps:
-    # audit/whatif.py run_one)
-    ensemble_runs: int = 0
+    # the variants are ensemble members: the log does not pin the arrivals to their steps,
+    # and a row is the median of its runs (audit/whatif.py run_one), not the replay's run
+    thin: bool = False
     # base step -> its wall-clock start, for a step that waited for a request after the
     # engine ran dry (step traces: step_model.restart), whatever the model; the model
     # times the busy stretches
@@ -124,7 +122,7 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
             # against 120, although p1 gave 3/5 against 1/5; docs/accuracy.md)
             ctx.variants.append((members[j % len(members)] if members else model, arr,
                                  _steps_of(wl if wl is not None else rp.workload, rp.profile, arr), wl))
-        ctx.ensemble_runs = len(ctx.variants)
+        ctx.thin = True
         ctx.notes.append(f"intervals: {len(ens)} members of the uncertainty ensemble (arrival "
                          "steps the stats lines allow" + (", prompt lengths drawn around the "
                          "estimate" if own else "") + "), each with a step-time model the log allows")
