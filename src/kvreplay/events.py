@@ -240,6 +240,19 @@ class Preemption(Base, tag="preemption", kw_only=True):
     cumulative: int | None = None
 
 
+class PreemptionWarning(Base, tag="preemption_warning", kw_only=True):
+    """V1 per-victim WARNING proposed by vLLM PR #42827 (`Scheduler._preempt_request`):
+    `Preempting request <id>: <N> computed tokens lost (recompute on resume), kv_cache_...`.
+    Not in any release yet; typed when a patched server prints it. Fields after the cut
+    of a pasted line are None."""
+
+    request_id: str
+    computed_tokens_lost: int | None = None
+    kv_usage_before: float | None = None  # percent, as printed
+    kv_usage_after: float | None = None
+    num_preemptions: int | None = None  # this request's preemptions so far, this one included
+
+
 class Iteration(Base, tag="iteration", kw_only=True):
     """`--enable-logging-iteration-details` per-step line (0.14+)."""
 
@@ -425,6 +438,7 @@ Event = Union[
     Stats,
     PrefixCacheStats,
     Preemption,
+    PreemptionWarning,
     Iteration,
     SpecDecode,
     TraceConfig,

@@ -556,10 +556,19 @@ def _fill_iterations(rec, its) -> None:
 
 
 # ---------------------------------------------------------------- Prometheus
-def audit_prometheus(path: str, label: str) -> list[dict[str, Any]]:
+def audit_prometheus(path: str | list[str], label: str) -> list[dict[str, Any]]:
+    """One record per (instance, engine) of a scrape series or an HTTP API export."""
     from kvreplay.audit import prom
 
-    scrapes = prom.read_scrapes(path)
+    out = []
+    for inst, scrapes in prom.by_instance(prom.read_scrapes(path)):
+        out.extend(_audit_scrapes(scrapes, label if inst is None else f"{label} instance={inst}"))
+    return out
+
+
+def _audit_scrapes(scrapes, label: str) -> list[dict[str, Any]]:
+    from kvreplay.audit import prom
+
     out = []
     engines = prom.engines_of(scrapes)
     dp = len(engines) > 1

@@ -21,7 +21,7 @@ import re
 from typing import IO, Any, Iterable, Iterator
 
 from kvreplay import events as ev
-from kvreplay.parsers import build, matchers
+from kvreplay.parsers import build, matchers, newlines
 from kvreplay.parsers.clock import Clock, _abs_time, _clock_for
 from kvreplay.parsers.fast import _FAST_GET
 from kvreplay.parsers.fast import fast_message as _fast
@@ -84,6 +84,10 @@ def message_event(msg: str, base: dict[str, Any], level: str | None, lark: bool 
             e = message_event(msg[: m.start()], base, level, lark)
             e.repeat = int(m.group(1))
             return e
+    if msg.startswith(newlines.RUST_STATS_HEAD):  # the Rust front end's stats line
+        return newlines.rust_stats(msg, base)
+    if msg.startswith(newlines.PREEMPT_HEAD):  # vLLM PR #42827's per-victim warning
+        return newlines.preemption_warning(msg, base)
     d = _DISPATCH(msg)
     if d is not None:
         kind, text = d
@@ -200,6 +204,16 @@ def _envelope_plain(s: str) -> tuple | None:
     return (wt or wdt, level, date, hms, source, process, pid, engine, m.end())
 
 
+def _rust_env(s: str) -> tuple | None:
+    """The envelope of a Rust front end record (`[log_stats.rs:273]`), as `_envelope` gives it."""
+    m = newlines.RUST_ENVELOPE(s)
+    if m is None:
+        return None
+    process, pid, level, date, hms, source = m.groups()
+    level = {"WARN": "WARNING", "TRACE": "DEBUG"}.get(level, level)
+    return (None, level, date, hms, source, process, None if pid is None else int(pid), None, m.end())
+
+
 def _lark_env(s: str) -> tuple | None:
     env = _lark_envelope(s)
     if env is None:
@@ -232,6 +246,8 @@ class FileParser:
         if "\x1b" in s:
             s = matchers.ANSI.sub("", s)
         env = self.envelope(s)
+        if env is None and ".rs:" in s:  # a record of vLLM's Rust front end
+            env = _rust_env(s)
         pending = self.pending
         if env is not None:
             wtd, level, date, hms, source, process, pid, engine, end = env
