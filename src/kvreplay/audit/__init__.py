@@ -46,7 +46,8 @@ def audit_log(path: str | Sequence[str], *, profile: str | None = None, replay: 
 
 
 def audit_many(paths: Iterable[str], *, jobs: int | None = None, profile: str | None = None,
-               replay: bool = True, year: int | None = None, on_error=None, executor=None):
+               replay: bool = True, year: int | None = None, on_error=None, executor=None,
+               metrics=()):
     """Audit many logs in parallel (local processes, or `executor`: kvreplay.audit.fleet);
     rows come out in input order (deterministic).
 
@@ -60,7 +61,7 @@ def audit_many(paths: Iterable[str], *, jobs: int | None = None, profile: str | 
     if own:
         executor = make_executor("local", jobs or min(len(paths), os.cpu_count() or 1) or 1)
     try:
-        fr = run(paths, executor, options=Options(profile, replay, year))
+        fr = run(paths, executor, options=Options(profile, replay, year, tuple(metrics)))
     finally:
         if own:
             executor.close()
@@ -75,7 +76,7 @@ def audit_many(paths: Iterable[str], *, jobs: int | None = None, profile: str | 
 
 def expand_paths(args: Sequence[str]) -> list[str]:
     """CLI arguments -> logs: a file is a log; a folder of .prom files is one scrape series;
-    any other folder contributes its *.log, *.log.gz, *.txt and *.prom files (sorted); a
+    any other folder contributes its *.log, *.log.gz, *.txt, *.prom and *.prom.gz files (sorted); a
     glob that is not a file's name ('logs/**/*.log.gz', quoted past the shell) its matches."""
     import glob
 
@@ -90,11 +91,12 @@ def expand_paths(args: Sequence[str]) -> list[str]:
             out.extend(expand_paths(hits))
         elif os.path.isdir(a):
             names = sorted(os.listdir(a))
-            if names and all(n.endswith(".prom") for n in names if not n.startswith(".")):
+            if names and all(n.endswith((".prom", ".prom.gz", ".json", ".json.gz"))
+                             for n in names if not n.startswith(".")):
                 out.append(a)
                 continue
             found = [os.path.join(a, n) for n in names
-                     if n.endswith((".log", ".log.gz", ".txt", ".prom", ".metrics"))]
+                     if n.endswith((".log", ".log.gz", ".txt", ".prom", ".prom.gz", ".metrics"))]
             if not found:
                 raise UserError(f"{a}: no .log / .prom files in this folder")
             out.extend(found)

@@ -157,6 +157,9 @@ def split_scrapes(text: str) -> list[tuple[float | None, str]]:
     return [(t, "\n".join(lines) + "\n") for t, lines in chunks if any(l.strip() for l in lines)]
 
 
+_SERIES_LABELS = {"engine", "model_name", "instance", "job"}
+
+
 class _Taker:
     """Puts one (name, labels, value) sample into a Scrape: the one place that says which
     vLLM series become which field, for scrape text and HTTP API JSON alike."""
@@ -180,7 +183,9 @@ class _Taker:
                 vals[key] = float(value)
         elif name in self.counters:
             key = self.counters[name]
-            if key not in vals or name == COUNTERS[key][0]:
+            if any(k not in _SERIES_LABELS for k in labels):  # e.g. finished_reason: summed
+                vals[key] = vals.get(key, 0.0) + float(value)
+            elif key not in vals or name == COUNTERS[key][0]:
                 vals[key] = float(value)
         elif name == "vllm:num_requests_waiting_by_reason":
             vals[f"waiting_{labels.get('reason', 'other')}"] = float(value)

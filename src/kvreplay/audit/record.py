@@ -61,6 +61,10 @@ COLUMNS: dict[str, Any] = {
     # joined, coverage, the exporter's clock offset found, spans the replay contradicts
     "spans_joined": int, "spans_coverage": float, "spans_clock_offset_s": float,
     "spans_contradicted": int,
+    # Prometheus scrapes of the same server joined to the log (`kvreplay audit LOG SCRAPES`):
+    # their path, how they were joined (or why not), how many bound the log's span, and the
+    # replay checked against their counters
+    "metrics": str, "metrics_join": str, "metrics_scrapes": int, "counter_check": str,
     # workload
     "requests": int, "arrival_rate_rps": float, "concurrency_mean": float, "concurrency_max": int,
     "input_len_mean": float, "input_len_p50": float, "input_len_p95": float, "input_len_max": int,
@@ -142,13 +146,32 @@ def audit_records(path: str | Sequence[str], *, profile: str | None = None,
     label = "+".join(paths)
     from kvreplay.audit import prom
 
-    if len(paths) == 1 and prom.looks_like_prometheus(paths[0]):
-        return audit_prometheus(paths[0], label)
-    return audit_vllm_log(paths, label, profile=profile, replay=replay, year=year)
+    proms = [p for p in paths if p != "-" and prom.looks_like_prometheus(p)]
+    if len(proms) == len(paths):
+        return audit_prometheus(proms, label)
+    logs = [p for p in paths if p not in proms]
+    if not proms:
+        return audit_vllm_log(paths, label, profile=profile, replay=replay, year=year)
+    # one server: its log and its scrapes
+    from kvreplay.audit import join
+
+    scrapes = prom.read_scrapes(proms)
+    mlabel = "+".join(proms)
+    recs = audit_vllm_log(logs, "+".join(logs), profile=profile, replay=replay, year=year,
+                          scrapes=scrapes)
+    joined = join.join(recs, scrapes, mlabel)
+    if joined is not None:
+        return joined
+    apart = audit_prometheus(proms, mlabel)
+    why = recs[0]["metrics_join"]
+    for r in recs + apart:
+        r["metrics_join"] = why
+        r["null_reasons"].append(f"scrapes and log: {why}")
+    return recs + apart
 
 
 def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay: bool,
-                   year: int | None) -> list[dict[str, Any]]:
+                   year: int | None, scrapes: list | None = None) -> list[dict[str, Any]]:
     from kvreplay import events as ev
     from kvreplay.errors import UserError
     from kvreplay.sources import open_replay, read_log

@@ -85,8 +85,12 @@ def run(args: argparse.Namespace) -> int:
     if span_paths and (len(paths) != 1 or dataset):
         raise UserError("request spans are joined to one server's log by request id: give "
                         "one log with them (kvreplay audit LOG SPANS.jsonl)")
+    from kvreplay.audit import join
+
+    # a log and the scrapes of the same server: one input, one joined record
+    paths, metrics = join.pair(paths, year=args.year)
     if dataset:
-        return _write_dataset(args, paths, expr)
+        return _write_dataset(args, paths, expr, metrics)
     from kvreplay.audit import audit_many, records_to_frame, report
     from kvreplay.audit.record import audit_records
 
@@ -94,13 +98,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvreplay audit: {_about(path, msg)}", file=sys.stderr)
 
     if span_paths:  # one server: its log and spans, audited here
-        df = records_to_frame(audit_records(paths + span_paths, profile=args.profile,
-                                            replay=not args.no_replay, year=args.year))
+        df = records_to_frame(audit_records(paths + span_paths + list(dict(metrics).get(paths[0], ())),
+                                            profile=args.profile, replay=not args.no_replay,
+                                            year=args.year))
     else:
         ex = _executor(args, len(paths))
         try:
             df = audit_many(paths, profile=args.profile, replay=not args.no_replay,
-                            year=args.year, on_error=warn, executor=ex)
+                            year=args.year, on_error=warn, executor=ex, metrics=metrics)
         finally:
             ex.close()
     rows = df.to_dicts()
@@ -142,14 +147,14 @@ def _executor(args, n: int):
     return make_executor(args.executor, workers)
 
 
-def _write_dataset(args, paths: list[str], expr) -> int:
+def _write_dataset(args, paths: list[str], expr, metrics=()) -> int:
     from kvreplay.audit.fleet import Options, run as run_fleet
 
     out = args.output
     os.makedirs(out, exist_ok=True)
     ex = _executor(args, len(paths))
     try:
-        fr = run_fleet(paths, ex, options=Options(args.profile, not args.no_replay, args.year),
+        fr = run_fleet(paths, ex, options=Options(args.profile, not args.no_replay, args.year, metrics),
                        out_dir=out, force=args.force, retry_errors=args.retry_errors)
     except KeyboardInterrupt:
         print(f"kvreplay audit: interrupted; {out} holds whole files only: run the same "

@@ -26,6 +26,11 @@ class Options:
     profile: str | None = None
     replay: bool = True
     year: int | None = None
+    # log -> the Prometheus inputs of the same server, audited with it (one joined record)
+    metrics: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def metrics_of(self, path: str) -> tuple[str, ...]:
+        return dict(self.metrics).get(path, ())
 
     def token(self) -> bytes:
         return f"kvreplay-audit/1 profile={self.profile} replay={self.replay} year={self.year}\n".encode()
@@ -54,7 +59,7 @@ def _files_of(path: str) -> list[str]:
 def input_key(path: str, options: Options) -> str:
     """sha256 of the options and the input's bytes (a folder: each file's name and bytes)."""
     h = hashlib.sha256(options.token())
-    for f in _files_of(path):
+    for f in [f for p in (path, *options.metrics_of(path)) for f in _files_of(p)]:
         if f != path:
             h.update(os.path.basename(f).encode() + b"\0")
         with open(f, "rb") as fh:
@@ -100,8 +105,11 @@ def audit_task(index: int, path: str, options: Options) -> Result:
     error = None
     try:
         key = input_key(path, options)
-        records = audit_records(path, profile=options.profile, replay=options.replay,
-                                year=options.year)
+        extra = options.metrics_of(path)
+        records = audit_records([path, *extra] if extra else path, profile=options.profile,
+                                replay=options.replay, year=options.year)
+        for r in records:  # the dataset's row is the log's: its label stays the log's path
+            r["log"] = path
     except UserError as exc:  # unreadable, empty, not a log: the reason is for the user
         error = str(exc)
         records = [error_record(path, error, "input")]

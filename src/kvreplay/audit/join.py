@@ -1,0 +1,172 @@
+"""One server, one record: a vLLM log and the Prometheus scrapes (or exported series) of
+the same server joined into one audit record.
+
+Joined when the scrapes name the log's model (`model_name` label vs the log's served
+model) and their time span overlaps the log's (the log's stats lines, on its own clock:
+local time read as UTC, so a whole number of quarter hours apart is taken as a time zone
+and said); a data-parallel log's engine N takes the series with `engine="N"`. When they
+cannot be joined the two records stay apart and each says why.
+
+The joined record is the log's record (its config, stats lines, replay) with what only
+the scrapes give: the preemption counter's increase over the log's span (vLLM 0.33's
+stats line never prints it), latency percentiles from the histograms (logged, where the
+replay only estimates), and the counters' check of the replay (`counter_check`).
+One status, classified on the joined fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvreplay.audit import metrics as M
+from kvreplay.audit.status import classify
+
+# fields a log record lacks and the scrapes' record gives, taken when the log's is null
+_FILL = ("block_size", "num_gpu_blocks", "kv_cache_tokens", "model")
+_LATENCY = ("ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s")
+TZ_STEP = 900.0  # time zones are whole quarter hours
+
+
+def log_span(rec: dict[str, Any]) -> tuple[float, float] | None:
+    """The log's stats-line span in epoch seconds on its own clock."""
+    import calendar
+    import time
+
+    if not rec.get("log_start") or rec.get("duration_s") is None:
+        return None
+    t0 = calendar.timegm(time.strptime(rec["log_start"], "%Y-%m-%d %H:%M:%S"))
+    return float(t0), float(t0) + float(rec["duration_s"])
+
+
+def match(log_rec: dict[str, Any], scrapes: list, engine: str) -> tuple[float | None, str]:
+    """(clock shift scrapes -> log, None when not joinable), and what was found."""
+    model = next((s.model for s in scrapes if s.model), None)
+    if log_rec.get("model") and model and model != log_rec["model"]:
+        return None, f"not joined: the scrapes serve {model!r}, the log {log_rec['model']!r}"
+    if not any(engine in s.values for s in scrapes):
+        return None, f"not joined: the scrapes have no series of engine {engine or '(none)'}"
+    times = [s.time for s in scrapes if s.time is not None]
+    span = log_span(log_rec)
+    if not times or span is None:
+        return None, "not joined: the scrapes or the log carry no time to match them by"
+    a, b = span
+    lo, hi = min(times), max(times)
+    if lo <= b and hi >= a:
+        return 0.0, f"joined by model and time ({len(times)} scrapes over the log's span)"
+    # the log's clock is local time: try a whole number of quarter hours
+    mid = (a + b) / 2 - (lo + hi) / 2
+    q = round(mid / TZ_STEP) * TZ_STEP
+    if q and abs(q) <= 14 * 3600 and lo + q <= b and hi + q >= a:
+        return q, (f"joined by model and time, the log's clock {q / 3600:+.2f} h from the scrapes' "
+                   "(its time zone)")
+    return None, "not joined: the scrapes' time span does not overlap the log's"
+
+
+def window(scrapes: list, shift: float, span: tuple[float, float], slack: float) -> list:
+    """The scrapes that bound the log's span: the last one before it through the first one
+    after it (a counter's increase over them covers the whole log)."""
+    a, b = span
+    ts = [(s.time + shift) for s in scrapes]
+    first = max([i for i, t in enumerate(ts) if t <= a + slack], default=0)
+    last = min([i for i, t in enumerate(ts) if t >= b - slack], default=len(ts) - 1)
+    return scrapes[first:last + 1]
+
+
+def join(log_recs: list[dict[str, Any]], scrapes: list, label: str) -> list[dict[str, Any]] | None:
+    """The log's records with the scrapes' evidence, or None when they cannot be joined
+    (the reason is then in each record's `metrics_join`)."""
+    from kvreplay.audit import prom
+    from kvreplay.audit.record import _audit_scrapes
+
+    engines = prom.engines_of(scrapes)
+    out = []
+    for rec in log_recs:
+        eng = "" if rec.get("engine") is None else str(rec["engine"])
+        if eng not in engines:
+            eng = "0" if eng == "" and "0" in engines and len(engines) == 1 else eng
+        shift, how = match(rec, scrapes, eng)
+        rec["metrics"] = label
+        rec["metrics_join"] = how
+        if shift is None:
+            return None
+        span = log_span(rec)
+        assert span is not None
+        inside = window(scrapes, shift, span, slack=rec.get("interval_s") or 0.0)
+        p, = [r for r in _audit_scrapes(inside, label) if (r["engine"] is None or str(r["engine"]) == eng)] or [None]
+        if p is None:
+            return None
+        out.append(merge(rec, p, inside, eng, shift))
+    return out
+
+
+def merge(rec: dict[str, Any], p: dict[str, Any], scrapes: list, eng: str, shift: float) -> dict[str, Any]:
+    rec["source"] = "vllm log + prometheus"
+    rec["metrics_scrapes"] = len(scrapes)
+    for k in _FILL:
+        if rec.get(k) is None and p.get(k) is not None:
+            rec[k] = p[k]
+    if p.get("preemptions_logged") is not None:
+        rec["preemptions_logged"] = p["preemptions_logged"]
+        rec["preemptions_logged_source"] = p["preemptions_logged_source"] + " bounding the log's span"
+        rec["null_reasons"] = [r for r in rec["null_reasons"] if not r.startswith("preemptions_logged")]
+    if p.get("latency_source") and (rec.get("latency_source") or "").startswith("estimated"):
+        for k in _LATENCY:
+            rec[k] = p[k]
+        rec["latency_source"] = p["latency_source"]
+    elif rec.get("latency_source") is None and p.get("latency_source"):
+        for k in _LATENCY:
+            rec[k] = p[k]
+        rec["latency_source"] = p["latency_source"]
+    if rec.get("recompute_ratio") is None and p.get("recompute_ratio") is not None:
+        for k in ("recomputed_tokens", "recompute_ratio", "recompute_source"):
+            rec[k] = p[k]
+    rec["status"], rec["status_evidence"] = classify(rec)
+    return rec
+
+
+def counter_increase(scrapes: list, eng: str, key: str) -> float | None:
+    vals = [s.values.get(eng, {}).get(key) for s in scrapes]
+    vals = [v for v in vals if v is not None]
+    if len(vals) < 2:
+        return None
+    return M.counter_increase(vals)[0]
+
+
+def pair(paths: list[str], *, year: int | None = None
+         ) -> tuple[list[str], tuple[tuple[str, tuple[str, ...]], ...]]:
+    """CLI inputs -> (inputs to audit, log -> its Prometheus inputs). With one log, every
+    Prometheus input goes with it (one server; `join` says if they do not fit). With
+    several, each goes with the one log of its model whose span it overlaps; one that
+    fits none or several logs is audited alone."""
+    from kvreplay.audit import prom
+    from kvreplay.errors import UserError
+
+    proms = [p for p in paths if p != "-" and prom.looks_like_prometheus(p)]
+    logs = [p for p in paths if p not in proms]
+    if not proms or not logs:
+        return paths, ()
+    if len(logs) == 1:
+        return logs, ((logs[0], tuple(proms)),)
+    from kvreplay.audit.record import audit_vllm_log
+
+    heads = {}
+    for lg in logs:
+        try:
+            heads[lg] = audit_vllm_log([lg], lg, profile=None, replay=False, year=year)[0]
+        except (UserError, OSError):
+            heads[lg] = None
+    found: dict[str, list[str]] = {}
+    alone = []
+    for p in proms:
+        try:
+            scrapes = prom.read_scrapes(p)
+        except (UserError, OSError):
+            alone.append(p)
+            continue
+        eng = prom.engines_of(scrapes)[0]
+        fits = [lg for lg, h in heads.items() if h is not None and match(h, scrapes, eng)[0] is not None]
+        if len(fits) == 1:
+            found.setdefault(fits[0], []).append(p)
+        else:
+            alone.append(p)
+    return logs + alone, tuple((lg, tuple(ps)) for lg, ps in found.items())
