@@ -170,3 +170,20 @@ def pair(paths: list[str], *, year: int | None = None
         else:
             alone.append(p)
     return logs + alone, tuple((lg, tuple(ps)) for lg, ps in found.items())
+
+
+def counter_points(scrapes: list, eng: str, shift: float) -> list:
+    """Scrapes -> the inference's `CounterPoint`s of one engine, on the log's clock."""
+    from kvreplay.inference.evidence_metrics import CounterPoint
+
+    out = []
+    for s in scrapes:
+        v = s.values.get(eng)
+        if s.time is None or v is None:
+            continue
+        h = s.hist.get(eng, {})
+        out.append(CounterPoint(
+            s.time + shift, v.get("preemptions"), v.get("prompt_tokens"), v.get("generation_tokens"),
+            v.get("requests_finished"), v.get("running"), v.get("waiting"), v.get("kv_usage"),
+            tuple(sorted(h.get("prompt_len", ()))), tuple(sorted(h.get("output_len", ())))))
+    return out

@@ -1,0 +1,311 @@
+"""An answer for a default log (no request lines), with or without Prometheus scrapes.
+
+vLLM's defaults log no request: only the startup lines, a stats line per interval and
+uvicorn's access line at each finish. What those say (inference/evidence_metrics.py): how
+many requests arrived in each interval, the tokens each interval computed, running,
+waiting and KV usage at each line, the length histograms and the preemption counter when
+scraped. This module draws workloads consistent with that (arrivals placed at random
+inside their interval; prompt and output lengths from the histograms, else from a family
+of shapes scaled to the logged token totals; the step time around the one the intervals'
+tokens imply), replays each through the scheduler model on a wall clock, weights each by
+how well it reproduces every stats line and scrape (`evidence_metrics.check`), and reports
+90% intervals: preemptions (exact when the counter bounds the log), recomputed tokens,
+recompute ratio, and the preemptions per stats interval (the storm windows). No victim is
+named: no run the log allows is more than one of many.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any, Sequence
+
+import msgspec
+
+from kvreplay.inference import evidence_metrics as EM
+from kvreplay.inference.clock import StepTimeModel
+from kvreplay.replay.engine import Engine
+from kvreplay.replay.records import EngineInputs, preemption_records, totals
+from kvreplay.replay.workload import RequestSpec, Workload
+
+TO_MAKE_EXACT = ("start vLLM with --enable-log-requests and VLLM_REQUEST_BODY_LOG_LEVEL=INFO "
+                 "(each request and its prompt), and --enable-logging-iteration-details (every "
+                 "step, 0.14+)")
+
+
+class Interval(msgspec.Struct, frozen=True):
+    median: float
+    low: float
+    high: float
+
+
+class Window(msgspec.Struct, frozen=True):
+    start: float  # the stats line's interval, log clock
+    end: float
+    preemptions: Interval
+
+
+class DefaultAnswer(msgspec.Struct):
+    requests: int
+    preemptions: Interval
+    recomputed_tokens: Interval
+    recompute_ratio: Interval
+    windows: list[Window]
+    counted: int | None  # the counter's increase over the log (None: not scraped)
+    counted_exact: bool
+    samples: int
+    effective: float  # effective sample size of the weights
+    seed: int
+    lengths_source: str
+    headline: str
+    notes: list[str]
+
+
+class _Member(msgspec.Struct):
+    weight: float
+    loss: float
+    preemptions: int
+    recomputed: int
+    ratio: float
+    processed: int
+    after_count: int  # preemptions after the last scrape (not counted by it)
+    per_window: list[int]
+
+
+def _lengths(n: int, mean: float, rng: random.Random, cap: int, shape: tuple[str, float]) -> list[int]:
+    kind, cv = shape
+    if kind == "uniform":  # mean +- sqrt(3) cv mean
+        half = min(mean - 1, math.sqrt(3.0) * cv * mean)
+        xs = [mean + half * (2 * rng.random() - 1) for _ in range(n)]
+    else:
+        s2 = math.log(1 + cv * cv)
+        mu = math.log(max(mean, 1.0)) - s2 / 2
+        xs = [rng.lognormvariate(mu, math.sqrt(s2)) for _ in range(n)]
+    return [max(1, min(cap, int(round(x)))) for x in xs]
+
+
+def _workload(config: Any, ins: Sequence[int], outs: Sequence[int]) -> Workload:
+    cap = config.max_model_len
+    specs = []
+    for j, (p, o) in enumerate(zip(ins, outs)):
+        p = max(1, min(p, cap - 1))
+        o = max(1, min(o, cap - p))
+        specs.append(RequestSpec(f"r{j}", -1, [10 + (j * 7919 + k * 104729) % 30000 for k in range(p)], o))
+    return Workload("default-log member", "", config, specs, max_steps=10**9)
+
+
+def _arrivals(ev: EM.MetricsEvidence, rng: random.Random, phase: float) -> list[float]:
+    """Each interval's arrivals at random inside it (a line stamped second s was written
+    at s + phase)."""
+    out = []
+    for w in ev.windows:
+        out += [w.t0 + phase + (w.t1 - w.t0) * rng.random() for _ in range(w.arrivals)]
+    if ev.windows and ev.late_arrivals:
+        t = ev.windows[-1].t1 + phase
+        out += [t + ev.interval_s * rng.random() for _ in range(ev.late_arrivals)]
+    return sorted(out)
+
+
+def _run(wl: Workload, arrivals: list[float], profile: Any, model: StepTimeModel,
+         max_steps: int) -> tuple[list, list[float]]:
+    """The scheduler model on a wall clock: a request enters at the first step that
+    starts at or after its arrival; an idle engine waits for the next arrival."""
+    engine = Engine(wl, profile, inputs=EngineInputs([-1] * len(wl.requests)))
+    k, clock = 0, arrivals[0] if arrivals else 0.0
+    steps, ends = [], []
+    while not engine.done and (k < len(arrivals) or engine.has_work()) and len(steps) < max_steps:
+        if not engine.has_work() and k < len(arrivals):
+            clock = max(clock, arrivals[k])
+        while k < len(arrivals) and arrivals[k] <= clock:
+            engine.submit(k)
+            k += 1
+        rec = engine.step()
+        clock += model.dt_record(rec)
+        steps.append(rec)
+        ends.append(clock)
+    return steps, ends
+
+
+def answer(ev: EM.MetricsEvidence, config: Any, profile: Any, *, samples: int = 32,
+           seed: int = 0) -> DefaultAnswer:
+    """The ensemble's answer for a log whose evidence is `ev`, served with `config`
+    (a SchedulerConfig from the startup lines) under the scheduler rules `profile`."""
+    rng = random.Random(seed)
+    n = ev.requests
+    ptot, gtot = ev.totals()
+    phist, ohist = ev.lengths()
+    cap = config.max_model_len
+    a, b = EM.step_time(ev)
+    members: list[_Member] = []
+    notes = []
+    span = (ev.windows[-1].t1 - ev.windows[0].t0) if ev.windows else 0.0
+    max_steps = max(10_000, int(50 * span / max(a, 1e-3)))
+    for i in range(max(1, samples)):
+        r = random.Random(rng.random())
+        phase = r.random()
+        arrivals = _arrivals(ev, r, phase)
+        m = len(arrivals)
+        if m == 0:
+            break
+        outs = EM.draw_from_hist(ohist, m, r, cap - 1) if ohist else []
+        if not outs:
+            shape = (r.choice(("uniform", "lognormal")), r.uniform(0.25, 1.1))
+            outs = _lengths(m, max(1.0, gtot / m), r, cap - 1, shape)
+        ins = EM.draw_from_hist(phist, m, r, cap - 1) if phist else []
+        if not ins:
+            # vLLM counts a prompt's tokens once, when its first token comes out: the logged
+            # prompt tokens are the prompts' sum
+            shape = (r.choice(("uniform", "lognormal")), r.uniform(0.25, 1.1))
+            ins = _lengths(m, max(1.0, ptot / m), r, cap - 1, shape)
+        jit = math.exp(r.gauss(0.0, 0.15)) if i else 1.0
+        model = StepTimeModel(overhead_s=a * jit, per_token_s=b * jit, per_request_s=0.0)
+        steps, ends = _run(_workload(config, ins, outs), arrivals, profile, model, max_steps)
+        counted = EM.counted_preemptions(steps, config.max_num_batched_tokens)
+        chk = EM.check(steps, ends, ev, phase, counted)
+        t = totals(steps, preemption_records(steps))
+        per = _per_window(steps, ends, ev, phase)  # by the step each preemption happened in
+        after = 0
+        if ev.counted_until is not None:
+            after = sum(c for c, e in zip(counted, ends) if e > ev.counted_until)
+        members.append(_Member(0.0, chk.loss, t.preemptions, t.tokens_recomputed,
+                               t.recompute_ratio or 0.0, t.processed_tokens, after, per))
+    if not members:
+        raise ValueError("no request in the log's evidence")
+    _weigh(members, len(ev.windows))
+    w = [x.weight for x in members]
+    ess = 1.0 / sum(x * x for x in w) if any(w) else 0.0
+    if ev.counted is not None and ev.counted_exact:
+        pre = Interval(ev.counted, ev.counted, ev.counted)
+    elif ev.counted is not None:
+        tail = _interval([x.after_count for x in members], w, widen=WIDEN)
+        pre = Interval(ev.counted + tail.median, ev.counted + tail.low, ev.counted + tail.high)
+        notes.append(f"the preemption counter's increase ({ev.counted}) stops at the last scrape; "
+                     "after it, the replays give the rest")
+    else:
+        pre = _interval([x.preemptions for x in members], w, widen=WIDEN)
+    if ev.counted is not None:
+        # the count is the counter's: each run gives what a preemption cost (recomputed
+        # tokens per preemption), the count scales it
+        cost = [(x, x.recomputed / x.preemptions) for x in members if x.preemptions]
+        if cost:
+            total = [pre.median * c for _, c in cost]
+            cw = [x.weight for x, _ in cost]
+            rec = _interval(total, cw, widen=WIDEN)
+            ratio = _interval([t / max(1, x.processed - x.recomputed + t) for (x, _), t in zip(cost, total)],
+                              cw, digits=6, widen=WIDEN)
+        else:
+            rec = ratio = Interval(0.0, 0.0, 0.0)
+    else:
+        rec = _interval([x.recomputed for x in members], w, widen=WIDEN)
+        ratio = _interval([x.ratio for x in members], w, digits=6, widen=WIDEN)
+    wins = []
+    for k, win in enumerate(ev.windows):
+        iv = _interval([x.per_window[k] for x in members], w)
+        wins.append(Window(win.t0, win.t1, iv))
+    src = ("prompt and output lengths from the scraped histograms" if phist and ohist else
+           "output lengths from the scraped histogram, prompts drawn to the logged prompt tokens"
+           if ohist else "prompt and output lengths drawn to the logged token totals")
+    return DefaultAnswer(n, pre, rec, ratio, wins, ev.counted, ev.counted_exact, len(members),
+                         round(ess, 1), seed, src, _headline(pre, rec, ratio, ev), notes)
+
+
+def _weigh(members: list[_Member], lines: int) -> None:
+    """Weights exp(-(loss - best) / (2 T)): no member reproduces a log exactly (its
+    arrivals and lengths are drawn), so the losses' own spread sets the scale: T is half
+    the gap from the best to the median member, so a median member keeps e^-1 of the
+    best one's weight (measured: docs/accuracy.md, default logs)."""
+    losses = sorted(x.loss for x in members)
+    best, med = losses[0], losses[len(losses) // 2]
+    temp = max(1.0, (med - best) / 2.0)
+    ws = [math.exp(-(x.loss - best) / (2.0 * temp)) for x in members]
+    tot = sum(ws)
+    for x, v in zip(members, ws):
+        x.weight = v / tot
+
+
+WIDEN = 1.5  # the weighted 90% range around the median, widened: calibrated (docs/accuracy.md)
+
+
+def _interval(values: Sequence[float], weights: Sequence[float], digits: int = 0,
+              widen: float = 1.0) -> Interval:
+    pairs = sorted(zip(values, weights))
+    tot = sum(w for _, w in pairs) or 1.0
+
+    def q(p: float) -> float:
+        acc = 0.0
+        for v, w in pairs:
+            acc += w / tot
+            if acc >= p - 1e-12:
+                return v
+        return pairs[-1][0]
+
+    def rd(v: float) -> float:
+        return round(v, digits) if digits else float(round(v))
+
+    med, lo, hi = q(0.5), q(0.05), q(0.95)
+    lo, hi = max(0.0, med - widen * (med - lo)), med + widen * (hi - med)
+    return Interval(rd(med), rd(lo), rd(hi))
+
+
+def _per_window(steps, ends, ev: EM.MetricsEvidence, phase: float) -> list[int]:
+    out = [0] * len(ev.windows)
+    if not ev.windows:
+        return out
+    edges = [w.t1 + phase for w in ev.windows]
+    import bisect
+
+    for r, e in zip(steps, ends):
+        if r.preemptions:
+            k = bisect.bisect_left(edges, e)
+            if k < len(out):
+                out[k] += len(r.preemptions)
+    return out
+
+
+def _headline(pre: Interval, rec: Interval, ratio: Interval, ev: EM.MetricsEvidence) -> str:
+    if ev.counted is not None and ev.counted_exact:
+        count = f"{int(pre.median)} preemptions (exact: vllm:num_preemptions_total over the log)"
+    elif ev.counted is not None and pre.low == pre.high:
+        count = (f"{int(pre.median)} preemptions (the counter's {ev.counted} up to the last scrape, "
+                 "and none after it in any replay the log allows)")
+    else:
+        count = f"{int(pre.low)}-{int(pre.high)} preemptions (90% interval, median {int(pre.median)})"
+    return (f"default log (no request lines): {count}, {int(rec.low):,}-{int(rec.high):,} tokens "
+            f"recomputed, recompute ratio {ratio.low:.3f}-{ratio.high:.3f} (90% intervals over "
+            f"workloads consistent with the stats lines{' and scrapes' if ev.scrapes else ''}); "
+            f"no victim can be named; to make it exact: {TO_MAKE_EXACT}")
+
+
+def evidence_of(facts: Any, fmt: Any, scrapes: Sequence[EM.CounterPoint] = ()) -> EM.MetricsEvidence:
+    """The evidence of a log's stats and access lines and of scrapes on its clock."""
+    from kvreplay.inference.formats import interval_of
+
+    stats = [s for s in facts.stats if s.time is not None]
+    return EM.from_stats(stats, [s.completions_before for s in stats], len(facts.completions),
+                         interval_of(facts, fmt), scrapes)
+
+
+def answer_log(facts: Any, scrapes: Sequence[EM.CounterPoint] = (), *, profile: str | None = None,
+               samples: int = 32, seed: int = 0) -> DefaultAnswer:
+    """`answer` for a parsed default log (LogFacts) and the scrapes of the same server.
+    Raises ReplayError when the log cannot be answered (no stats line, no KV cache size)."""
+    from kvreplay.errors import ReplayError
+    from kvreplay.inference.config import engine_config
+    from kvreplay.inference.engines import scheduler_profile
+    from kvreplay.inference.formats import log_format
+
+    fmt = log_format(facts.vllm_version, facts.engine_version, profile)
+    if fmt.engine != "V1":
+        raise ReplayError("a log without request lines is answered for V1-engine servers only")
+    if len(facts.engines) > 1:
+        raise ReplayError("a data-parallel default log: its stats lines are per engine, its "
+                          "access lines are not; not answered")
+    if not any(s.running is not None for s in facts.stats):
+        raise ReplayError("the log has neither request lines nor stats lines: nothing to infer "
+                          "the workload from; start vLLM with --enable-log-requests")
+    cfg, _src, _notes = engine_config(facts, fmt)
+    prof = scheduler_profile(facts, fmt, profile)
+    ev = evidence_of(facts, fmt, scrapes)
+    if ev.requests == 0:
+        raise ReplayError("the stats lines show no request: nothing to replay")
+    return answer(ev, cfg, prof, samples=samples, seed=seed)

@@ -1,0 +1,337 @@
+"""Evidence from the counters a server keeps: the periodic stats lines of a default log
+(no request lines), the access lines, and the Prometheus scrapes of `/metrics`.
+
+One module of the evidence protocol (one per kind of evidence), in three parts:
+- what it says about the run: `arrivals` (requests per stats interval: the change of
+  running + waiting plus the access lines in between), `lengths` (the length histograms
+  when scraped, else the token totals), `step_time` (a first step-time model from the
+  tokens per interval), `counted` (the preemption counter's increase over the log, exact
+  when scrapes bound every busy second);
+- how a run produces it (`render`: the counters at given times from a run's per-step
+  records, with the semantics of vLLM's PrometheusStatLogger: a step's counts are visible
+  once its output is processed, at the step's end; gauges are the last finished step's
+  scheduler stats; request histograms are observed at each finish);
+- how a run is checked against it (`check`: per stats line and per scrape, replayed
+  against logged; `loss`, the weight a run gets in an ensemble).
+
+Scrapes come in as `CounterPoint`s on the log's clock (the front end reads the files).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Any, Sequence
+
+import msgspec
+
+from kvreplay.replay.records import StepRecord
+
+
+class CounterPoint(msgspec.Struct, frozen=True):
+    """One scrape: cumulative counters and gauges at time `t` (the log's clock)."""
+
+    t: float
+    preemptions: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    finished: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None  # fraction
+    # cumulative histogram buckets: (le, count), observed at each finish
+    prompt_len: tuple[tuple[float, float], ...] = ()
+    output_len: tuple[tuple[float, float], ...] = ()
+
+
+class StatsWindow(msgspec.Struct, frozen=True):
+    """One stats line: the interval (t0, t1] it covers and what it printed."""
+
+    t0: float
+    t1: float
+    prompt_tokens: float
+    gen_tokens: float
+    running: int
+    waiting: int
+    kv_usage: float  # fraction
+    finishes: int  # access lines written in the interval
+    arrivals: int  # requests that must have arrived in it (see `arrivals`)
+
+
+class MetricsEvidence(msgspec.Struct):
+    windows: list[StatsWindow]
+    scrapes: list[CounterPoint]
+    interval_s: float
+    late_finishes: int  # access lines after the last stats line
+    late_arrivals: int  # requests that arrived after the last stats line
+    # the preemption counter's increase over the scrapes bounding the log, and whether they
+    # bound every busy second (then it is the log's count, exactly)
+    counted: int | None = None
+    counted_exact: bool = False
+    counted_until: float | None = None  # the last scrape's time (after it: not counted)
+
+    @property
+    def requests(self) -> int:
+        return sum(w.arrivals for w in self.windows) + self.late_arrivals
+
+    def lengths(self) -> tuple[list[tuple[float, float]] | None, list[tuple[float, float]] | None]:
+        """The prompt and output length histograms (bucket increases over the scrapes), or None."""
+        return _hist_increase(self.scrapes, "prompt_len"), _hist_increase(self.scrapes, "output_len")
+
+    def totals(self) -> tuple[float, float]:
+        """Prompt and generation tokens the engine counted over the log (stats lines)."""
+        return (sum(w.prompt_tokens for w in self.windows), sum(w.gen_tokens for w in self.windows))
+
+
+def from_stats(stats: Sequence[Any], completions_before: Sequence[int], total_completions: int,
+               interval_s: float, scrapes: Sequence[CounterPoint] = ()) -> MetricsEvidence:
+    """The evidence of a log's stats lines (`StatsPoint`s with their access-line counts) and
+    of scrapes already on the log's clock."""
+    windows = []
+    prev_in, prev_done, prev_t = 0, 0, None
+    for s, done in zip(stats, completions_before):
+        t1 = float(s.time)
+        t0 = prev_t if prev_t is not None else t1 - interval_s
+        running, waiting = int(s.running or 0), int(s.waiting or 0)
+        fin = done - prev_done
+        # every request that arrived is running, waiting, or has finished (an access line)
+        arr = max(0, running + waiting - prev_in + fin)
+        windows.append(StatsWindow(t0, t1, (s.prompt_throughput or 0.0) * (t1 - t0),
+                                   (s.generation_throughput or 0.0) * (t1 - t0), running, waiting,
+                                   (s.kv_usage or 0.0), fin, arr))
+        prev_in, prev_done, prev_t = running + waiting, done, t1
+    late_fin = total_completions - prev_done
+    ev = MetricsEvidence(windows, list(scrapes), interval_s, late_fin, max(0, late_fin - prev_in))
+    _count(ev)
+    return ev
+
+
+def _count(ev: MetricsEvidence) -> None:
+    """The preemption counter over the log: from the last scrape before its first busy
+    second to the first after its last; exact when both exist."""
+    pts = [p for p in ev.scrapes if p.preemptions is not None]
+    busy = [w for w in ev.windows if w.running or w.waiting or w.gen_tokens or w.prompt_tokens]
+    if len(pts) < 2 or not busy:
+        return
+    first_busy = busy[0].t0
+    last_busy = busy[-1].t1 if (busy[-1].running or busy[-1].waiting) else busy[-1].t1
+    before = [p for p in pts if p.t <= first_busy]
+    after = [p for p in pts if p.t >= last_busy]
+    lo = before[-1] if before else pts[0]
+    hi = after[0] if after else pts[-1]
+    inc = 0.0
+    seq = [p for p in pts if lo.t <= p.t <= hi.t]
+    for a, b in zip(seq, seq[1:]):
+        inc += (b.preemptions - a.preemptions) if b.preemptions >= a.preemptions else b.preemptions
+    ev.counted = int(round(inc))
+    ev.counted_exact = bool(before) and bool(after)
+    ev.counted_until = None if after else hi.t
+
+
+def _hist_increase(scrapes: Sequence[CounterPoint], key: str) -> list[tuple[float, float]] | None:
+    hs = [dict(getattr(p, key)) for p in scrapes if getattr(p, key)]
+    if not hs:
+        return None
+    last, first = hs[-1], (hs[0] if len(hs) > 1 else {})
+    if first and any(last.get(le, 0.0) < c for le, c in first.items()):
+        first = {}  # a reset: the last scrape's own counts
+    out = sorted((le, last[le] - first.get(le, 0.0)) for le in last)
+    return out if out and out[-1][1] > 0 else None
+
+
+def draw_from_hist(buckets: Sequence[tuple[float, float]], n: int, rng: Any, cap: int) -> list[int]:
+    """n lengths from a cumulative histogram: a bucket by its count, uniform inside it (the
+    last, open bucket: up to twice its lower bound, at most `cap`)."""
+    edges = [(0.0, 0.0)] + list(buckets)
+    cells = []
+    for (lo, c0), (hi, c1) in zip(edges, edges[1:]):
+        if c1 > c0:
+            top = min(cap, 2 * lo if math.isinf(hi) else hi)
+            cells.append((max(1.0, lo + (1 if lo else 0)), max(1.0, top), c1 - c0))
+    total = sum(c for _, _, c in cells)
+    if total <= 0:
+        return []
+    cum, acc = [], 0.0
+    for _, _, c in cells:
+        acc += c
+        cum.append(acc)
+    out = []
+    for _ in range(n):
+        k = min(len(cells) - 1, bisect.bisect_left(cum, rng.random() * total))
+        lo, hi, _ = cells[k]
+        out.append(int(round(lo + (hi - lo) * rng.random())) if hi > lo else int(lo))
+    return out
+
+
+def step_time(ev: MetricsEvidence) -> tuple[float, float]:
+    """(seconds per step, seconds per token) that fill each fully busy interval: one step
+    decodes about `running` requests, so steps = generated / running, and
+    interval = steps * a + tokens * b (least squares, both >= 0)."""
+    rows = []
+    prev_run = 0
+    for w in ev.windows:
+        run = (prev_run + w.running) / 2.0
+        dt = w.t1 - w.t0
+        if prev_run > 0 and w.running > 0 and w.gen_tokens > 0 and dt > 0:
+            rows.append((w.gen_tokens / run / dt, (w.prompt_tokens + w.gen_tokens) / dt))
+        prev_run = w.running
+    if not rows:
+        return 0.02, 0.0
+    best = None
+    for use_a, use_b in ((1, 1), (1, 0), (0, 1)):
+        saa = sum(x * x for x, _ in rows) if use_a else 0.0
+        sbb = sum(y * y for _, y in rows) if use_b else 0.0
+        sab = sum(x * y for x, y in rows) if use_a and use_b else 0.0
+        sa = sum(x for x, _ in rows) if use_a else 0.0
+        sb = sum(y for _, y in rows) if use_b else 0.0
+        det = saa * sbb - sab * sab
+        if use_a and use_b:
+            if abs(det) < 1e-18:
+                continue
+            a, b = (sa * sbb - sb * sab) / det, (sb * saa - sa * sab) / det
+        elif use_a:
+            a, b = sa / saa, 0.0
+        else:
+            a, b = 0.0, sb / sbb
+        if a < 0 or b < 0:
+            continue
+        err = sum((1.0 - a * x - b * y) ** 2 for x, y in rows)
+        if best is None or err < best[0]:
+            best = (err, a, b)
+    if best is None:
+        return 0.02, 0.0
+    return best[1], best[2]
+
+
+# ------------------------------------------------------------------ a run -> the evidence
+def counted_preemptions(steps: Sequence[StepRecord], budget: int) -> list[int]:
+    """Per step, what vllm:num_preemptions_total adds at its end (V1): the frontend counts
+    a preemption when the victim's next output arrives, the step that finishes its
+    recompute after readmission (one chunk of `budget` tokens a step); a victim never
+    readmitted is never counted."""
+    from kvreplay.replay.records import preemption_records
+
+    out = [0] * len(steps)
+    for p in preemption_records(steps):
+        if p.readmission_step is None:
+            continue
+        need = p.tokens_recomputed if p.tokens_recomputed is not None else p.num_tokens
+        k = p.readmission_step + max(0, math.ceil(max(1, need) / max(1, budget)) - 1)
+        if k < len(out):
+            out[k] += 1
+    return out
+
+
+def render(steps: Sequence[StepRecord], step_end: Sequence[float], times: Sequence[float],
+           prompt_lens: dict[str, int] | None = None, budget: int = 8192,
+           counted: Sequence[int] | None = None) -> list[CounterPoint]:
+    """The counters a scrape at each of `times` would read from a run (PrometheusStatLogger:
+    counters add each step's counts when its output is processed, at the step's end; the
+    gauges are the last processed step's; request_prompt_tokens / request_generation_tokens
+    are observed at each finish; `prompt_lens` gives the prompt lengths by request id;
+    `budget`: max_num_batched_tokens; `counted`: `counted_preemptions`, if already made)."""
+    if counted is None:
+        counted = counted_preemptions(steps, budget)
+    out = []
+    pre = pt = gt = fin = 0.0
+    k = 0
+    last: StepRecord | None = None
+    plen: dict[int, float] = {}
+    olen: dict[int, float] = {}
+    for t in times:
+        while k < len(steps) and step_end[k] <= t:
+            r = steps[k]
+            pre += counted[k]
+            pt += r.stats_prompt_tokens
+            gt += r.generated_tokens
+            fin += len(r.finished)
+            for rid, n in zip(r.finished, r.finished_output_tokens):
+                _observe(olen, n)
+                if prompt_lens is not None and rid in prompt_lens:
+                    _observe(plen, prompt_lens[rid])
+            last = r
+            k += 1
+        out.append(CounterPoint(
+            t, pre, pt, gt, fin,
+            float(last.num_running) if last else 0.0, float(last.num_waiting) if last else 0.0,
+            last.kv_usage if last else 0.0,
+            tuple(_cumulative(plen)) if prompt_lens is not None else (), tuple(_cumulative(olen))))
+    return out
+
+
+# vLLM's request-length buckets (build_1_2_5_buckets up to max_model_len): 1, 2, 5, 10, ...
+def length_buckets(max_len: int) -> list[float]:
+    out, m = [], 1
+    while True:
+        for d in (1, 2, 5):
+            if d * m > max_len:
+                return out + [math.inf]
+            out.append(float(d * m))
+        m *= 10
+
+
+_BUCKETS = length_buckets(10**7)
+
+
+def _observe(h: dict[int, float], v: float) -> None:
+    i = bisect.bisect_left(_BUCKETS, v)
+    h[i] = h.get(i, 0.0) + 1.0
+
+
+def _cumulative(h: dict[int, float]) -> list[tuple[float, float]]:
+    out, acc = [], 0.0
+    top = max(h, default=-1)
+    for i in range(top + 1):
+        acc += h.get(i, 0.0)
+        out.append((_BUCKETS[i], acc))
+    out.append((math.inf, acc))
+    return out
+
+
+class Check(msgspec.Struct):
+    """A run against the evidence: per stats line and per scrape window, replayed vs logged."""
+
+    lines: list[dict[str, float]]
+    scrapes: list[dict[str, float]]
+    loss: float  # sum of squared, scaled differences (the ensemble's weight: exp(-loss / 2))
+
+
+def check(steps: Sequence[StepRecord], step_end: Sequence[float], ev: MetricsEvidence,
+          phase: float = 0.5, counted: Sequence[int] | None = None, budget: int = 8192) -> Check:
+    """Each stats line's running/waiting/KV and tokens, each scrape window's counter
+    increases, replayed against logged. Scales: a request for counts, 2 KV points, 5% of a
+    window's tokens (at least a block), and Poisson noise for the preemption counter.
+    `phase`: when within its printed second each stats line was written."""
+    times = [w.t1 + phase for w in ev.windows]
+    if counted is None:
+        counted = counted_preemptions(steps, budget)
+    pts = render(steps, step_end, times, counted=counted)
+    lines, loss = [], 0.0
+    prev = CounterPoint(times[0] - ev.interval_s if times else 0.0, 0.0, 0.0, 0.0, 0.0)
+    for w, p in zip(ev.windows, pts):
+        d = {"t": w.t1, "running": p.running - w.running, "waiting": p.waiting - w.waiting,
+             "kv": (p.kv_usage or 0.0) - w.kv_usage,
+             "prompt": (p.prompt_tokens - prev.prompt_tokens) - w.prompt_tokens,
+             "gen": (p.generation_tokens - prev.generation_tokens) - w.gen_tokens}
+        lines.append(d)
+        loss += (d["running"] / 2.0) ** 2 + (d["waiting"] / 3.0) ** 2 + (d["kv"] / 0.03) ** 2
+        loss += (d["prompt"] / max(0.1 * w.prompt_tokens, 400.0)) ** 2
+        loss += (d["gen"] / max(0.1 * w.gen_tokens, 100.0)) ** 2
+        prev = p
+    scr = []
+    sp = [p for p in ev.scrapes if p.preemptions is not None]
+    if len(sp) > 1:
+        got = render(steps, step_end, [p.t for p in sp], counted=counted)
+        for (a, b), (ra, rb) in zip(zip(sp, sp[1:]), zip(got, got[1:])):
+            logged = b.preemptions - a.preemptions if b.preemptions >= a.preemptions else b.preemptions
+            replayed = rb.preemptions - ra.preemptions
+            d = {"t0": a.t, "t1": b.t, "preemptions_logged": logged, "preemptions_replayed": replayed}
+            if a.prompt_tokens is not None and b.prompt_tokens is not None:
+                d["prompt_logged"] = b.prompt_tokens - a.prompt_tokens
+                d["prompt_replayed"] = rb.prompt_tokens - ra.prompt_tokens
+            if a.generation_tokens is not None and b.generation_tokens is not None:
+                d["gen_logged"] = b.generation_tokens - a.generation_tokens
+                d["gen_replayed"] = rb.generation_tokens - ra.generation_tokens
+            scr.append(d)
+            loss += (replayed - logged) ** 2 / (1.0 + logged)
+    return Check(lines, scr, loss)

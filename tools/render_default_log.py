@@ -1,0 +1,195 @@
+"""Default logs and Prometheus scrapes with known answers, and the evaluation of what
+kvreplay answers on them (docs/accuracy.md, default logs).
+
+A case: a workload of our own (Poisson, bursts with idle gaps, or a ramp; uniform or
+heavy-tailed lognormal lengths) run through the scheduler model on a wall clock
+(kvreplay.audit.synth.run_on_clock); the log vLLM 0.33 would write with its defaults
+(synth.render_log without the request-logger lines: startup, stats and access lines); and
+what a Prometheus server scraping `/metrics` every 15 s would have kept, rendered from the
+run's per-step records by kvreplay.inference.evidence_metrics.render (PrometheusStatLogger's
+semantics). The truth is the run's own totals.
+
+    python tools/render_default_log.py eval --cases 0:24 [--samples 32]     # coverage, widths
+    python tools/render_default_log.py write --case 3 -o /tmp/case3/         # the files
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+
+from kvreplay.audit import synth
+from kvreplay.inference import evidence_metrics as EM
+from kvreplay.inference.clock import StepTimeModel
+from kvreplay.replay.scheduler import SchedulerConfig
+from kvreplay.replay.workload import RequestSpec, Workload
+
+KINDS = ("poisson", "bursts", "ramp")
+
+
+def case(i: int):
+    """Workload, arrival times, step-time model and stats interval of case i."""
+    rng = random.Random(1000 + i)
+    kind = KINDS[i % 3]
+    heavy = (i // 3) % 2 == 1
+    n = rng.randint(80, 220)
+    blocks = rng.choice((800, 1200, 2000))
+    cfg = SchedulerConfig(num_gpu_blocks=blocks, block_size=16, max_num_seqs=rng.choice((32, 64, 128)),
+                          max_num_batched_tokens=rng.choice((2048, 4096, 8192)), max_model_len=4096,
+                          enable_chunked_prefill=True, enable_prefix_caching=False)
+    rate = rng.uniform(4.0, 14.0)
+    times, t = [], 0.0
+    for k in range(n):
+        if kind == "poisson":
+            t += rng.expovariate(rate)
+        elif kind == "bursts":  # bursts of 10-30 requests, idle gaps of 5-20 s
+            t += rng.uniform(5.0, 20.0) if k and rng.random() < 1 / 20 else rng.expovariate(rate * 3)
+        else:  # the rate climbs from rate/4 to 2 rate
+            t += rng.expovariate(rate * (0.25 + 1.75 * k / n))
+        times.append(t)
+    specs = []
+    for k in range(n):
+        if heavy:
+            p = int(min(3500, max(16, rng.lognormvariate(math.log(500), 1.0))))
+            o = int(min(4095 - p, max(4, rng.lognormvariate(math.log(150), 0.9))))
+        else:
+            p = rng.randint(100, 2000)
+            o = rng.randint(30, 500)
+        toks = [10 + (k * 7919 + j * 104729) % 30000 for j in range(p)]
+        specs.append(RequestSpec(f"r{k}", 0, toks, max(1, o)))
+    wl = Workload(f"default-{i}", f"{kind} {'heavy' if heavy else 'uniform'}", cfg, specs, max_steps=10**9)
+    model = StepTimeModel(overhead_s=rng.uniform(0.004, 0.009), per_token_s=rng.uniform(2e-5, 5e-5),
+                          per_request_s=rng.uniform(0.0, 6e-5))
+    interval = rng.choice((2.0, 5.0, 10.0))
+    return wl, times, model, interval, f"{kind}, {'heavy-tailed' if heavy else 'uniform'} lengths"
+
+
+_REQUEST_LINES = ("Received request ", "Added request ", "JSON body")
+
+
+def render(i: int):
+    """(default log text, scrape text, truth) of case i."""
+    wl, times, model, interval, what = case(i)
+    text, run = synth.render_log(wl, times, step_time=model, interval_s=interval,
+                                 request_bodies=False)
+    text = "".join(l for l in text.splitlines(True) if not any(k in l for k in _REQUEST_LINES))
+    text = text.replace("'enable_log_requests': True", "'enable_log_requests': False")
+    start = synth.EPOCH + 60.0
+    rng = random.Random(i)
+    first = start + times[0] - rng.uniform(1.0, 14.0)
+    end = start + (run.step_end[-1] if run.step_end else 0.0)
+    stimes = []
+    t = first
+    while t < end + 15.0:
+        stimes.append(t)
+        t += 15.0
+    lens = {s.id: len(s.prompt_token_ids) for s in wl.requests}
+    pts = EM.render(run.records, run.step_end, [x - start for x in stimes], lens,
+                    budget=wl.config.max_num_batched_tokens)
+    prom = scrape_text(pts, stimes)
+    truth = dict(run.truth, case=i, what=what, interval_s=interval)
+    return text, prom, truth
+
+
+def scrape_text(pts, stimes) -> str:
+    lab = 'engine="0",model_name="%s"' % synth.MODEL
+    out = []
+    for p, t in zip(pts, stimes):
+        out.append(f"# SCRAPE {t:.3f}")
+        for name, kind, v in (("vllm:num_requests_running", "gauge", p.running),
+                              ("vllm:num_requests_waiting", "gauge", p.waiting),
+                              ("vllm:kv_cache_usage_perc", "gauge", p.kv_usage),
+                              ("vllm:num_preemptions_total", "counter", p.preemptions),
+                              ("vllm:prompt_tokens_total", "counter", p.prompt_tokens),
+                              ("vllm:generation_tokens_total", "counter", p.generation_tokens),
+                              ("vllm:request_success_total", "counter", p.finished)):
+            out.append(f"# TYPE {name.removesuffix('_total')} {kind}")
+            out.append(f"{name}{{{lab}}} {float(v)}")
+        for name, h in (("vllm:request_prompt_tokens", p.prompt_len),
+                        ("vllm:request_generation_tokens", p.output_len)):
+            out.append(f"# TYPE {name} histogram")
+            for le, c in h:
+                les = "+Inf" if math.isinf(le) else f"{le}"
+                out.append(f'{name}_bucket{{{lab},le="{les}"}} {float(c)}')
+            out.append(f"{name}_count{{{lab}}} {float(h[-1][1]) if h else 0.0}")
+    return "\n".join(out) + "\n"
+
+
+def evaluate(cases, samples: int) -> list[dict]:
+    from kvreplay.audit import join, prom
+    from kvreplay.inference.default_log import answer_log
+    from kvreplay.parsers import parse_lines
+    from kvreplay.sources import read_facts
+    import tempfile
+
+    rows = []
+    for i in cases:
+        text, ptext, truth = render(i)
+        with tempfile.TemporaryDirectory() as d:
+            lp, pp = os.path.join(d, "server.log"), os.path.join(d, "metrics.prom")
+            open(lp, "w").write(text)
+            open(pp, "w").write(ptext)
+            facts = read_facts([lp], year=2026)
+            scr = join.counter_points(prom.read_scrapes(pp), "0", 0.0)
+        for label, sc in (("log", ()), ("log+scrapes", scr)):
+            t0 = time.perf_counter()
+            a = answer_log(facts, sc, samples=samples, seed=0)
+            row = {"case": i, "what": truth["what"], "input": label, "seconds": round(time.perf_counter() - t0, 1),
+                   "requests": truth["requests"], "requests_found": a.requests}
+            for k, iv in (("preemptions", a.preemptions), ("recomputed_tokens", a.recomputed_tokens),
+                          ("recompute_ratio", a.recompute_ratio)):
+                tv = truth[k] or 0.0
+                row[k] = tv
+                row[k + "_iv"] = [iv.low, iv.median, iv.high]
+                tol = 1e-6 if k == "recompute_ratio" else 0.5
+                row[k + "_in"] = iv.low - tol <= tv <= iv.high + tol
+                row[k + "_width"] = iv.high - iv.low
+            row["exact"] = a.counted_exact
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def summary(rows: list[dict]) -> None:
+    for label in ("log", "log+scrapes"):
+        rs = [r for r in rows if r["input"] == label]
+        if not rs:
+            continue
+        print(f"{label}: {len(rs)} logs")
+        for k in ("preemptions", "recomputed_tokens", "recompute_ratio"):
+            cov = sum(r[k + "_in"] for r in rs) / len(rs)
+            width = sum(r[k + "_width"] for r in rs) / len(rs)
+            print(f"  {k}: truth inside the interval {cov:.0%}, mean width {width:.4g}")
+        ex = [r for r in rs if r["exact"]]
+        if ex:
+            print(f"  count exact by the counter in {len(ex)}: right in "
+                  f"{sum(r['preemptions_iv'][1] == r['preemptions'] for r in ex)}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cmd", choices=("eval", "write"))
+    ap.add_argument("--cases", default="0:12")
+    ap.add_argument("--case", type=int, default=0)
+    ap.add_argument("--samples", type=int, default=32)
+    ap.add_argument("-o", "--out", default=".")
+    a = ap.parse_args(argv)
+    if a.cmd == "write":
+        text, ptext, truth = render(a.case)
+        os.makedirs(a.out, exist_ok=True)
+        open(os.path.join(a.out, "server.default.log"), "w").write(text)
+        open(os.path.join(a.out, "metrics.prom"), "w").write(ptext)
+        json.dump(truth, open(os.path.join(a.out, "truth.json"), "w"), indent=1)
+        return 0
+    lo, hi = (int(x) for x in a.cases.split(":"))
+    summary(evaluate(range(lo, hi), a.samples))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
