@@ -40,13 +40,17 @@ def log_span(rec: dict[str, Any]) -> tuple[float, float] | None:
 
 def match(log_rec: dict[str, Any], scrapes: list, engine: str) -> tuple[float | None, str]:
     """(clock shift scrapes -> log, None when not joinable), and what was found."""
+    return match_span(log_rec.get("model"), log_span(log_rec), scrapes, engine)
+
+
+def match_span(log_model: str | None, span: tuple[float, float] | None, scrapes: list,
+               engine: str) -> tuple[float | None, str]:
     model = next((s.model for s in scrapes if s.model), None)
-    if log_rec.get("model") and model and model != log_rec["model"]:
-        return None, f"not joined: the scrapes serve {model!r}, the log {log_rec['model']!r}"
+    if log_model and model and model != log_model:
+        return None, f"not joined: the scrapes serve {model!r}, the log {log_model!r}"
     if not any(engine in s.values for s in scrapes):
         return None, f"not joined: the scrapes have no series of engine {engine or '(none)'}"
     times = [s.time for s in scrapes if s.time is not None]
-    span = log_span(log_rec)
     if not times or span is None:
         return None, "not joined: the scrapes or the log carry no time to match them by"
     a, b = span
@@ -187,3 +191,77 @@ def counter_points(scrapes: list, eng: str, shift: float) -> list:
             v.get("requests_finished"), v.get("running"), v.get("waiting"), v.get("kv_usage"),
             tuple(sorted(h.get("prompt_len", ()))), tuple(sorted(h.get("output_len", ())))))
     return out
+
+
+def scrapes_for_facts(facts: Any, scrapes: list) -> tuple[list, str]:
+    """The scrapes of a parsed log's server as `CounterPoint`s on the log's clock, and how
+    they were joined (no points, and why, when they cannot be)."""
+    from kvreplay.audit import prom
+
+    times = [s.time for s in facts.stats if s.time is not None]
+    interval = facts.interval_s or 10.0
+    span = (min(times) - interval, max(times)) if times else None
+    engines = prom.engines_of(scrapes)
+    eng = "0" if "0" in engines else (engines[0] if engines else "")
+    model = facts.config.model if facts.config is not None else None
+    shift, how = match_span(model, span, scrapes, eng)
+    if shift is None:
+        return [], how
+    return counter_points(scrapes, eng, shift), how
+
+
+def scrape_check(rp: Any, points: list) -> dict[str, Any] | None:
+    """A full replay against each scrape of the same server (`CounterPoint`s on the log's
+    clock), like the stats lines: per window between scrapes, the preemption counter and
+    the prompt / generation token counters, replayed against logged; and the verdict."""
+    from kvreplay.inference import evidence_metrics as EM
+
+    if rp.clock is None or not rp.steps:
+        return None
+    pts = [p for p in points if p.preemptions is not None]
+    if len(pts) < 2:
+        return None
+    starts = list(rp.clock)
+    model = rp.step_time_model
+    ends = [s + (model.dt_record(r) if model is not None else 0.0) for s, r in zip(starts, rp.steps)]
+    budget = rp.workload.config.max_num_batched_tokens
+    got = EM.render(rp.steps, ends, [p.t for p in pts], budget=budget)
+    rows = []
+    for (a, b), (ra, rb) in zip(zip(pts, pts[1:]), zip(got, got[1:])):
+        row = {"t0": a.t, "t1": b.t,
+               "preemptions_logged": int(round(b.preemptions - a.preemptions if b.preemptions >= a.preemptions
+                                               else b.preemptions)),
+               "preemptions_replayed": int(round(rb.preemptions - ra.preemptions))}
+        for k, attr in (("prompt", "prompt_tokens"), ("gen", "generation_tokens")):
+            x, y = getattr(a, attr), getattr(b, attr)
+            if x is not None and y is not None:
+                row[f"{k}_logged"] = int(round(y - x if y >= x else y))
+                row[f"{k}_replayed"] = int(round(getattr(rb, attr) - getattr(ra, attr)))
+        rows.append(row)
+    logged = sum(r["preemptions_logged"] for r in rows)
+    replayed = sum(r["preemptions_replayed"] for r in rows)
+    agree = sum(r["preemptions_logged"] == r["preemptions_replayed"] for r in rows)
+    verdict = (f"the preemption counter agrees with the replay in {agree} of {len(rows)} scrape windows "
+               f"({replayed} replayed, {logged} counted)")
+    if replayed != logged:
+        verdict = (f"the replay disagrees with vllm:num_preemptions_total: {replayed} preemptions "
+                   f"replayed where the counter counted {logged} over the same {len(rows)} scrape "
+                   f"windows ({agree} agree)")
+    return {"windows": rows, "counted": logged, "replayed": replayed, "agreeing_windows": agree,
+            "verdict": verdict}
+
+
+def scrape_check_lines(chk: dict[str, Any]) -> str:
+    """The check as report lines (kvreplay replay's table)."""
+    import time
+
+    out = [f"  scrapes: {chk['verdict']}"]
+    for r in chk["windows"]:
+        t = time.strftime("%H:%M:%S", time.gmtime(r["t1"]))
+        tok = ""
+        if "prompt_logged" in r:
+            tok = (f", prompt tokens {r['prompt_replayed']:,} / {r['prompt_logged']:,}, generated "
+                   f"{r.get('gen_replayed', 0):,} / {r.get('gen_logged', 0):,}")
+        out.append(f"    scrape {t}: preemptions replayed {r['preemptions_replayed']} / counted "
+                   f"{r['preemptions_logged']}{tok}")
+    return "\n".join(out) + "\n"

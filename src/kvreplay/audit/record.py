@@ -56,6 +56,7 @@ COLUMNS: dict[str, Any] = {
     "self_preemptions": int, "requests_preempted": int,
     "computed_tokens_lost": int, "recomputed_tokens": int, "processed_tokens": int,
     "recompute_ratio": float, "recompute_source": str,
+    "recompute_ratio_low": float, "recompute_ratio_high": float,  # when it is an interval
     "replay_agreement": float, "replay_exact": float, "step_time_model": str,
     # request spans read beside the log (`kvreplay audit LOG SPANS`; null without): requests
     # joined, coverage, the exporter's clock offset found, spans the replay contradicts
@@ -219,6 +220,8 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
         if rp is not None:
             rec["replay"] = "ok"
             _fill_replay(rec, rp, origin)
+            if scrapes and not dp:
+                _counter_check(rec, rp, log.facts, scrapes)
             sp = rp.info.get("spans")
             if sp:
                 rec["spans_joined"], rec["spans_coverage"] = sp["joined"], sp["coverage"]
@@ -231,6 +234,8 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
                                        f"recompute_ratio, latency): {replay_reason}")
             if not dp:
                 _fill_workload_from_facts(rec, log.facts)
+            if replay and not dp:
+                _default_log(rec, log.facts, scrapes, profile, origin)
         if iterations and (eng in (None, 0) or not dp):
             _fill_iterations(rec, [i for i in iterations if i.engine in (None, eng)] or iterations)
         if rec["step_spike_ratio"] is None and rp is None:
@@ -242,6 +247,32 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
 
 
 # ---------------------------------------------------------------- pieces
+def _counter_check(rec, rp, facts, scrapes) -> None:
+    """The replay against the scrapes' counters (`counter_check`)."""
+    from kvreplay.audit import join
+
+    points, _how = join.scrapes_for_facts(facts, scrapes)
+    chk = join.scrape_check(rp, points) if points else None
+    if chk is not None:
+        rec["counter_check"] = chk["verdict"]
+
+
+def _default_log(rec, facts, scrapes, profile, origin) -> None:
+    """A log without request lines: the answer of the workloads its stats lines (and the
+    scrapes) allow, instead of no replay fields."""
+    from kvreplay.audit import default_report
+    from kvreplay.errors import UserError
+
+    if not default_report.is_default_log(facts):
+        return
+    try:
+        ans, _how = default_report.answer_for(facts, [], profile=profile, scrapes=scrapes or None)
+    except UserError as exc:
+        rec["null_reasons"].append(f"default log not inferred: {exc}")
+        return
+    default_report.fill_record(rec, ans, origin)
+
+
 def _check_readable(events, label: str, paths: list[str]) -> None:
     """A file the reader could not finish (a truncated .gz), or with no vLLM line at all
     (and not a workload JSON, which the replay reads), is not audited: a record of nulls
