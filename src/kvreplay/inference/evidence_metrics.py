@@ -114,7 +114,10 @@ def _count(ev: MetricsEvidence) -> None:
     if len(pts) < 2 or not busy:
         return
     first_busy = busy[0].t0
-    last_busy = busy[-1].t1 if (busy[-1].running or busy[-1].waiting) else busy[-1].t1
+    last_busy = busy[-1].t1
+    if busy[-1].running or busy[-1].waiting:  # still busy at its line: until the next one
+        later = [w.t1 for w in ev.windows if w.t1 > last_busy]
+        last_busy = later[0] if later else math.inf
     before = [p for p in pts if p.t <= first_busy]
     after = [p for p in pts if p.t >= last_busy]
     lo = before[-1] if before else pts[0]

@@ -1,0 +1,194 @@
+"""A default log (no request lines), with or without the scrapes of its server: what the
+stats lines and counters say (inference/evidence_metrics.py), the answer the workloads they
+allow give (inference/default_log.py), and the counters as evidence for a full replay."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kvreplay.inference import evidence_metrics as EM
+from kvreplay.replay.records import StepRecord
+
+CASE = "/work/shared/logcases/p1_poisson_fcfs_200"
+needs_case = pytest.mark.skipif(not os.path.exists(os.path.join(CASE, "metrics.prom.gz")),
+                                reason="p1 log case not present")
+
+
+def _stats(t, running, waiting, prompt=0.0, gen=0.0, kv=0.0):
+    return SimpleNamespace(time=t, running=running, waiting=waiting, prompt_throughput=prompt,
+                           generation_throughput=gen, kv_usage=kv)
+
+
+def test_arrivals_are_the_change_of_running_plus_waiting_plus_finishes():
+    # by hand: 3 in the system at t=10; at t=20 2 running + 4 waiting after 5 finished
+    # -> 3 + (6 - 3 + 5) = 11 requests; 2 finish after the last line, 1 more came late
+    stats = [_stats(10, 3, 0, 100.0, 10.0), _stats(20, 2, 4, 50.0, 20.0)]
+    ev = EM.from_stats(stats, [0, 5], 5 + 7, 10.0)
+    assert [w.arrivals for w in ev.windows] == [3, 8]
+    assert [w.finishes for w in ev.windows] == [0, 5]
+    assert ev.late_finishes == 7 and ev.late_arrivals == 1 and ev.requests == 12
+    assert ev.totals() == (1500.0, 300.0)  # throughput x seconds
+    assert ev.windows[0].t0 == 0.0  # the first line covers the interval before it
+
+
+def test_the_counter_is_exact_only_when_scrapes_bound_the_busy_log():
+    stats = [_stats(100, 0, 0), _stats(110, 5, 2, 10.0, 10.0), _stats(120, 3, 0, 0.0, 10.0), _stats(130, 0, 0)]
+    done = [0, 0, 4, 7]
+    bound = [EM.CounterPoint(95, 0.0), EM.CounterPoint(110, 2.0), EM.CounterPoint(125, 6.0), EM.CounterPoint(140, 9.0)]
+    ev = EM.from_stats(stats, done, 7, 10.0, bound)
+    assert (ev.counted, ev.counted_exact, ev.counted_until) == (9, True, None)
+    early = bound[:3]  # the last scrape comes before the engine went idle
+    ev = EM.from_stats(stats, done, 7, 10.0, early)
+    assert (ev.counted, ev.counted_exact, ev.counted_until) == (6, False, 125)
+    reset = [EM.CounterPoint(95, 0.0), EM.CounterPoint(110, 4.0), EM.CounterPoint(140, 3.0)]  # a restart
+    ev = EM.from_stats(stats, done, 7, 10.0, reset)
+    assert ev.counted == 7  # 4, then the new process' 3
+
+
+def _rec(step, **kw):
+    return StepRecord(step=step, **kw)
+
+
+def test_render_follows_prometheus_stat_logger():
+    steps = [_rec(0, stats_prompt_tokens=100, generated_tokens=2, num_running=2, num_waiting=1, kv_usage=0.5,
+                  first_tokens=["a", "b"]),
+             _rec(1, generated_tokens=2, num_running=2, kv_usage=0.6, finished=["a"], finished_output_tokens=[7]),
+             _rec(2, generated_tokens=1, num_running=1, kv_usage=0.3, finished=["b"], finished_output_tokens=[30])]
+    ends = [1.0, 2.0, 3.0]
+    pts = EM.render(steps, ends, [0.5, 2.0, 2.5, 9.0], {"a": 60, "b": 40}, counted=[0, 1, 0])
+    assert [p.preemptions for p in pts] == [0, 1, 1, 1]
+    assert [p.prompt_tokens for p in pts] == [0, 100, 100, 100]
+    assert [p.generation_tokens for p in pts] == [0, 4, 4, 5]
+    assert [p.finished for p in pts] == [0, 1, 1, 2]
+    assert [p.running for p in pts] == [0, 2, 2, 1] and pts[1].kv_usage == 0.6
+    # vLLM's 1-2-5 buckets: 7 -> le=10, 30 -> le=50; 60 -> le=100, 40 -> le=50
+    assert dict(pts[-1].output_len)[10.0] == 1 and dict(pts[-1].output_len)[50.0] == 2
+    assert dict(pts[-1].prompt_len)[50.0] == 1 and dict(pts[-1].prompt_len)[100.0] == 2
+    assert pts[-1].output_len[-1] == (math.inf, 2.0)
+
+
+def test_length_buckets_are_vllms():
+    assert EM.length_buckets(4096)[:8] == [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0]
+    assert EM.length_buckets(4096)[-2:] == [2000.0, math.inf]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=8), st.integers(0, 2**31))
+def test_lengths_drawn_from_a_histogram_stay_in_their_buckets(counts, seed):
+    les = EM.length_buckets(4096)[: len(counts)]
+    cum, acc = [], 0.0
+    for le, c in zip(les, counts):
+        acc += c
+        cum.append((le, acc))
+    xs = EM.draw_from_hist(cum, 50, random.Random(seed), 4095)
+    if acc == 0:
+        assert xs == []
+        return
+    edges = [0.0] + les
+    allowed = [(lo, hi) for lo, hi, c in zip(edges, les, counts) if c]
+    assert all(any(max(1, lo) <= x <= hi for lo, hi in allowed) for x in xs)
+
+
+@needs_case
+def test_p1_default_log_evidence_against_truth():
+    from kvreplay.inference.default_log import evidence_of
+    from kvreplay.inference.formats import log_format
+    from kvreplay.sources import read_facts
+
+    facts = read_facts([os.path.join(CASE, "server.default.log")])
+    ev = evidence_of(facts, log_format(facts.vllm_version, facts.engine_version, None))
+    with open(os.path.join(CASE, "workload.json")) as f:
+        wl = json.load(f)
+    # 200 requests served; the stats lines' prompt tokens are the prompts' sum (vLLM counts
+    # a prompt once, at its first token), their generated tokens the outputs' sum
+    assert ev.requests == len(wl["requests"]) == 200
+    assert ev.totals() == (sum(len(r["prompt_token_ids"]) for r in wl["requests"]),
+                           sum(r["max_tokens"] for r in wl["requests"]))
+
+
+@pytest.fixture(scope="module")
+def exact_replay():
+    from kvreplay.sources import open_replay
+
+    return open_replay([os.path.join(CASE, "server.iter.reqbody.log")], samples=0)
+
+
+@needs_case
+def test_exact_replay_reproduces_vllms_own_counters_per_scrape(exact_replay):
+    from kvreplay.audit import join, prom
+
+    rp = exact_replay
+    points, how = join.scrapes_for_facts(rp.facts, prom.read_scrapes(os.path.join(CASE, "metrics.prom.gz")))
+    assert how.startswith("joined")
+    chk = join.scrape_check(rp, points)
+    # vLLM 0.33.0's own /metrics (metrics.prom.gz) against our scheduler's run: per window
+    assert [(w["preemptions_logged"], w["preemptions_replayed"]) for w in chk["windows"]] == [(0, 0), (23, 23), (31, 31)]
+    assert all(w["prompt_logged"] == w["prompt_replayed"] and w["gen_logged"] == w["gen_replayed"]
+               for w in chk["windows"])
+    assert chk["verdict"].startswith("the preemption counter agrees with the replay in 3 of 3")
+
+
+@needs_case
+def test_a_replay_that_disagrees_with_the_counter_says_so(exact_replay):
+    from kvreplay.audit import join, prom
+
+    rp = exact_replay
+    points, _ = join.scrapes_for_facts(rp.facts, prom.read_scrapes(os.path.join(CASE, "metrics.prom.gz")))
+    # a counter that counted 5 more in its last window than the run has
+    import msgspec
+
+    points[-1] = msgspec.structs.replace(points[-1], preemptions=points[-1].preemptions + 5)
+    chk = join.scrape_check(rp, points)
+    assert chk["verdict"] == ("the replay disagrees with vllm:num_preemptions_total: 54 preemptions "
+                              "replayed where the counter counted 59 over the same 3 scrape windows (2 agree)")
+    text = join.scrape_check_lines(chk)
+    assert "scrape 10:01:27: preemptions replayed 31 / counted 36" in text
+
+
+@needs_case
+def test_p1_default_log_with_scrapes_answer():
+    from kvreplay.audit.default_report import answer_for
+    from kvreplay.sources import read_facts
+
+    facts = read_facts([os.path.join(CASE, "server.default.log")])
+    ans, how = answer_for(facts, [os.path.join(CASE, "metrics.prom.gz")], samples=6)
+    assert how.startswith("joined")
+    # the counter saw 54 by its last scrape (10:01:27); the log ends busy after it
+    assert ans.counted == 54 and not ans.counted_exact
+    assert ans.preemptions.low >= 54 and ans.preemptions.low <= ans.preemptions.median <= ans.preemptions.high
+    assert ans.recomputed_tokens.low <= ans.recomputed_tokens.median <= ans.recomputed_tokens.high
+    assert 0 < ans.recompute_ratio.low <= ans.recompute_ratio.high < 1
+    assert ans.lengths_source == "prompt and output lengths from the scraped histograms"
+    assert "--enable-log-requests" in ans.headline and "--enable-logging-iteration-details" in ans.headline
+    assert "VLLM_REQUEST_BODY_LOG_LEVEL=INFO" in ans.headline
+
+
+@needs_case
+def test_cli_replay_of_a_default_log_answers_instead_of_refusing(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "kvreplay", "replay", os.path.join(CASE, "server.default.log"),
+                          "--samples", "3", "--format", "json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["kind"] == "default log (no request lines)" and d["requests"] == 200
+    assert d["counted"] is None and d["preemptions"]["low"] <= d["preemptions"]["high"]
+
+
+
+@needs_case
+def test_default_log_answer_is_deterministic():
+    from kvreplay.audit.default_report import answer_for, to_dict
+    from kvreplay.sources import read_facts
+
+    facts = read_facts([os.path.join(CASE, "server.default.log")])
+    a = to_dict(*answer_for(facts, [], samples=2, seed=7))
+    b = to_dict(*answer_for(facts, [], samples=2, seed=7))
+    assert a == b and a["seed"] == 7 and a["samples"] == 2
