@@ -253,8 +253,30 @@ def _counter_check(rec, rp, facts, scrapes) -> None:
 
     points, _how = join.scrapes_for_facts(facts, scrapes)
     chk = join.scrape_check(rp, points) if points else None
-    if chk is not None:
-        rec["counter_check"] = chk["verdict"]
+    if chk is None:
+        return
+    rec["counter_check"] = chk["verdict"]
+    # the count itself: the counter's over the log (exact when scrapes bound it), else a
+    # lower bound that narrows the ensemble's interval
+    from kvreplay.inference.default_log import evidence_of
+    from kvreplay.inference.formats import log_format
+
+    ev = evidence_of(facts, log_format(facts.vllm_version, facts.engine_version, None), points)
+    if ev.counted is None:
+        return
+    low, high = rec.get("preemptions_replayed_low"), rec.get("preemptions_replayed_high")
+    med = rec.get("preemptions_replayed_median")
+    if ev.counted_exact:
+        rec["preemptions_replayed_low"] = rec["preemptions_replayed_high"] = ev.counted
+        rec["preemptions_replayed_median"] = ev.counted
+        rec["preemptions_interval_source"] = "exact: vllm:num_preemptions_total over the log"
+    elif low is not None and high is not None:
+        rec["preemptions_replayed_low"] = max(low, ev.counted)
+        rec["preemptions_replayed_high"] = max(high, ev.counted)
+        rec["preemptions_replayed_median"] = max(med if med is not None else ev.counted, ev.counted)
+        rec["preemptions_interval_source"] = (
+            (rec.get("preemptions_interval_source") or "ensemble") + f"; at least {ev.counted}: the "
+            "preemption counter up to its last scrape")
 
 
 def _default_log(rec, facts, scrapes, profile, origin) -> None:
