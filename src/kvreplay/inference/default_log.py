@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import msgspec
 
+from kvreplay.errors import ReplayError
 from kvreplay.inference import evidence_metrics as EM
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.replay.engine import Engine
@@ -170,7 +171,7 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Any, *, samples: int = 
         members.append(_Member(0.0, chk.loss, t.preemptions, t.tokens_recomputed,
                                t.recompute_ratio or 0.0, t.processed_tokens, after, per))
     if not members:
-        raise ValueError("no request in the log's evidence")
+        raise ReplayError("the stats lines show no request: nothing to replay")
     _weigh(members, len(ev.windows))
     w = [x.weight for x in members]
     ess = 1.0 / sum(x * x for x in w) if any(w) else 0.0
