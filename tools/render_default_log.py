@@ -72,13 +72,15 @@ def case(i: int):
 _REQUEST_LINES = ("Received request ", "Added request ", "JSON body")
 
 
-def render(i: int):
-    """(default log text, scrape text, truth) of case i."""
+def render(i: int, request_lines: bool = False):
+    """(log text, scrape text, truth) of case i: a default log, or with `request_lines`
+    the log of `--enable-log-requests` (no prompts)."""
     wl, times, model, interval, what = case(i)
     text, run = synth.render_log(wl, times, step_time=model, interval_s=interval,
                                  request_bodies=False)
-    text = "".join(l for l in text.splitlines(True) if not any(k in l for k in _REQUEST_LINES))
-    text = text.replace("'enable_log_requests': True", "'enable_log_requests': False")
+    if not request_lines:
+        text = "".join(l for l in text.splitlines(True) if not any(k in l for k in _REQUEST_LINES))
+        text = text.replace("'enable_log_requests': True", "'enable_log_requests': False")
     start = synth.EPOCH + 60.0
     rng = random.Random(i)
     first = start + times[0] - rng.uniform(1.0, 14.0)
@@ -155,6 +157,35 @@ def evaluate(cases, samples: int) -> list[dict]:
     return rows
 
 
+def evaluate_full(cases) -> list[dict]:
+    """Logs with request lines (no prompts): the audit's count interval without and with
+    the scrapes of the same server."""
+    from kvreplay.audit.record import audit_records
+    import tempfile
+
+    rows = []
+    for i in cases:
+        text, ptext, truth = render(i, request_lines=True)
+        with tempfile.TemporaryDirectory() as d:
+            lp, pp = os.path.join(d, "server.log"), os.path.join(d, "metrics.prom")
+            open(lp, "w").write(text)
+            open(pp, "w").write(ptext)
+            for label, paths in (("log", [lp]), ("log+scrapes", [lp, pp])):
+                r = audit_records(paths, year=2026)[0]
+                lo, hi = r["preemptions_replayed_low"], r["preemptions_replayed_high"]
+                row = {"case": i, "what": truth["what"], "input": label, "preemptions": truth["preemptions"],
+                       "iv": [lo, r["preemptions_replayed_median"], hi],
+                       "in": lo is not None and lo <= truth["preemptions"] <= hi,
+                       "width": None if lo is None else hi - lo, "source": r["preemptions_interval_source"]}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    for label in ("log", "log+scrapes"):
+        rs = [r for r in rows if r["input"] == label]
+        print(f"{label}: {len(rs)} logs, truth inside {sum(r['in'] for r in rs)}, mean width "
+              f"{sum(r['width'] or 0 for r in rs) / max(1, len(rs)):.1f}")
+    return rows
+
+
 def summary(rows: list[dict]) -> None:
     for label in ("log", "log+scrapes"):
         rs = [r for r in rows if r["input"] == label]
@@ -173,7 +204,7 @@ def summary(rows: list[dict]) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", choices=("eval", "write"))
+    ap.add_argument("cmd", choices=("eval", "eval-full", "write"))
     ap.add_argument("--cases", default="0:12")
     ap.add_argument("--case", type=int, default=0)
     ap.add_argument("--samples", type=int, default=32)
@@ -187,6 +218,9 @@ def main(argv=None) -> int:
         json.dump(truth, open(os.path.join(a.out, "truth.json"), "w"), indent=1)
         return 0
     lo, hi = (int(x) for x in a.cases.split(":"))
+    if a.cmd == "eval-full":
+        evaluate_full(range(lo, hi))
+        return 0
     summary(evaluate(range(lo, hi), a.samples))
     return 0
 
