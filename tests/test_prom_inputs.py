@@ -226,3 +226,19 @@ def test_per_victim_preemption_warning_cut(cut, lost):
     e, = _events([head + cut])
     assert isinstance(e, ev.PreemptionWarning) and e.truncated
     assert e.request_id == "cmpl-abc123" and e.computed_tokens_lost == lost
+
+
+def test_per_victim_warnings_are_the_logged_count(tmp_path):
+    lines = ["(APIServer pid=1) INFO 05-07 10:00:05 [startup.py:38]   version 0.33.0"]
+    for i in range(3):
+        lines.append(f"(EngineCore pid=2) WARNING 05-07 10:01:0{i} [scheduler.py:912] Preempting request "
+                     f"cmpl-{i}: {100 * (i + 1)} computed tokens lost (recompute on resume), "
+                     f"kv_cache_usage: 99.0% -> 95.0%, num_preemptions=1")
+        lines.append(f"(APIServer pid=1) INFO 05-07 10:01:0{i} [loggers.py:335] Engine 000: Avg prompt throughput: "
+                     "0.0 tokens/s, Avg generation throughput: 10.0 tokens/s, Running: 2 reqs, Waiting: 1 reqs, "
+                     "GPU KV cache usage: 99.0%")
+    p = tmp_path / "s.log"
+    p.write_text("\n".join(lines) + "\n")
+    rec, = audit_records(str(p), replay=False)
+    assert rec["preemptions_logged"] == 3
+    assert rec["preemptions_logged_source"] == "per-victim preemption WARNING lines (vLLM PR #42827)"

@@ -217,6 +217,11 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
         origin = _origin(events, stats)
         rec["log_start"] = _stamp(origin) if origin else None
         _fill_stats(rec, stats, origin, dialect.vllm_version, dialect.engine_version, v0_pre)
+        warned = [e for e in events if isinstance(e, ev.PreemptionWarning) and e.engine in (None, eng)]
+        if warned:  # vLLM PR #42827: one WARNING per victim, each preemption named by vLLM
+            rec["preemptions_logged"] = len(warned)
+            rec["preemptions_logged_source"] = "per-victim preemption WARNING lines (vLLM PR #42827)"
+            rec["null_reasons"] = [r for r in rec["null_reasons"] if not r.startswith("preemptions_logged")]
         if rp is not None:
             rec["replay"] = "ok"
             _fill_replay(rec, rp, origin)
