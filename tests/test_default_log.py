@@ -192,3 +192,18 @@ def test_default_log_answer_is_deterministic():
     a = to_dict(*answer_for(facts, [], samples=2, seed=7))
     b = to_dict(*answer_for(facts, [], samples=2, seed=7))
     assert a == b and a["seed"] == 7 and a["samples"] == 2
+
+
+def test_a_fresh_scrape_and_an_idle_scrape_bound_the_log():
+    stats = [_stats(100, 5, 2, 10.0, 10.0), _stats(110, 3, 0, 0.0, 10.0), _stats(120, 0, 0, 0.0, 5.0)]
+    done = [0, 4, 7]
+    # the first scrape is inside the first interval but before any work (all counters 0);
+    # the last is before the next line but shows nothing running or waiting
+    pts = [EM.CounterPoint(97, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), EM.CounterPoint(105, 3.0, 50.0, 40.0),
+           EM.CounterPoint(113, 5.0, 80.0, 90.0, 7.0, 0.0, 0.0)]
+    ev = EM.from_stats(stats, done, 7, 10.0, pts)
+    assert (ev.counted, ev.counted_exact) == (5, True)
+    # the same last scrape showing a request still waiting: not the end
+    pts[-1] = EM.CounterPoint(113, 5.0, 80.0, 90.0, 6.0, 0.0, 1.0)
+    ev = EM.from_stats(stats, done, 7, 10.0, pts)
+    assert (ev.counted, ev.counted_exact, ev.counted_until) == (5, False, 113)

@@ -108,7 +108,10 @@ def from_stats(stats: Sequence[Any], completions_before: Sequence[int], total_co
 
 def _count(ev: MetricsEvidence) -> None:
     """The preemption counter over the log: from the last scrape before its first busy
-    second to the first after its last; exact when both exist."""
+    second to the first after its last; exact when both exist. A scrape whose counters are
+    all still zero comes before any work; one that shows an idle engine (nothing running or
+    waiting) after the last line that showed load comes after all of it (a victim waits
+    until it is counted)."""
     pts = [p for p in ev.scrapes if p.preemptions is not None]
     busy = [w for w in ev.windows if w.running or w.waiting or w.gen_tokens or w.prompt_tokens]
     if len(pts) < 2 or not busy:
@@ -118,8 +121,17 @@ def _count(ev: MetricsEvidence) -> None:
     if busy[-1].running or busy[-1].waiting:  # still busy at its line: until the next one
         later = [w.t1 for w in ev.windows if w.t1 > last_busy]
         last_busy = later[0] if later else math.inf
-    before = [p for p in pts if p.t <= first_busy]
-    after = [p for p in pts if p.t >= last_busy]
+    loaded = [w.t1 for w in ev.windows if w.running or w.waiting]
+    last_load = loaded[-1] if loaded else first_busy
+
+    def fresh(p: CounterPoint) -> bool:
+        return not p.preemptions and not p.prompt_tokens and not p.generation_tokens
+
+    def idle(p: CounterPoint) -> bool:
+        return p.running == 0 and p.waiting == 0
+
+    before = [p for p in pts if p.t <= first_busy or (fresh(p) and p.t <= busy[0].t1)]
+    after = [p for p in pts if p.t >= last_busy or (idle(p) and p.t >= last_load)]
     lo = before[-1] if before else pts[0]
     hi = after[0] if after else pts[-1]
     inc = 0.0
