@@ -102,10 +102,15 @@ def run(args: argparse.Namespace) -> int:
             missing = []
         from kvreplay.audit import default_report
 
+        ans = None
         if log is not None and default_report.is_default_log(log.facts):
             # a default log: the workloads its stats lines (and scrapes) allow, not a refusal
-            ans, how = default_report.answer_for(log.facts, metric_paths, profile=args.profile,
-                                                 samples=args.samples, seed=args.seed)
+            try:
+                ans, how = default_report.answer_for(log.facts, metric_paths, profile=args.profile,
+                                                     samples=args.samples, seed=args.seed)
+            except UserError as why:
+                missing = missing + [f"no answer from its stats lines either: {why}"]
+        if ans is not None:
             if args.format == "json":
                 text = json.dumps(default_report.to_dict(ans, how), indent=1, sort_keys=True) + "\n"
             else:
