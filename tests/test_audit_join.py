@@ -89,3 +89,25 @@ def test_fleet_dataset_carries_the_joined_record(tmp_path):
         assert fr2.skipped == 1
     finally:
         ex.close()
+
+
+def test_an_export_of_several_servers_joins_the_logs_own(tmp_path):
+    import json
+
+    from kvreplay.audit import prom
+
+    # p1's scrapes as a query_range export of two instances: ours, and another server's
+    # whose counter says 999
+    sc = prom.read_scrapes(PROM)
+    result = []
+    for inst, bump in (("other:8000", 999.0), ("ours:8000", 0.0)):
+        for key, name in (("preemptions", "vllm:num_preemptions_total"), ("running", "vllm:num_requests_running"),
+                          ("waiting", "vllm:num_requests_waiting")):
+            vals = [[s.time + (7200.0 if inst == "other:8000" else 0.0), str(s.values["0"][key] + (bump if key == "preemptions" else 0))]
+                    for s in sc]
+            result.append({"metric": {"__name__": name, "instance": inst, "engine": "0",
+                                      "model_name": "meta-llama/Llama-3.1-8B-Instruct"}, "values": vals})
+    p = tmp_path / "export.json"
+    p.write_text(json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}}))
+    rec, = audit_records([LOG, str(p)], replay=False)
+    assert rec["metrics"].endswith("instance=ours:8000") and rec["preemptions_logged"] == 54

@@ -156,8 +156,19 @@ def audit_records(path: str | Sequence[str], *, profile: str | None = None,
     # one server: its log and its scrapes
     from kvreplay.audit import join
 
-    scrapes = prom.read_scrapes(proms)
     mlabel = "+".join(proms)
+    groups = prom.by_instance(prom.read_scrapes(proms))
+    if len(groups) > 1:  # an export of several servers: the one this log's record joins
+        probe = audit_vllm_log(logs, "+".join(logs), profile=profile, replay=False, year=year)
+        shifts = [(join.match(probe[0], g, "0" if "0" in prom.engines_of(g) else "")[0], i, g)
+                  for i, g in groups]
+        # the series on the log's own clock first, then a time zone away
+        fits = [(i, g) for sh, i, g in sorted((x for x in shifts if x[0] is not None),
+                                              key=lambda x: (abs(x[0]), x[1] or ""))]
+        groups = fits[:1] or groups[:1]
+        if fits:
+            mlabel = f"{mlabel} instance={fits[0][0]}"
+    scrapes = groups[0][1]
     recs = audit_vllm_log(logs, "+".join(logs), profile=profile, replay=replay, year=year,
                           scrapes=scrapes)
     joined = join.join(recs, scrapes, mlabel)
