@@ -107,3 +107,19 @@ def fill_record(rec: dict[str, Any], ans: Any, origin: float) -> None:
     rec["null_reasons"] = [r for r in rec["null_reasons"] if not r.startswith("replay fields")]
     rec["null_reasons"].append("victims, per-request figures: a default log names no request "
                                "(start vLLM with --enable-log-requests)")
+
+
+def fill_default(rec: dict[str, Any], facts: Any, scrapes: list | None, profile: str | None,
+                 origin: float) -> None:
+    """A log without request lines: the answer of the workloads its stats lines (and the
+    scrapes) allow, instead of no replay fields."""
+    from kvreplay.errors import UserError
+
+    if not is_default_log(facts):
+        return
+    try:
+        ans, _how = answer_for(facts, [], profile=profile, scrapes=scrapes or None)
+    except UserError as exc:
+        rec["null_reasons"].append(f"default log not inferred: {exc}")
+        return
+    fill_record(rec, ans, origin)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvreplay.audit import metrics as M
 from kvreplay.audit.status import classify
 
 # fields a log record lacks and the scrapes' record gives, taken when the log's is null
@@ -126,14 +125,6 @@ def merge(rec: dict[str, Any], p: dict[str, Any], scrapes: list, eng: str, shift
             rec[k] = p[k]
     rec["status"], rec["status_evidence"] = classify(rec)
     return rec
-
-
-def counter_increase(scrapes: list, eng: str, key: str) -> float | None:
-    vals = [s.values.get(eng, {}).get(key) for s in scrapes]
-    vals = [v for v in vals if v is not None]
-    if len(vals) < 2:
-        return None
-    return M.counter_increase(vals)[0]
 
 
 def pair(paths: list[str], *, year: int | None = None
@@ -265,3 +256,66 @@ def scrape_check_lines(chk: dict[str, Any]) -> str:
         out.append(f"    scrape {t}: preemptions replayed {r['preemptions_replayed']} / counted "
                    f"{r['preemptions_logged']}{tok}")
     return "\n".join(out) + "\n"
+
+
+def audit_server(logs: list[str], proms: list[str], *, profile: str | None,
+                 replay: bool, year: int | None) -> list[dict[str, Any]]:
+    """One server: its log and its scrapes, one joined record per engine (or both records
+    apart, each saying why they could not be joined)."""
+    from kvreplay.audit import prom
+    from kvreplay.audit.record import audit_prometheus, audit_vllm_log
+
+    mlabel = "+".join(proms)
+    groups = prom.by_instance(prom.read_scrapes(proms))
+    if len(groups) > 1:  # an export of several servers: the one this log's record joins
+        probe = audit_vllm_log(logs, "+".join(logs), profile=profile, replay=False, year=year)
+        shifts = [(match(probe[0], g, "0" if "0" in prom.engines_of(g) else "")[0], i, g)
+                  for i, g in groups]
+        # the series on the log's own clock first, then a time zone away
+        fits = [(i, g) for sh, i, g in sorted((x for x in shifts if x[0] is not None),
+                                              key=lambda x: (abs(x[0]), x[1] or ""))]
+        groups = fits[:1] or groups[:1]
+        if fits:
+            mlabel = f"{mlabel} instance={fits[0][0]}"
+    scrapes = groups[0][1]
+    recs = audit_vllm_log(logs, "+".join(logs), profile=profile, replay=replay, year=year,
+                          scrapes=scrapes)
+    joined = join(recs, scrapes, mlabel)
+    if joined is not None:
+        return joined
+    apart = audit_prometheus(proms, mlabel)
+    why = recs[0]["metrics_join"]
+    for r in recs + apart:
+        r["metrics_join"] = why
+        r["null_reasons"].append(f"scrapes and log: {why}")
+    return recs + apart
+
+
+def counter_check(rec: dict[str, Any], rp: Any, facts: Any, scrapes: list) -> None:
+    """The replay against the scrapes' counters (`counter_check`)."""
+    points, _how = scrapes_for_facts(facts, scrapes)
+    chk = scrape_check(rp, points) if points else None
+    if chk is None:
+        return
+    rec["counter_check"] = chk["verdict"]
+    # the count itself: the counter's over the log (exact when scrapes bound it), else a
+    # lower bound that narrows the ensemble's interval
+    from kvreplay.inference.default_log import evidence_of
+    from kvreplay.inference.formats import log_format
+
+    ev = evidence_of(facts, log_format(facts.vllm_version, facts.engine_version, None), points)
+    if ev.counted is None:
+        return
+    low, high = rec.get("preemptions_replayed_low"), rec.get("preemptions_replayed_high")
+    med = rec.get("preemptions_replayed_median")
+    if ev.counted_exact:
+        rec["preemptions_replayed_low"] = rec["preemptions_replayed_high"] = ev.counted
+        rec["preemptions_replayed_median"] = ev.counted
+        rec["preemptions_interval_source"] = "exact: vllm:num_preemptions_total over the log"
+    elif low is not None and high is not None:
+        rec["preemptions_replayed_low"] = max(low, ev.counted)
+        rec["preemptions_replayed_high"] = max(high, ev.counted)
+        rec["preemptions_replayed_median"] = max(med if med is not None else ev.counted, ev.counted)
+        rec["preemptions_interval_source"] = (
+            (rec.get("preemptions_interval_source") or "ensemble") + f"; at least {ev.counted}: the "
+            "preemption counter up to its last scrape")

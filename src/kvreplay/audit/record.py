@@ -153,33 +153,9 @@ def audit_records(path: str | Sequence[str], *, profile: str | None = None,
     logs = [p for p in paths if p not in proms]
     if not proms:
         return audit_vllm_log(paths, label, profile=profile, replay=replay, year=year)
-    # one server: its log and its scrapes
     from kvreplay.audit import join
 
-    mlabel = "+".join(proms)
-    groups = prom.by_instance(prom.read_scrapes(proms))
-    if len(groups) > 1:  # an export of several servers: the one this log's record joins
-        probe = audit_vllm_log(logs, "+".join(logs), profile=profile, replay=False, year=year)
-        shifts = [(join.match(probe[0], g, "0" if "0" in prom.engines_of(g) else "")[0], i, g)
-                  for i, g in groups]
-        # the series on the log's own clock first, then a time zone away
-        fits = [(i, g) for sh, i, g in sorted((x for x in shifts if x[0] is not None),
-                                              key=lambda x: (abs(x[0]), x[1] or ""))]
-        groups = fits[:1] or groups[:1]
-        if fits:
-            mlabel = f"{mlabel} instance={fits[0][0]}"
-    scrapes = groups[0][1]
-    recs = audit_vllm_log(logs, "+".join(logs), profile=profile, replay=replay, year=year,
-                          scrapes=scrapes)
-    joined = join.join(recs, scrapes, mlabel)
-    if joined is not None:
-        return joined
-    apart = audit_prometheus(proms, mlabel)
-    why = recs[0]["metrics_join"]
-    for r in recs + apart:
-        r["metrics_join"] = why
-        r["null_reasons"].append(f"scrapes and log: {why}")
-    return recs + apart
+    return join.audit_server(logs, proms, profile=profile, replay=replay, year=year)
 
 
 def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay: bool,
@@ -237,7 +213,9 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
             rec["replay"] = "ok"
             _fill_replay(rec, rp, origin)
             if scrapes and not dp:
-                _counter_check(rec, rp, log.facts, scrapes)
+                from kvreplay.audit.join import counter_check
+
+                counter_check(rec, rp, log.facts, scrapes)
             sp = rp.info.get("spans")
             if sp:
                 rec["spans_joined"], rec["spans_coverage"] = sp["joined"], sp["coverage"]
@@ -251,7 +229,9 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
             if not dp:
                 _fill_workload_from_facts(rec, log.facts)
             if replay and not dp:
-                _default_log(rec, log.facts, scrapes, profile, origin)
+                from kvreplay.audit.default_report import fill_default
+
+                fill_default(rec, log.facts, scrapes, profile, origin)
         if iterations and (eng in (None, 0) or not dp):
             _fill_iterations(rec, [i for i in iterations if i.engine in (None, eng)] or iterations)
         if rec["step_spike_ratio"] is None and rp is None:
@@ -263,54 +243,6 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
 
 
 # ---------------------------------------------------------------- pieces
-def _counter_check(rec, rp, facts, scrapes) -> None:
-    """The replay against the scrapes' counters (`counter_check`)."""
-    from kvreplay.audit import join
-
-    points, _how = join.scrapes_for_facts(facts, scrapes)
-    chk = join.scrape_check(rp, points) if points else None
-    if chk is None:
-        return
-    rec["counter_check"] = chk["verdict"]
-    # the count itself: the counter's over the log (exact when scrapes bound it), else a
-    # lower bound that narrows the ensemble's interval
-    from kvreplay.inference.default_log import evidence_of
-    from kvreplay.inference.formats import log_format
-
-    ev = evidence_of(facts, log_format(facts.vllm_version, facts.engine_version, None), points)
-    if ev.counted is None:
-        return
-    low, high = rec.get("preemptions_replayed_low"), rec.get("preemptions_replayed_high")
-    med = rec.get("preemptions_replayed_median")
-    if ev.counted_exact:
-        rec["preemptions_replayed_low"] = rec["preemptions_replayed_high"] = ev.counted
-        rec["preemptions_replayed_median"] = ev.counted
-        rec["preemptions_interval_source"] = "exact: vllm:num_preemptions_total over the log"
-    elif low is not None and high is not None:
-        rec["preemptions_replayed_low"] = max(low, ev.counted)
-        rec["preemptions_replayed_high"] = max(high, ev.counted)
-        rec["preemptions_replayed_median"] = max(med if med is not None else ev.counted, ev.counted)
-        rec["preemptions_interval_source"] = (
-            (rec.get("preemptions_interval_source") or "ensemble") + f"; at least {ev.counted}: the "
-            "preemption counter up to its last scrape")
-
-
-def _default_log(rec, facts, scrapes, profile, origin) -> None:
-    """A log without request lines: the answer of the workloads its stats lines (and the
-    scrapes) allow, instead of no replay fields."""
-    from kvreplay.audit import default_report
-    from kvreplay.errors import UserError
-
-    if not default_report.is_default_log(facts):
-        return
-    try:
-        ans, _how = default_report.answer_for(facts, [], profile=profile, scrapes=scrapes or None)
-    except UserError as exc:
-        rec["null_reasons"].append(f"default log not inferred: {exc}")
-        return
-    default_report.fill_record(rec, ans, origin)
-
-
 def _check_readable(events, label: str, paths: list[str]) -> None:
     """A file the reader could not finish (a truncated .gz), or with no vLLM line at all
     (and not a workload JSON, which the replay reads), is not audited: a record of nulls
