@@ -40,6 +40,8 @@ def dump_one(job: tuple[str, str, int]) -> str:
            "prompts": rep.info.get("prompts"),
            "truth": {"preemptions": [[p["step"], p["victim"]] for p in truth["preemptions"]],
                      "recomputed_tokens": truth.get("recomputed_tokens"),
+                     "processed_tokens": truth.get("processed_tokens"),
+                     "split": truth.get("split"), "arrivals": truth.get("arrivals"),
                      "windows": truth.get("windows"),
                      "requests": truth.get("request_ids") or []},
            "rows": [[p.step, p.victim] for p in rep.preemptions],
@@ -123,6 +125,12 @@ def main() -> int:
         if r["group"] == "poisson":
             groups.setdefault(f"poisson-{r['stats_interval_s']:g}s", []).append(r)
             groups.setdefault(f"poisson-{r['prompts']}", []).append(r)
+    for r in recs:  # tools/calib_traffic.py's corpus: by split, prompts, arrivals
+        sp = r["truth"].get("split")
+        if sp:
+            groups.setdefault(sp, []).append(r)
+            groups.setdefault(f"{sp}-{r['prompts']}", []).append(r)
+            groups.setdefault(f"{sp}-{r['truth'].get('arrivals')}", []).append(r)
     if args.cmd == "product":
         for g, rs in groups.items():
             if args.groups and g not in args.groups:
@@ -203,7 +211,7 @@ def score_product(recs: list[dict], *, weigh=None, widen=None, cost: float = 2.0
                                              _interval, calibrated, noise_weights, widen_for)
     weigh = weigh or noise_weights
     widen = widen or widen_for
-    n = cover = cover_r = cover_w = nwin = 0
+    n = cover = cover_r = cover_w = nwin = cover_q = nratio = 0
     widths = []
     brier = brier_base = 0.0
     nreq = 0
@@ -233,6 +241,12 @@ def score_product(recs: list[dict], *, weigh=None, widen=None, cost: float = 2.0
         if tr is not None:
             ir = _interval([m["recomputed"] for m in ms], w, widen=wd)
             cover_r += ir["low"] <= tr <= ir["high"]
+        tp = r["truth"].get("processed_tokens")
+        if tr is not None and tp:
+            nratio += 1
+            iq = _interval([m["recomputed"] / m["processed"] if m["processed"] else 0.0
+                            for m in ms], w, digits=4, widen=wd)
+            cover_q += iq["low"] <= round(tr / tp, 4) <= iq["high"]
         tw = r["truth"].get("windows")
         if tw and len(tw) + 1 == len(ms[0]["windows"]):  # (members: and after the last)
             for k, (_, _, cnt) in enumerate(tw):
@@ -277,6 +291,7 @@ def score_product(recs: list[dict], *, weigh=None, widen=None, cost: float = 2.0
     return {"logs": n, "coverage": round(cover / max(1, n), 3),
             "coverage_recomputed": round(cover_r / max(1, n), 3),
             "coverage_windows": round(cover_w / max(1, nwin), 3),
+            "coverage_ratio": round(cover_q / nratio, 3) if nratio else None,
             "mean_width": round(sum(a for a, _ in widths) / max(1, n), 2),
             "mean_rel_width": round(sum(b for _, b in widths) / max(1, n), 3),
             "brier": round(brier / max(1, nreq), 4), "brier_base": round(brier_base / max(1, nreq), 4),
