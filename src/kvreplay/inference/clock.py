@@ -10,6 +10,7 @@ stats lines' anchors and the access lines' times.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,14 +108,32 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
         from kvreplay.inference.spans import span_windows
 
         windows = span_windows(run, facts)
+    # An interval in which the replay ran dry (nothing running or waiting after a step)
+    # took longer than its steps: the engine slept until the next arrival. Taken whole,
+    # the sleep goes into the per-step cost and the per-token cost to 0. Such rows are
+    # left out (as step_model.stats_rows does) while enough others remain; else a row
+    # keeps its interval less the sleep inside it where the replay was driven by the
+    # clock (sleep_before; the lines at the middle of their second), and is left out
+    # where the sleep is not timed (a replay by arrival steps: empty steps stand for it,
+    # or none at all).
+    dry = [r.num_running + r.num_waiting == 0 for r in run.steps]
+    pairs = [(i0, a, i1, b) for (i0, a), (i1, b) in zip(anchors, anchors[1:]) if b > a]
+    busy = [p for p in pairs if not any(dry[p[1]: p[3] + 1])]
+    sleep = sleep_before(run)
+    full = len(pairs)
+    if len(busy) >= nvars + 2:
+        pairs = busy
+    else:
+        timed = {k for k, _, _ in sleep}
+        untimed = [k for k, r in enumerate(run.steps)
+                   if r.idle or (k > 0 and dry[k - 1] and r.arrivals and k not in timed)]
+        pairs = [p for p in pairs if not _has(untimed, p[1] + 1, p[3] + 1)]
     best = None
     for floor in fmt.token_floors:
         rows = []
-        for (i0, a), (i1, b) in zip(anchors, anchors[1:]):
+        for i0, a, i1, b in pairs:
             if windows and all_spans:
                 break  # spans for every request time the steps to the us: theirs alone
-            if b <= a:
-                continue
             row = [0.0] * nvars
             for k in range(a + 1, b + 1):
                 tok, req, ctx = feats[k]
@@ -125,7 +144,9 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
                 row[2] += req
                 if nvars == 4:
                     row[3] += ctx
-            rows.append(row + [sum(sp[i0 + 1: i1 + 1])])
+            slept = sum(max(0.0, min(e, line_time(facts.stats[i1], 0.5))
+                            - max(s0, line_time(facts.stats[i0], 0.5))) for _, s0, e in sleep)
+            rows.append(row + [sum(sp[i0 + 1: i1 + 1]) - slept])
         for a, b, dur in windows:  # steps a..b took dur (a request span)
             row = [0.0] * nvars
             for k in range(a, b + 1):
@@ -138,8 +159,8 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
                 if nvars == 4:
                     row[3] += ctx
             rows.append(row + [dur])
-        if len(rows) < 2:
-            return None
+        if len(rows) < 2 or (len(rows) <= nvars and len(pairs) < full):
+            return None  # (too few rows once the sleeps are out: keep the model given)
         fit_ = nnls(rows, nvars)
         if fit_ is None:
             continue
@@ -154,6 +175,30 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
     return StepTimeModel(overhead_s=max(c[0], fmt.min_overhead_s), per_token_s=c[1],
                          per_request_s=c[2], per_context_token_s=c[3] if nvars == 4 else 0.0,
                          token_floor=floor if c[1] > 0 else 0)
+
+
+def _has(sorted_ks: list[int], lo: int, hi: int) -> bool:
+    """Is there a k with lo <= k <= hi in the sorted list?"""
+    i = bisect.bisect_left(sorted_ks, lo)
+    return i < len(sorted_ks) and sorted_ks[i] <= hi
+
+
+def sleep_before(run: Any) -> list[tuple[int, float, float]]:
+    """When the engine slept in a clock-driven replay, as (step, start, end): from the end
+    of a step that left nothing running or waiting to the start of the next, which took
+    the arrival that woke it (none for a run clocked by the model alone)."""
+    steps, clock, m = run.steps, getattr(run, "clock", None), getattr(run, "model", None)
+    n = len(steps)
+    out: list[tuple[int, float, float]] = []
+    if m is None or clock is None or len(clock) != n:
+        return out
+    for k in range(1, n):
+        prev = steps[k - 1]
+        if steps[k].arrivals and prev.num_running + prev.num_waiting == 0:
+            end_prev = clock[k - 1] + m.dt_record(prev)
+            if clock[k] > end_prev + 1e-9:
+                out.append((k, end_prev, clock[k]))
+    return out
 
 
 def nnls(rows: list[list[float]], nvars: int) -> tuple[float, list[float]] | None:

@@ -343,16 +343,20 @@ class _Draw:
 
 
 LENGTH_FACTORS = (0.8, 0.9, 1.0, 1.1, 1.2)  # the estimated total's uncertainty
-LENGTH_SIGMA = 0.5  # log-normal spread of prompt lengths around the estimate
+# log-normal spread of prompt lengths around the estimate, one drawn per member: real
+# prompts range from alike (a benchmark) to heavy-tailed (code pasted whole: a few
+# prompts hold most of the tokens and most of the KV cache)
+LENGTH_SIGMAS = (0.5, 1.0, 1.5)
 
 
 def draw_lengths(lens: Sequence[int], facts: LogFacts, rng: random.Random) -> list[int]:
     """Plausible prompt lengths around an estimate that the stats lines' prompt throughput
     fixed per interval: the total scaled by one of LENGTH_FACTORS, and inside each stats
     interval (requests logged between the same two stats lines) the lengths redrawn
-    log-normally, the interval's total kept."""
+    log-normally with one of LENGTH_SIGMAS, the interval's total kept."""
     factor = rng.choice(LENGTH_FACTORS)
-    raw = [n * rng.lognormvariate(0.0, LENGTH_SIGMA) for n in lens]
+    sigma = rng.choice(LENGTH_SIGMAS)
+    raw = [n * rng.lognormvariate(0.0, sigma) for n in lens]
     # (a workload with more requests than request lines, n > 1: one group)
     keys = ([r.stats_before for r in facts.requests] if len(facts.requests) == len(lens)
             else [0] * len(lens))
