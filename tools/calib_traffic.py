@@ -117,8 +117,9 @@ def arrival_steps(kind: str, n: int, gap: float, rng: random.Random) -> list[int
 def closed_loop(wl: dict[str, Any], clients: int, think: tuple[int, int],
                 rng: random.Random) -> list[int]:
     """Arrival steps of a closed loop: `clients` clients, each sending the next request of
-    the workload (in order) `think` steps after its last one finished (the engine's
-    `submit`: the request enters before the step it is due)."""
+    the workload (in order) a think time drawn from `think` (steps, counted from the step
+    after the one its last request finished in) later (the engine's `submit`: the request
+    enters before the step it is due)."""
     n = len(wl["requests"])
     engine = Engine(parse_workload(wl), DEFAULT_PROFILE, inputs=EngineInputs([-1] * n))
     due: dict[int, list[int]] = collections.defaultdict(list)
