@@ -10,7 +10,6 @@ stats lines' anchors and the access lines' times.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ from kvreplay.inference.lines import cum_generated, line_time, spans, token_anch
 from kvreplay.replay.records import StepRecord
 
 IDLE_PICKUP_S = 0.05  # an idle engine starts a step this soon after a request arrives
+SLEEP_MIN_S = 1.0  # regression: an idle gap this long is taken out of its stats interval
 
 
 @dataclass(slots=True)
@@ -108,26 +108,13 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
         from kvreplay.inference.spans import span_windows
 
         windows = span_windows(run, facts)
-    # An interval in which the replay ran dry (nothing running or waiting after a step)
-    # took longer than its steps: the engine slept until the next arrival. Taken whole,
-    # the sleep goes into the per-step cost and the per-token cost to 0. Such rows are
-    # left out (as step_model.stats_rows does) while enough others remain; else a row
-    # keeps its interval less the sleep inside it where the replay was driven by the
-    # clock (sleep_before; the lines at the middle of their second), and is left out
-    # where the sleep is not timed (a replay by arrival steps: empty steps stand for it,
-    # or none at all).
-    dry = [r.num_running + r.num_waiting == 0 for r in run.steps]
+    # An interval in which a clock-driven replay slept (ran dry and waited SLEEP_MIN_S or
+    # more for the next arrival: an idle gap of real traffic) took longer than its steps;
+    # taken whole, the sleep goes into the per-step cost and the per-token cost to 0. Such
+    # a row keeps its interval less the sleep inside it (sleep_before; the lines at the
+    # middle of their second). (A replay by arrival steps has no sleep on its clock.)
+    sleep = [s for s in sleep_before(run) if s[2] - s[1] >= SLEEP_MIN_S]
     pairs = [(i0, a, i1, b) for (i0, a), (i1, b) in zip(anchors, anchors[1:]) if b > a]
-    busy = [p for p in pairs if not any(dry[p[1]: p[3] + 1])]
-    sleep = sleep_before(run)
-    full = len(pairs)
-    if len(busy) >= nvars + 2:
-        pairs = busy
-    else:
-        timed = {k for k, _, _ in sleep}
-        untimed = [k for k, r in enumerate(run.steps)
-                   if r.idle or (k > 0 and dry[k - 1] and r.arrivals and k not in timed)]
-        pairs = [p for p in pairs if not _has(untimed, p[1] + 1, p[3] + 1)]
     best = None
     for floor in fmt.token_floors:
         rows = []
@@ -159,8 +146,8 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
                 if nvars == 4:
                     row[3] += ctx
             rows.append(row + [dur])
-        if len(rows) < 2 or (len(rows) <= nvars and len(pairs) < full):
-            return None  # (too few rows once the sleeps are out: keep the model given)
+        if len(rows) < 2:
+            return None
         fit_ = nnls(rows, nvars)
         if fit_ is None:
             continue
@@ -175,12 +162,6 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
     return StepTimeModel(overhead_s=max(c[0], fmt.min_overhead_s), per_token_s=c[1],
                          per_request_s=c[2], per_context_token_s=c[3] if nvars == 4 else 0.0,
                          token_floor=floor if c[1] > 0 else 0)
-
-
-def _has(sorted_ks: list[int], lo: int, hi: int) -> bool:
-    """Is there a k with lo <= k <= hi in the sorted list?"""
-    i = bisect.bisect_left(sorted_ks, lo)
-    return i < len(sorted_ks) and sorted_ks[i] <= hi
 
 
 def sleep_before(run: Any) -> list[tuple[int, float, float]]:
