@@ -40,6 +40,8 @@ def dump_one(job: tuple[str, str, int]) -> str:
            "prompts": rep.info.get("prompts"),
            "truth": {"preemptions": [[p["step"], p["victim"]] for p in truth["preemptions"]],
                      "recomputed_tokens": truth.get("recomputed_tokens"),
+                     "processed_tokens": truth.get("processed_tokens"),
+                     "split": truth.get("split"), "arrivals": truth.get("arrivals"),
                      "windows": truth.get("windows"),
                      "requests": truth.get("request_ids") or []},
            "rows": [[p.step, p.victim] for p in rep.preemptions],
@@ -70,7 +72,7 @@ def score(recs: list[dict], temp: float, cost: float = 2.0, adapt: float = 0.0) 
         return temper(sse, t, ESS_FRACTION or 0.0)
 
     out = score_product(recs, weigh=weigh, cost=cost, calibrate=False,
-                        widen=lambda known, fit: WIDEN)
+                        widen=lambda known, fit: WIDEN, noise=False)
     out["T"] = temp
     return out
 
@@ -123,6 +125,12 @@ def main() -> int:
         if r["group"] == "poisson":
             groups.setdefault(f"poisson-{r['stats_interval_s']:g}s", []).append(r)
             groups.setdefault(f"poisson-{r['prompts']}", []).append(r)
+    for r in recs:  # tools/calib_traffic.py's corpus: by split, prompts, arrivals
+        sp = r["truth"].get("split")
+        if sp:
+            groups.setdefault(sp, []).append(r)
+            groups.setdefault(f"{sp}-{r['prompts']}", []).append(r)
+            groups.setdefault(f"{sp}-{r['truth'].get('arrivals')}", []).append(r)
     if args.cmd == "product":
         for g, rs in groups.items():
             if args.groups and g not in args.groups:
@@ -194,16 +202,17 @@ def outcomes(recs: list[dict], temp_k: float = 4.0) -> dict[str, list[tuple[floa
 
 
 def score_product(recs: list[dict], *, weigh=None, widen=None, cost: float = 2.0,
-                  calibrate: bool = True) -> dict:
+                  calibrate: bool = True, noise: bool = True) -> dict:
     """The scores of what the product prints: its weights (noise_weights), its widened
     intervals (widen_for, on Poisson logs) and its calibrated probabilities
     (ensemble.CALIBRATION); `weigh(sse, lines)`, `widen(prompts_known, fit)`, `cost` (SSE
     per inexact line) and `calibrate` try others (score)."""
     from kvreplay.inference.ensemble import (CALIBRATION, POOR_FIT, POOR_FIT_P_MAX, TOL_STEPS,
-                                             _interval, calibrated, noise_weights, widen_for)
+                                             _interval, _quantiles, calibrated, count_noise,
+                                             noise_weights, widen_for)
     weigh = weigh or noise_weights
     widen = widen or widen_for
-    n = cover = cover_r = cover_w = nwin = 0
+    n = cover = cover_r = cover_w = nwin = cover_q = nratio = 0
     widths = []
     brier = brier_base = 0.0
     nreq = 0
@@ -222,17 +231,25 @@ def score_product(recs: list[dict], *, weigh=None, widen=None, cost: float = 2.0
         lines = len(ms[0]["windows"]) - 1
         wd = widen(known, min(sse) / max(1, lines)) if poisson else 0.0
         w = weigh(sse, max(1, lines))
+        wdt = wd + (count_noise(known, _quantiles([m["count"] for m in ms], w)[1])
+                    if poisson and noise else 0.0)
         tot = sum(w)
         true = r["truth"]["preemptions"]
         tc = len(true)
-        iv = _interval([m["count"] for m in ms], w, widen=wd)
+        iv = _interval([m["count"] for m in ms], w, widen=wdt)
         n += 1
         cover += iv["low"] <= tc <= iv["high"]
         widths.append((iv["high"] - iv["low"], (iv["high"] - iv["low"]) / max(1, tc)))
         tr = r["truth"].get("recomputed_tokens")
         if tr is not None:
-            ir = _interval([m["recomputed"] for m in ms], w, widen=wd)
+            ir = _interval([m["recomputed"] for m in ms], w, widen=wdt)
             cover_r += ir["low"] <= tr <= ir["high"]
+        tp = r["truth"].get("processed_tokens")
+        if tr is not None and tp:
+            nratio += 1
+            iq = _interval([m["recomputed"] / m["processed"] if m["processed"] else 0.0
+                            for m in ms], w, digits=4, widen=wdt)
+            cover_q += iq["low"] <= round(tr / tp, 4) <= iq["high"]
         tw = r["truth"].get("windows")
         if tw and len(tw) + 1 == len(ms[0]["windows"]):  # (members: and after the last)
             for k, (_, _, cnt) in enumerate(tw):
@@ -277,6 +294,7 @@ def score_product(recs: list[dict], *, weigh=None, widen=None, cost: float = 2.0
     return {"logs": n, "coverage": round(cover / max(1, n), 3),
             "coverage_recomputed": round(cover_r / max(1, n), 3),
             "coverage_windows": round(cover_w / max(1, nwin), 3),
+            "coverage_ratio": round(cover_q / nratio, 3) if nratio else None,
             "mean_width": round(sum(a for a, _ in widths) / max(1, n), 2),
             "mean_rel_width": round(sum(b for _, b in widths) / max(1, n), 3),
             "brier": round(brier / max(1, nreq), 4), "brier_base": round(brier_base / max(1, nreq), 4),

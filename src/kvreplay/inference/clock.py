@@ -19,6 +19,7 @@ from kvreplay.inference.lines import cum_generated, line_time, spans, token_anch
 from kvreplay.replay.records import StepRecord
 
 IDLE_PICKUP_S = 0.05  # an idle engine starts a step this soon after a request arrives
+SLEEP_MIN_S = 1.0  # regression: an idle gap this long is taken out of its stats interval
 
 
 @dataclass(slots=True)
@@ -107,14 +108,19 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
         from kvreplay.inference.spans import span_windows
 
         windows = span_windows(run, facts)
+    # An interval in which a clock-driven replay slept (ran dry and waited SLEEP_MIN_S or
+    # more for the next arrival: an idle gap of real traffic) took longer than its steps;
+    # taken whole, the sleep goes into the per-step cost and the per-token cost to 0. Such
+    # a row keeps its interval less the sleep inside it (sleep_before; the lines at the
+    # middle of their second). (A replay by arrival steps has no sleep on its clock.)
+    sleep = [s for s in sleep_before(run) if s[2] - s[1] >= SLEEP_MIN_S]
+    pairs = [(i0, a, i1, b) for (i0, a), (i1, b) in zip(anchors, anchors[1:]) if b > a]
     best = None
     for floor in fmt.token_floors:
         rows = []
-        for (i0, a), (i1, b) in zip(anchors, anchors[1:]):
+        for i0, a, i1, b in pairs:
             if windows and all_spans:
                 break  # spans for every request time the steps to the us: theirs alone
-            if b <= a:
-                continue
             row = [0.0] * nvars
             for k in range(a + 1, b + 1):
                 tok, req, ctx = feats[k]
@@ -125,7 +131,9 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
                 row[2] += req
                 if nvars == 4:
                     row[3] += ctx
-            rows.append(row + [sum(sp[i0 + 1: i1 + 1])])
+            slept = sum(max(0.0, min(e, line_time(facts.stats[i1], 0.5))
+                            - max(s0, line_time(facts.stats[i0], 0.5))) for _, s0, e in sleep)
+            rows.append(row + [sum(sp[i0 + 1: i1 + 1]) - slept])
         for a, b, dur in windows:  # steps a..b took dur (a request span)
             row = [0.0] * nvars
             for k in range(a, b + 1):
@@ -154,6 +162,24 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
     return StepTimeModel(overhead_s=max(c[0], fmt.min_overhead_s), per_token_s=c[1],
                          per_request_s=c[2], per_context_token_s=c[3] if nvars == 4 else 0.0,
                          token_floor=floor if c[1] > 0 else 0)
+
+
+def sleep_before(run: Any) -> list[tuple[int, float, float]]:
+    """When the engine slept in a clock-driven replay, as (step, start, end): from the end
+    of a step that left nothing running or waiting to the start of the next, which took
+    the arrival that woke it (none for a run clocked by the model alone)."""
+    steps, clock, m = run.steps, getattr(run, "clock", None), getattr(run, "model", None)
+    n = len(steps)
+    out: list[tuple[int, float, float]] = []
+    if m is None or clock is None or len(clock) != n:
+        return out
+    for k in range(1, n):
+        prev = steps[k - 1]
+        if steps[k].arrivals and prev.num_running + prev.num_waiting == 0:
+            end_prev = clock[k - 1] + m.dt_record(prev)
+            if clock[k] > end_prev + 1e-9:
+                out.append((k, end_prev, clock[k]))
+    return out
 
 
 def nnls(rows: list[list[float]], nvars: int) -> tuple[float, list[float]] | None:

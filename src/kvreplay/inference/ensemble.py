@@ -166,12 +166,25 @@ CALIBRATION: dict[tuple[str, bool], tuple[tuple[float, float], ...]] = {
 # (prompts logged, the fit poor) -> widening; a poor fit: the best member's SSE per stats
 # line at least POOR_FIT (a running count off by about 3 on every line)
 WIDEN = {(True, False): 0.1, (False, False): 0.1, (True, True): 0.3, (False, True): 0.2}
+# A count's own noise, which members sharing the replay's errors do not show: with prompts
+# estimated, the count, recomputed tokens and ratio intervals are moved out by a further
+# COUNT_NOISE / sqrt(median count) x the median on each side (about COUNT_NOISE x sqrt(n)
+# preemptions: most on small counts). Chosen on the calibration part of
+# tools/calib_traffic.py's corpus (bursts, idle gaps, ramps, closed loops, heavy-tailed
+# prompts, a Mooncake trace sample): the smallest that holds 85% or more of its counts;
+# docs/accuracy.md, section 4.
+COUNT_NOISE = {True: 0.0, False: 0.75}
 POOR_FIT = 10.0
 POOR_FIT_P_MAX = 0.75  # a poor fit's requests: p >= 0.8 was right 43 of 60 times (72%)
 
 
 def widen_for(prompts_known: bool, fit_per_line: float) -> float:
     return WIDEN[(prompts_known, fit_per_line >= POOR_FIT)]
+
+
+def count_noise(prompts_known: bool, median_count: float) -> float:
+    """The widening added for a count's own noise (COUNT_NOISE)."""
+    return COUNT_NOISE[prompts_known] / math.sqrt(max(1.0, median_count))
 
 
 def calibrated(p: float, knots: Sequence[tuple[float, float]]) -> float:
@@ -343,16 +356,20 @@ class _Draw:
 
 
 LENGTH_FACTORS = (0.8, 0.9, 1.0, 1.1, 1.2)  # the estimated total's uncertainty
-LENGTH_SIGMA = 0.5  # log-normal spread of prompt lengths around the estimate
+# log-normal spread of prompt lengths around the estimate, one drawn per member: real
+# prompts range from alike (a benchmark) to heavy-tailed (code pasted whole: a few
+# prompts hold most of the tokens and most of the KV cache)
+LENGTH_SIGMAS = (0.5, 1.0, 1.5)
 
 
 def draw_lengths(lens: Sequence[int], facts: LogFacts, rng: random.Random) -> list[int]:
     """Plausible prompt lengths around an estimate that the stats lines' prompt throughput
     fixed per interval: the total scaled by one of LENGTH_FACTORS, and inside each stats
     interval (requests logged between the same two stats lines) the lengths redrawn
-    log-normally, the interval's total kept."""
+    log-normally with one of LENGTH_SIGMAS, the interval's total kept."""
     factor = rng.choice(LENGTH_FACTORS)
-    raw = [n * rng.lognormvariate(0.0, LENGTH_SIGMA) for n in lens]
+    sigma = rng.choice(LENGTH_SIGMAS)
+    raw = [n * rng.lognormvariate(0.0, sigma) for n in lens]
     # (a workload with more requests than request lines, n > 1: one group)
     keys = ([r.stats_before for r in facts.requests] if len(facts.requests) == len(lens)
             else [0] * len(lens))
@@ -544,6 +561,8 @@ def ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, run: R
     cal = pattern == "poisson"  # calibrated on Poisson logs (bursts need no correction)
     fit = min(m.sse for m in members) / max(1, len(facts.stats))
     widen = widen_for(known, fit) if cal else 0.0
+    counts = [m.count for m in members]
+    widen_n = widen + (count_noise(known, _quantiles(counts, w)[1]) if cal else 0.0)
     for k in range(len(bounds) + 1):
         iv = _interval([m.windows[k] for m in members], w, widen=widen)
         if k == len(bounds) and iv["high"] == 0:
@@ -565,9 +584,9 @@ def ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, run: R
     reqs.sort(key=lambda r: (-r["p_preempted"], -r["expected_preemptions"], r["id"]))
     return Uncertainty(
         samples=len(members) - 1, seed=seed, effective_samples=ess,
-        preemptions=_interval([m.count for m in members], w, widen=widen),
-        recomputed_tokens=_interval([m.recomputed for m in members], w, widen=widen),
-        recompute_ratio=_interval(ratios, w, digits=4, widen=widen),
+        preemptions=_interval(counts, w, widen=widen_n),
+        recomputed_tokens=_interval([m.recomputed for m in members], w, widen=widen_n),
+        recompute_ratio=_interval(ratios, w, digits=4, widen=widen_n),
         windows=win_rows, requests=reqs, members=members, representative=best_run,
         row_map=maps[1] if maps else None, fit_per_line=fit, poor_fit=cal and fit >= POOR_FIT,
         shared_prefix=shared_prefix)

@@ -1,0 +1,112 @@
+"""The stats-line calibration corpus of production-like traffic (tools/calib_traffic.py)
+and what it made us fix: the step-time regression leaves the engine's sleeps out, and the
+ensemble's length draws reach heavy tails."""
+
+from __future__ import annotations
+
+import collections
+import random
+import statistics
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS.parent / "tools"))
+
+import calib_traffic as ct  # noqa: E402
+
+from kvreplay.inference import ensemble  # noqa: E402
+from kvreplay.inference.clock import StepTimeModel, sleep_before  # noqa: E402
+from kvreplay.replay import parse_workload, simulate  # noqa: E402
+from kvreplay.replay.records import StepRecord  # noqa: E402
+
+
+def test_split_is_fixed_and_names_unique():
+    specs = ct.combos()
+    assert len(specs) == 56
+    per = collections.Counter(s["split"] for s in specs)
+    assert per == {"calib": 28, "heldout": 28}
+    # every traffic kind and prompts setting has one log on each side of the split
+    keys = collections.Counter((s["arrivals"], s["lengths"], s["with_prompts"], s["split"])
+                               for s in specs)
+    for (a, l, wp, sp), n in keys.items():
+        other = "heldout" if sp == "calib" else "calib"
+        assert keys[(a, l, wp, other)] == n
+    assert len({s["seed"] for s in specs}) == len(specs)
+
+
+def test_closed_loop_keeps_at_most_c_requests_in_flight():
+    wl = ct.workload("t", 7, 40, "poisson", "lognormal", "fcfs", False, False, 800, 32)
+    arr = ct.closed_loop(wl, clients=4, think=(1, 5), rng=random.Random(1))
+    d = dict(wl, requests=[dict(r, arrival_step=a) for r, a in zip(wl["requests"], arr)])
+    _, summary = simulate(parse_workload(d))
+    fin = summary.finished_step
+    ids = [r["id"] for r in d["requests"]]
+    for s in range(max(arr) + 1):
+        live = sum(1 for rid, a in zip(ids, arr) if a <= s and fin[rid] >= s)
+        assert live <= 4 + 1  # (a request finishing in step s and its successor)
+    # after the first four, each request enters a think time of 1-5 steps after the step
+    # that finished its predecessor was over (the step after it, counted from 1)
+    finish_steps = sorted(fin.values())
+    for a in sorted(arr)[4:]:
+        assert any(2 <= a - f <= 6 for f in finish_steps), a
+
+
+def test_workloads_are_deterministic_and_heavy_tailed():
+    a = ct.workload("t", 3, 120, "onoff", "code", "priority", True, False, 900, 48)
+    b = ct.workload("t", 3, 120, "onoff", "code", "priority", True, False, 900, 48)
+    assert a == b
+    lens = [len(r["prompt_token_ids"]) for r in a["requests"]]
+    outs = [r["max_tokens"] for r in a["requests"]]
+    assert max(lens) > 5 * statistics.median(lens)  # a heavy tail
+    assert max(outs) <= 80
+    # on-off: idle gaps of at least 400 steps between bursts
+    steps = sorted(r["arrival_step"] for r in a["requests"])
+    assert sum(1 for x, y in zip(steps, steps[1:]) if y - x >= 400) >= 2
+
+
+def test_mooncake_sample_is_read_and_scaled():
+    rows = ct.mooncake_rows()
+    assert len(rows) == 132 and rows[0] == (0, 6758, 500)
+    reqs = ct.mooncake_requests(150, random.Random(0), step_ms=20.0)
+    assert len(reqs) == 150
+    assert all(16 <= p <= ct.MAX_PROMPT and o >= 1 for _, p, o in reqs)
+    assert [a for a, _, _ in reqs] == sorted(a for a, _, _ in reqs)
+
+
+class _Run:
+    def __init__(self, steps, clock, model):
+        self.steps, self.clock, self.model = steps, clock, model
+
+
+def _rec(step, arrivals=(), running=1, waiting=0, tokens=10, reqs=1):
+    r = StepRecord(step, list(arrivals))
+    r.num_running, r.num_waiting = running, waiting
+    r.num_scheduled_tokens, r.num_scheduled = tokens, reqs
+    return r
+
+
+def test_sleep_before_times_only_a_restart_of_a_clock_driven_run():
+    m = StepTimeModel(overhead_s=0.01, per_token_s=0.0, per_request_s=0.0)
+    steps = [_rec(0, ["a"]), _rec(1, running=0), _rec(2, ["b"]), _rec(3), _rec(4, ["c"])]
+    # step 1 left nothing running; b woke the engine 5 s later; c came while busy
+    clock = [0.0, 0.01, 5.02, 5.03, 5.04]
+    assert sleep_before(_Run(steps, clock, m)) == [(2, 0.02, 5.02)]
+    # a run clocked by the model alone (no gap on its clock): no sleep to take out
+    assert sleep_before(_Run(steps, [0.0, 0.01, 0.02, 0.03, 0.04], m)) == []
+
+
+def test_length_draws_keep_the_interval_total_and_reach_heavy_tails():
+    class F:
+        requests = [type("R", (), {"stats_before": k // 10})() for k in range(40)]
+
+    lens = [500] * 40
+    ratios = []
+    for seed in range(60):
+        out = ensemble.draw_lengths(lens, F, random.Random(seed))
+        totals = [sum(out[i:i + 10]) for i in range(0, 40, 10)]
+        assert max(totals) - min(totals) <= 4 * 1  # one factor for the whole log (rounding)
+        ratios.append(max(out) / statistics.median(out))
+    # some members draw alike prompts, some a few prompts holding much of the tokens
+    assert min(ratios) < 4 < max(ratios)
+    assert max(ensemble.LENGTH_SIGMAS) >= 1.5
