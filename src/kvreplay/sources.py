@@ -53,7 +53,57 @@ def read_log(paths: Sequence[str], *, vllm_version: str | None = None,
         events = list(parse_files(list(paths), year=year, vllm_version=vllm_version))
     if not events:
         raise UserError(f"{', '.join(paths)}: empty log")
+    check_vllm_log(events, paths)
     return LogInput(list(paths), events, detect_version(events, vllm_version), merge_config(events))
+
+
+def check_vllm_log(events: Sequence[Any], paths: Sequence[str]) -> None:
+    """Input that is not a vLLM log is refused here, for every command: a file the reader
+    could not finish (a truncated .gz), or with no vLLM line at all (and not a workload
+    JSON). A replay or a record of nulls would pass for a quiet server."""
+    from kvreplay import events as ev
+
+    for e in events:
+        if e.note and e.note.startswith("read error"):
+            raise UserError(f"{e.file}: unreadable at line {e.line}: {e.note[len('read error: '):]}")
+    if (all(isinstance(e, (ev.Unparsed, ev.Noise)) for e in events)
+            and not (len(paths) == 1 and _workload_file(paths[0]))):
+        n = len(events)
+        label = ", ".join(paths)
+        what = "binary data" if any(_binary(p) for p in paths) else \
+            f"no vLLM log line in its {n} line{'s' if n != 1 else ''}"
+        raise UserError(f"{label}: not a vLLM log ({what})")
+
+
+def _workload_file(path: str) -> bool:
+    """A workload JSON (its reader takes it): the one input here that has no log line."""
+    if not looks_like_workload(path):
+        return False
+    from kvreplay.replay.workload import load_workload
+
+    try:
+        load_workload(path)
+    except UserError:
+        return False
+    return True
+
+
+def _binary(path: str) -> bool:
+    """The file's first bytes (decompressed) hold a NUL or are mostly not UTF-8."""
+    import gzip
+
+    try:
+        with open(path, "rb") as raw:
+            head = raw.read(4096)
+            if head[:2] == b"\x1f\x8b":
+                raw.seek(0)
+                head = gzip.GzipFile(fileobj=raw).read(4096)
+    except (OSError, EOFError):
+        return False
+    if b"\x00" in head:
+        return True
+    text = head.decode("utf-8", "replace")
+    return text.count("\ufffd") > len(text) // 10
 
 
 def read_facts(paths: Sequence[str], *, vllm_version: str | None = None, year: int | None = None):

@@ -61,20 +61,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
+    from kvreplay.cli.inputs import Stdin, install_sigint, spool_stdin
     from kvreplay.cli.progress_bar import progress_bar
 
+    install_sigint()
+    stdin = Stdin()
     try:
+        spool_stdin(args, stdin)
+        args._stdin = stdin
         # stderr a terminal: long stages show a bar (not under the TUI, which owns it)
-        with progress_bar(False if args.command == "tui" else None):
+        with progress_bar(False if args.command == "tui" else None,
+                          prog=f"kvreplay {args.command}"):
             return int(args._module.run(args) or 0)
     except UserError as exc:
-        print(f"kvreplay {args.command}: error: {exc}", file=sys.stderr)
+        print(f"kvreplay {args.command}: error: {stdin.as_given(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `kvreplay parse big.log | head`
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
+        print(f"kvreplay {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        stdin.close()
 
 
 if __name__ == "__main__":

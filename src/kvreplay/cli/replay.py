@@ -97,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(" | ".join([str(exc)] + (["missing from this log: " + "; ".join(missing)]
                                                   if missing else []))) from None
     elapsed = time.perf_counter() - t0
+    stdin = getattr(args, "_stdin", None)
+    if stdin is not None:  # stdin is named as given
+        rep.paths = [stdin.as_given(p) for p in rep.paths]
     if args.trace:
         import msgspec
 
