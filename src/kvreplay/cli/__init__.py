@@ -55,6 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+MAX_SAMPLES = 4096  # ensemble replays: beyond this the interval gains nothing but hours
+
+
+def _check_samples(args: argparse.Namespace) -> None:
+    n = getattr(args, "samples", None)
+    if n is not None and not 0 <= n <= MAX_SAMPLES:
+        raise UserError(f"--samples {n}: give 0 (no ensemble) to {MAX_SAMPLES} replays "
+                        "(the default, 32, gives a 90% interval; each replay costs about as "
+                        "much as the replay itself)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -67,6 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_sigint()
     stdin = Stdin()
     try:
+        from kvreplay.replay.profile import check_profile_arg
+
+        check_profile_arg(getattr(args, "profile", None))
+        _check_samples(args)
         spool_stdin(args, stdin)
         args._stdin = stdin
         # stderr a terminal: long stages show a bar (not under the TUI, which owns it)
