@@ -156,6 +156,9 @@ def run(args: argparse.Namespace) -> int:
     if logs.count("-") > 1:
         raise UserError("stdin ('-') can be given only once")
 
+    for p in logs:
+        if p != "-" and not os.path.exists(p):
+            raise UserError(f"{p}: no such file")
     events = _vetted(parse_files(logs, year=year, vllm_version=args.vllm_version,
                                  engine=args.engine), logs)
     summary = Summary(args.vllm_version)
