@@ -37,6 +37,9 @@ class Stdin:
             with open(self.path, "wb") as f:
                 f.write(data)
                 shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
+            from kvreplay.parsers.reader import LABELS
+
+            LABELS[self.path] = "<stdin>"  # its events carry the label `-` always had
         return self.path
 
     def as_given(self, text: str) -> str:
@@ -46,6 +49,10 @@ class Stdin:
         return text.replace(self.path, "-")
 
     def close(self) -> None:
+        if self.path is not None:
+            from kvreplay.parsers.reader import LABELS
+
+            LABELS.pop(self.path, None)
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
