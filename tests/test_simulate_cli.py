@@ -49,7 +49,7 @@ def test_report_on_embedded_sample() -> None:
     proc = run_cli("simulate", "--format", "report")
     assert proc.returncode == 0, proc.stderr
     # The sample is b_fcfs_heavy: 5 preemptions, the first a self-preemption of r3 at step 41.
-    assert "5 preemptions (1 self-preemptions)" in proc.stdout
+    assert "5 preemptions (1 self-preemption)" in proc.stdout
     assert "     41  r3       r3       fcfs self    240        241      0      150  exact" in proc.stdout
 
 

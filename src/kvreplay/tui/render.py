@@ -229,8 +229,8 @@ def why_one(t: Text, tl: Timeline, p: Preemption, confidence: str,
                  f"prefix hit {p.prefix_hit_at_readmission} tokens\n")
         t.append("Recompute cost: ", style="bold")
         t.append(f"{p.tokens_recomputed} tokens prefilled again", style="bold")
-        t.append(f" (its {p.num_tokens} tokens less the {p.prefix_hit_at_readmission} still "
-                 "cached)\n")
+        t.append(f" (its tokens at readmission less the {p.prefix_hit_at_readmission} still "
+                 "cached, or as many as it got before it was preempted again)\n")
 
 
 def block_cells(state: EngineState) -> list[tuple[int, int, list[str]]]:
