@@ -405,7 +405,8 @@ class ReplayApp(App[None]):
         at = render.clock(tl, self.cursor) if tl.num_steps else None
         at = f" at {at}" if at else ""
         label.update(
-            f"step {self.cursor}/{max(tl.num_steps - 1, 0)}{at} · {len(tl.preemptions)} preemptions · "
+            f"step {self.cursor}/{max(tl.num_steps - 1, 0)}{at} · "
+            f"{render.preemption_count(src, len(tl.preemptions))} · "
             f"{state}{sel}{marks} · confidence {src.confidence} · profile {tl.profile.name} · "
             f"{src.label}"
         )
