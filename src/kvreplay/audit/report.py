@@ -7,6 +7,7 @@ from html import escape
 from typing import Any, Sequence
 
 from kvreplay.audit import svg
+from kvreplay.words import count
 
 FLEET_COLUMNS = [
     ("log", "log"), ("engine", "eng"), ("status", "status"), ("kv_usage_p95", "KV p95"),
@@ -42,6 +43,8 @@ def fmt(v: Any, key: str = "") -> str:
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
+        if key.startswith("knee") and v.is_integer():  # a setting's value: 29, not 29.0
+            return str(int(v))
         if key in ("start_s", "end_s", "t"):
             return f"{v:g}"
         if key in ("kv_usage_p95", "kv_time_ge95", "kv_usage_mean", "recompute_ratio",
@@ -146,15 +149,17 @@ def audit_text(rows: list[dict[str, Any]], *, markdown: bool = False) -> str:
                        f"{r['spans_clock_offset_s']:+.3f} s, {r['spans_contradicted']} "
                        "contradicted by the replay\n")
         if r.get("storms"):
-            out.append(f"{b}worst preemption storms (windows with the most recomputed tokens):\n")
-            for s in r["storms"]:
-                out.append(f"{b}  t={s['start_s']:g}-{s['end_s']:g}s: {s['preemptions']} preemptions, "
+            out.append(f"{b}worst preemption storms (windows with the most recomputed tokens, "
+                       "in time order):\n")
+            for s in sorted(r["storms"], key=lambda s: s["start_s"]):
+                out.append(f"{b}  t={s['start_s']:g}-{s['end_s']:g}s: "
+                           f"{count(s['preemptions'], 'preemption')}, "
                            f"{fmt(s['recomputed_tokens'])} tokens recomputed"
                            + (f", KV {fmt(s['kv_usage'], 'kv_usage')}" if s.get("kv_usage") is not None else "") + "\n")
         if r.get("worst_requests"):
             out.append(f"{b}requests hurt most:\n")
             for w in r["worst_requests"]:
-                out.append(f"{b}  {w['request']}: {w['preemptions']} preemption(s), "
+                out.append(f"{b}  {w['request']}: {count(w['preemptions'], 'preemption')}, "
                            f"{w['recomputed_tokens']} tokens recomputed, {w['time_lost_s']:g}s waiting to resume\n")
         for reason in r.get("null_reasons") or []:
             out.append(f"{b}null: {reason}\n")
