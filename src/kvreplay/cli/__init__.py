@@ -94,8 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `kvreplay parse big.log | head`
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:
-        print(f"kvreplay {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        why = exc.args[0] if exc.args and isinstance(exc.args[0], str) else "interrupted"
+        print(f"kvreplay {args.command}: {why}", file=sys.stderr)
         return 130
     finally:
         stdin.close()

@@ -186,10 +186,9 @@ def _write_dataset(args, paths: list[str], expr) -> int:
     try:
         fr = run_fleet(paths, ex, options=Options(args.profile, not args.no_replay, args.year),
                        out_dir=out, force=args.force, retry_errors=args.retry_errors)
-    except KeyboardInterrupt:
-        print(f"kvreplay audit: interrupted; {out} holds whole files only: run the same "
-              "command again to continue", file=sys.stderr)
-        raise
+    except KeyboardInterrupt:  # main() prints it: one line
+        raise KeyboardInterrupt(f"interrupted; {out} holds whole files only: run the same "
+                                "command again to continue") from None
     finally:
         ex.close(cancel=True)
     for path, reason in fr.errors:
