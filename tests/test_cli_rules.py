@@ -228,7 +228,7 @@ def test_ctrl_c_during_the_ensemble_one_line_exit_130():
     t0 = time.monotonic()
     for line in p.stderr:  # type: ignore[union-attr]
         seen.append(line)
-        if "place 200 arrivals" in line or time.monotonic() - t0 > 60:
+        if "place 200 arrivals: done" in line or time.monotonic() - t0 > 60:
             break  # the ensemble starts next
     time.sleep(1.5)
     os.killpg(p.pid, signal.SIGINT)

@@ -57,15 +57,36 @@ class _Stage:
 
 
 class LineSink:
-    """Plain progress lines for a stderr that is not a terminal."""
+    """Plain progress lines for a stderr that is not a terminal. With `heartbeat`, a
+    daemon thread says which stage is running when nothing was said for LINE_EVERY_S (a
+    stage that counts nothing, such as a fit, is then not silent). Only the process that
+    made the sink writes (a forked pool worker inherits it and stays quiet)."""
 
-    def __init__(self, prog: str = "kvreplay", clock=time.monotonic, out=None) -> None:
+    def __init__(self, prog: str = "kvreplay", clock=time.monotonic, out=None,
+                 heartbeat: bool = False) -> None:
+        import threading
+
         self.prog, self.clock = prog, clock
         self.out = out if out is not None else sys.stderr
         self.last = clock()
+        self.pid = os.getpid()
+        self.open: list[_Stage] = []
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        if heartbeat:
+            threading.Thread(target=self._beat, daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(1.0):
+            with self.lock:
+                if self.open and os.getpid() == self.pid:
+                    self._maybe(self.open[-1], locked=True)
 
     def start(self, name: str, total: int | None) -> object:
-        return _Stage(name, total, self.clock())
+        st = _Stage(name, total, self.clock())
+        with self.lock:
+            self.open.append(st)
+        return st
 
     def status(self, handle: object, text: str) -> None:
         handle.status = text  # type: ignore[attr-defined]
@@ -77,16 +98,25 @@ class LineSink:
 
     def finish(self, handle: object) -> None:
         st: _Stage = handle  # type: ignore[assignment]
-        now = self.clock()
-        if st.said or now - st.t0 >= LINE_AFTER_S:
-            self._say(st, now, "stopped" if st.total and st.done < st.total else "done")
+        with self.lock:
+            if st in self.open:
+                self.open.remove(st)
+            now = self.clock()
+            if st.said or now - st.t0 >= LINE_AFTER_S:
+                self._say(st, now, "stopped" if st.total and st.done < st.total else "done")
 
-    def _maybe(self, st: _Stage) -> None:
+    def _maybe(self, st: _Stage, locked: bool = False) -> None:
         now = self.clock()
         if now - st.t0 >= LINE_AFTER_S and now - self.last >= LINE_EVERY_S:
-            self._say(st, now, None)
+            if locked:
+                self._say(st, now, None)
+            else:
+                with self.lock:
+                    self._say(st, now, None)
 
     def _say(self, st: _Stage, now: float, end: str | None) -> None:
+        if os.getpid() != self.pid:
+            return
         count = f" {st.done}/{st.total}" if st.total else (f" {st.done}" if st.done else "")
         extra = f" ({st.status})" if st.status else ""
         self.out.write(f"{self.prog}: {st.name}:{count} {end + ' ' if end else ''}"
@@ -96,7 +126,7 @@ class LineSink:
         self.last = now
 
     def stop(self) -> None:
-        pass
+        self.stopped.set()
 
 
 @contextmanager
@@ -108,7 +138,7 @@ def progress_bar(enabled: bool | None = None, prog: str = "kvreplay") -> Iterato
         return
     if enabled is None:
         enabled = sys.stderr.isatty()
-    sink = RichSink() if enabled else LineSink(prog)
+    sink = RichSink() if enabled else LineSink(prog, heartbeat=True)
     old = progress.set_sink(sink)
     try:
         yield
