@@ -59,11 +59,17 @@ MAX_SAMPLES = 4096  # ensemble replays: beyond this the interval gains nothing b
 
 
 def _check_samples(args: argparse.Namespace) -> None:
+    """--samples (ensemble replays) and --draws (what-if's step-time models) are bounded:
+    each is a whole replay more, and past a few thousand the interval gains nothing."""
     n = getattr(args, "samples", None)
     if n is not None and not 0 <= n <= MAX_SAMPLES:
         raise UserError(f"--samples {n}: give 0 (no ensemble) to {MAX_SAMPLES} replays "
                         "(the default, 32, gives a 90% interval; each replay costs about as "
                         "much as the replay itself)")
+    d = getattr(args, "draws", None)
+    if d is not None and not 0 <= d <= MAX_SAMPLES:
+        raise UserError(f"--draws {d}: give 0 (no drawn models) to {MAX_SAMPLES} (default 6; "
+                        "each is a what-if run more per row)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
