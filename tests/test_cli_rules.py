@@ -237,3 +237,17 @@ def test_ctrl_c_during_the_ensemble_one_line_exit_130():
     assert rc == 130, "".join(seen) + rest
     assert "Traceback" not in rest and "KeyboardInterrupt" not in rest
     assert rest.strip().splitlines()[-1] == "kvreplay replay: interrupted"
+
+
+def test_stdin_output_is_deterministic_and_names_it_dash(capsys, monkeypatch):
+    """Same stdin, same bytes out; the private file stdin is spooled to is never named."""
+    monkeypatch.setenv("KVREPLAY_PROGRESS", "0")
+    outs = []
+    for _ in range(2):
+        _stdin(monkeypatch, gzip.compress(SAMPLE_LOG.read_bytes(), mtime=0))
+        assert main(["replay", "-", "--format", "json", "--samples", "0", "--year", "2026"]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and "kvreplay-stdin" not in outs[0]
+    import json
+
+    assert json.loads(outs[0])["inputs"]["files"] == ["-"]

@@ -111,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         text = json.dumps(report, indent=1, sort_keys=True, default=str) + "\n"
     else:
         text = render_table(rep, report, elapsed)
+    if stdin is not None:
+        text = stdin.as_given(text)
     write_output(args.output, lambda f: f.write(text))
     div = (rep.step_check or {}).get("first_divergence")
     return 1 if div else 0
