@@ -395,10 +395,12 @@ def test_knee_below_max_num_seqs():
 def test_cli_dataset_rerun_and_fail_on(fleet, tmp_path, capsys):
     logs = _copy(fleet, tmp_path / "logs", names=2)
     out = str(tmp_path / "ds") + "/"
-    assert main(["audit", *logs, "-o", out, "--year", "2026", "-j", "1"]) == 0
+    # an input that could not be audited: an error row, and exit 2 (a gate never passes)
+    assert main(["audit", *logs, "-o", out, "--year", "2026", "-j", "1"]) == 2
     err = capsys.readouterr().err
     assert "empty.log: empty log" in err
     assert "3 logs (local, 1 process): 2 done, 1 failed, 0 skipped" in err
+    assert "1 of 3 inputs could not be audited" in err
     assert main(["audit", str(tmp_path / "logs" / "*.log"), "-o", out, "--year", "2026",
                  "--fail-on", "requests > 0"]) == 1
     err = capsys.readouterr().err

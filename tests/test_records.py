@@ -3,7 +3,8 @@
 * `preemption_records` / `totals` on hand-made step records, computed by hand;
 * against vLLM's own traces (conformance cases and the 0.33 oracle bank): every
   preemption's step, victim, trigger, tokens lost, readmission step, prefix hit, and the
-  tokens recomputed (num_tokens at readmission - hit, spec A11.1) as vLLM's trace gives them;
+  tokens recomputed (num_tokens at readmission - hit, spec A11.1, or what vLLM scheduled
+  of it before preempting the victim again) as vLLM's trace gives them;
 * properties (hypothesis): a run made again from its `EngineInputs` is the same run;
   recorded figures obey their definitions;
 * aborts and the cut through the input API.
@@ -38,7 +39,8 @@ def _event(victim: str, trigger: str, computed: int, num_tokens: int, mode: str 
 def test_preemption_cost_by_hand() -> None:
     """b is preempted with 100 computed tokens and 101 in all (its last sampled token not
     computed yet), readmitted two steps later with a 32-token prefix hit and 102 tokens (an
-    in-flight token came in while it waited): 102 - 32 = 70 recomputed. a is preempted
+    in-flight token came in while it waited): 102 - 32 = 70 recomputed, all scheduled in
+    step 3 (the engine's `recomputed`). a is preempted
     and never readmitted: lost, nothing recomputed. A swap loses nothing."""
     steps = [
         StepRecord(0, num_scheduled=2, num_scheduled_tokens=300),
@@ -46,7 +48,7 @@ def test_preemption_cost_by_hand() -> None:
                    preemptions=[_event("b", "a", 100, 101)]),
         StepRecord(2, num_scheduled=1, num_scheduled_tokens=1),
         StepRecord(3, num_scheduled=1, num_scheduled_tokens=70,
-                   admitted=[Admission("b", 32, 102, True)]),
+                   admitted=[Admission("b", 32, 102, True)], recomputed=[("b", 70)]),
         StepRecord(4, num_scheduled=1, num_scheduled_tokens=10,
                    preemptions=[_event("a", "a", 210, 211), _event("c", "b", 50, 51, "swap")]),
         StepRecord(5, num_scheduled=1, num_scheduled_tokens=1,
@@ -70,7 +72,8 @@ def test_preemption_cost_by_hand() -> None:
 def _vllm_preemptions(trace: list[dict], prompt_len: dict[str, int]) -> list[tuple]:
     """Each preemption of vLLM's own trace with what it cost, read from that trace alone:
     the victim's next admission (`resumed`), its prefix hit there, and the tokens that
-    admission must compute: its prompt + outputs so far (the step before) - the hit."""
+    admission computed again: its prompt + outputs so far (the step before) - the hit,
+    fewer when it was preempted again before it got them all."""
     out = []
     for i, r in enumerate(trace):
         for p in r.get("preemptions", ()):
@@ -81,8 +84,16 @@ def _vllm_preemptions(trace: list[dict], prompt_len: dict[str, int]) -> list[tup
                 continue
             hit = trace[back]["prefix_hit_tokens"][v]
             num_tokens = prompt_len[v] + trace[back - 1]["num_output_tokens"][v]
+            # what vLLM scheduled for it from there, up to num_tokens - hit or until it
+            # was preempted again (a prefill again cut short counts what it computed)
+            left = done = num_tokens - hit
+            for k in range(back, len(trace)):
+                if left == 0 or (k > back and any(q["req"] == v for q in trace[k].get("preemptions", ()))):
+                    break
+                n = dict(map(tuple, trace[k].get("scheduled", ()))).get(v, 0)
+                left -= min(n, left)
             out.append((r["step"], v, p["trigger"], p["num_computed_tokens_before"],
-                        trace[back]["step"], hit, num_tokens - hit))
+                        trace[back]["step"], hit, done - left))
     return out
 
 

@@ -226,7 +226,7 @@ def test_cli_table_and_json(tmp_path: Path) -> None:
     log = CASES / "b_fcfs_heavy" / "server.reqbody.log"
     proc = run_cli("replay", str(log), "--year", "2026")
     assert proc.returncode == 0, proc.stderr
-    assert "preemptions in this replay: 5 (1 self-preemptions)" in proc.stdout
+    assert "preemptions in this replay: 5 (1 self-preemption)" in proc.stdout
     assert "6 of 6 stats lines agree" in proc.stdout
     out = tmp_path / "r.json"
     trace = tmp_path / "t.jsonl"

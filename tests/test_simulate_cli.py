@@ -49,7 +49,7 @@ def test_report_on_embedded_sample() -> None:
     proc = run_cli("simulate", "--format", "report")
     assert proc.returncode == 0, proc.stderr
     # The sample is b_fcfs_heavy: 5 preemptions, the first a self-preemption of r3 at step 41.
-    assert "5 preemptions (1 self-preemptions)" in proc.stdout
+    assert "5 preemptions (1 self-preemption)" in proc.stdout
     assert "     41  r3       r3       fcfs self    240        241      0      150  exact" in proc.stdout
 
 
@@ -65,7 +65,7 @@ def test_summary_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "content,message",
     [
-        ("{not json", "not valid JSON"),
+        ("{not json", "not JSON"),
         ('{"config": {"num_gpu_blocks": 8, "bogus": 1}, "requests": []}', "unknown config keys: bogus"),
         ('{"config": {"max_model_len": 8}, "requests": [{"id": "a", "arrival_step": 0, '
          '"prompt_token_ids": [1,2,3,4,5,6,7,8,9], "max_tokens": 1}]}', "longer than max_model_len"),
@@ -74,7 +74,7 @@ def test_summary_file(tmp_path: Path) -> None:
          "only 2 usable blocks"),
         ('{"config": {}, "requests": [{"id": "a", "arrival_step": 0, "max_tokens": 1}]}',
          "lacks prompt_token_ids"),
-        ('[1, 2]', "a workload is a JSON object"),
+        ('[1, 2]', "JSON that is not a workload"),
         ('{"config": {"policy": "lifo"}, "requests": []}', "policy must be"),
     ],
 )

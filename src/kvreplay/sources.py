@@ -53,7 +53,146 @@ def read_log(paths: Sequence[str], *, vllm_version: str | None = None,
         events = list(parse_files(list(paths), year=year, vllm_version=vllm_version))
     if not events:
         raise UserError(f"{', '.join(paths)}: empty log")
+    check_vllm_log(events, paths)
+    if len(paths) > 1:
+        check_one_server(events, vllm_version)
     return LogInput(list(paths), events, detect_version(events, vllm_version), merge_config(events))
+
+
+def check_vllm_log(events: Sequence[Any], paths: Sequence[str]) -> None:
+    """Input that is not a vLLM log is refused here, for every command: a file the reader
+    could not finish (a truncated .gz), or with no vLLM line at all (and not a workload
+    JSON). A replay or a record of nulls would pass for a quiet server."""
+    from kvreplay import events as ev
+
+    for e in events:
+        if e.note and e.note.startswith("read error"):
+            raise UserError(f"{e.file}: unreadable at line {e.line}: {e.note[len('read error: '):]}")
+    if (all(isinstance(e, (ev.Unparsed, ev.Noise)) for e in events)
+            and not (len(paths) == 1 and _workload_file(paths[0]))):
+        n = len(events)
+        label = ", ".join(paths)
+        what = "binary data" if any(_binary(p) for p in paths) else \
+            f"no vLLM log line in its {n} line{'s' if n != 1 else ''}"
+        raise UserError(f"{label}: not a vLLM log ({what})")
+
+
+def check_one_server(events: Sequence[Any], vllm_version: str | None) -> None:
+    """Several files are replayed as one server's log (merged by time): refuse files that
+    cannot be one server's: different releases or engines (unless --vllm-version says
+    which), different models, or two servers started and logging over the same time."""
+    from kvreplay import events as ev
+    from kvreplay.parsers import detect_version
+
+    by_file: dict[str, list[Any]] = {}
+    for e in events:
+        by_file.setdefault(e.file, []).append(e)
+    if len(by_file) < 2:
+        return
+    info = {}
+    for f, evs in by_file.items():
+        d = detect_version(evs, None)
+        models = {e.model for e in evs if isinstance(e, ev.EngineConfig) and e.model}
+        # a server started in this file and took requests in it (an API-server log beside
+        # its engine core's may start too, but only one of them logs the requests)
+        started = (any(isinstance(e, ev.EngineConfig) for e in evs)
+                   and any(isinstance(e, ev.RequestReceived) for e in evs))
+        times = [e.time for e in evs if e.time is not None]
+        span = (min(times), max(times)) if times else None
+        info[f] = (d, models, started, span)
+    files = list(info)
+    for i, a in enumerate(files):
+        for b in files[i + 1:]:
+            da, ma, sa, ta = info[a]
+            db, mb, sb, tb = info[b]
+            if vllm_version is None and da.how != "unknown" and db.how != "unknown" and (
+                    da.vllm_version != db.vllm_version or da.engine_version != db.engine_version):
+                raise UserError(
+                    f"{a} is vLLM {da.vllm_version} ({da.engine_version or '?'} engine), {b} is "
+                    f"vLLM {db.vllm_version} ({db.engine_version or '?'} engine): files of "
+                    "different servers are not one log; give one server's files (or "
+                    "--vllm-version V if they are one release)")
+            if ma and mb and not ma & mb:
+                raise UserError(f"{a} serves {', '.join(sorted(ma))}, {b} serves "
+                                f"{', '.join(sorted(mb))}: files of different servers are not "
+                                "one log; replay each on its own")
+            if sa and sb and ta and tb and ta[0] < tb[1] and tb[0] < ta[1]:
+                raise UserError(f"{a} and {b} each start a server and log over the same time: "
+                                "two servers, not one log; replay each on its own")
+
+
+PRECHECK_LINES = 2000  # lines of a log read before a front end commits to it
+
+
+def precheck_inputs(paths: Sequence[str]) -> None:
+    """What check_vllm_log says, from the head of each file only: for a front end (the
+    TUI) that must refuse bad input before it takes the screen. UserError as read_log."""
+    import gzip
+    import itertools
+
+    from kvreplay.parsers import parse_lines
+
+    _check_exist(paths)
+    for p in paths:
+        if p == "-":
+            continue
+        if Path(p).is_dir():
+            raise UserError(f"{p}: is a directory, not a log file")
+        if looks_like_workload(p) and _workload_file(p):
+            continue
+        try:
+            raw = open(p, "rb")
+            if raw.read(2) == b"\x1f\x8b":
+                raw.seek(0)
+                raw = gzip.GzipFile(fileobj=raw)  # type: ignore[assignment]
+            else:
+                raw.seek(0)
+            with raw:
+                head = [b.decode("utf-8", "replace") for b in itertools.islice(raw, PRECHECK_LINES)]
+        except (OSError, EOFError) as exc:
+            raise UserError(f"{p}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+        if not head:
+            raise UserError(f"{p}: empty log")
+        from kvreplay.parsers.spans import spans_format
+        from kvreplay.parsers.kvevents import is_kv_events_file
+
+        if spans_format(p) is not None or is_kv_events_file(p):
+            continue
+        events = list(parse_lines(head, file=p))
+        if len(head) < PRECHECK_LINES or not all(
+                type(e).__name__ in ("Unparsed", "Noise") for e in events):
+            check_vllm_log(events, [p])
+
+
+def _workload_file(path: str) -> bool:
+    """A workload JSON (its reader takes it): the one input here that has no log line."""
+    if not looks_like_workload(path):
+        return False
+    from kvreplay.replay.workload import load_workload
+
+    try:
+        load_workload(path)
+    except UserError:
+        return False
+    return True
+
+
+def _binary(path: str) -> bool:
+    """The file's first bytes (decompressed) hold a NUL or are mostly not UTF-8."""
+    import gzip
+
+    try:
+        with open(path, "rb") as raw:
+            head = raw.read(4096)
+            if head[:2] == b"\x1f\x8b":
+                raw.seek(0)
+                head = gzip.GzipFile(fileobj=raw).read(4096)
+    except (OSError, EOFError):
+        return False
+    if b"\x00" in head:
+        return True
+    text = head.decode("utf-8", "replace")
+    return text.count("\ufffd") > len(text) // 10
 
 
 def read_facts(paths: Sequence[str], *, vllm_version: str | None = None, year: int | None = None):

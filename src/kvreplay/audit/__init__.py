@@ -76,7 +76,8 @@ def audit_many(paths: Iterable[str], *, jobs: int | None = None, profile: str | 
 
 def expand_paths(args: Sequence[str]) -> list[str]:
     """CLI arguments -> logs: a file is a log; a folder of .prom files is one scrape series;
-    any other folder contributes its *.log, *.log.gz, *.txt, *.prom and *.prom.gz files (sorted); a
+    any other folder contributes its *.log, *.log.gz, *.txt, *.prom and *.prom.gz files (or query_range JSON) (sorted) and
+    those of its subfolders (a per-host layout: DIR/HOST/*.log), hidden ones skipped; a
     glob that is not a file's name ('logs/**/*.log.gz', quoted past the shell) its matches."""
     import glob
 
@@ -90,18 +91,28 @@ def expand_paths(args: Sequence[str]) -> list[str]:
                 raise UserError(f"{a}: no file matches")
             out.extend(expand_paths(hits))
         elif os.path.isdir(a):
-            names = sorted(os.listdir(a))
-            if names and all(n.endswith((".prom", ".prom.gz", ".json", ".json.gz"))
-                             for n in names if not n.startswith(".")):
-                out.append(a)
-                continue
-            found = [os.path.join(a, n) for n in names
-                     if n.endswith((".log", ".log.gz", ".txt", ".prom", ".prom.gz", ".metrics"))]
+            found = _walk(a)
             if not found:
-                raise UserError(f"{a}: no .log / .prom files in this folder")
+                raise UserError(f"{a}: no .log / .prom files in this folder or its subfolders")
             out.extend(found)
         elif a == "-" or os.path.exists(a):
             out.append(a)
         else:
             raise UserError(f"{a}: no such file")
+    return out
+
+
+def _walk(folder: str) -> list[str]:
+    """A folder's logs, its subfolders' after its own files (sorted; hidden names skipped);
+    a folder holding only .prom files is one scrape series."""
+    names = sorted(n for n in os.listdir(folder) if not n.startswith("."))
+    files = [n for n in names if not os.path.isdir(os.path.join(folder, n))]
+    if files and len(files) == len(names) and all(
+            n.endswith((".prom", ".prom.gz", ".json", ".json.gz")) for n in files):
+        return [folder]
+    out = [os.path.join(folder, n) for n in files
+           if n.endswith((".log", ".log.gz", ".txt", ".prom", ".prom.gz", ".metrics"))]
+    for n in names:
+        if os.path.isdir(os.path.join(folder, n)):
+            out.extend(_walk(os.path.join(folder, n)))
     return out

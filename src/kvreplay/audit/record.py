@@ -244,21 +244,10 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
 
 # ---------------------------------------------------------------- pieces
 def _check_readable(events, label: str, paths: list[str]) -> None:
-    """A file the reader could not finish (a truncated .gz), or with no vLLM line at all
-    (and not a workload JSON, which the replay reads), is not audited: a record of nulls
-    would pass for a quiet server."""
-    from kvreplay import events as ev
-    from kvreplay.errors import UserError
-    from kvreplay.sources import looks_like_workload
+    """Input that is not a vLLM log is an error row (sources.check_vllm_log)."""
+    from kvreplay.sources import check_vllm_log
 
-    for e in events:
-        if e.note and e.note.startswith("read error"):
-            raise UserError(f"{e.file}: unreadable at line {e.line}: {e.note[len('read error: '):]}")
-    if (all(isinstance(e, (ev.Unparsed, ev.Noise)) for e in events)
-            and not (len(paths) == 1 and looks_like_workload(paths[0]))):
-        n = len(events)
-        raise UserError(f"{label}: not a vLLM log (no vLLM log line in its {n} "
-                        f"line{'s' if n != 1 else ''})")
+    check_vllm_log(events, paths)
 
 
 def _origin(events, stats) -> float:

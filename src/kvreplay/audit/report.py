@@ -7,6 +7,7 @@ from html import escape
 from typing import Any, Sequence
 
 from kvreplay.audit import svg
+from kvreplay.words import count
 
 FLEET_COLUMNS = [
     ("log", "log"), ("engine", "eng"), ("status", "status"), ("kv_usage_p95", "KV p95"),
@@ -16,12 +17,34 @@ FLEET_COLUMNS = [
 ]
 
 
+def fleet_columns(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """FLEET_COLUMNS, without `eng` when no row is one engine of a data-parallel log."""
+    if any(r.get("engine") is not None for r in rows):
+        return FLEET_COLUMNS
+    return [c for c in FLEET_COLUMNS if c[0] != "engine"]
+
+
+def shown_row(r: dict[str, Any]) -> dict[str, Any]:
+    """A record as the tables show it: the replayed preemptions as their interval where
+    the record has one (as the report's headline), a figure from estimated prompt lengths
+    marked `~`."""
+    out = dict(r)
+    lo, hi = r.get("preemptions_replayed_low"), r.get("preemptions_replayed_high")
+    if lo is not None and hi is not None and lo != hi:
+        out["preemptions_replayed"] = f"{lo}-{hi}"
+    if r.get("recompute_ratio") is not None and "estimated" in (r.get("recompute_source") or ""):
+        out["recompute_ratio"] = "~" + fmt(r["recompute_ratio"], "recompute_ratio")
+    return out
+
+
 def fmt(v: Any, key: str = "") -> str:
     if v is None:
         return "-"
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
+        if key.startswith("knee") and v.is_integer():  # a setting's value: 29, not 29.0
+            return str(int(v))
         if key in ("start_s", "end_s", "t"):
             return f"{v:g}"
         if key in ("kv_usage_p95", "kv_time_ge95", "kv_usage_mean", "recompute_ratio",
@@ -66,7 +89,7 @@ def text_table(rows: Sequence[dict[str, Any]], cols: Sequence[tuple[str, str]], 
 
 
 def _numeric(s: str) -> bool:
-    t = s.replace(",", "").replace("%", "").replace("-", "", 1).replace(".", "", 1)
+    t = s.lstrip("~").replace(",", "").replace("%", "").replace("-", "", 1).replace(".", "", 1)
     return t.isdigit() or s == "-"
 
 
@@ -75,7 +98,7 @@ def audit_text(rows: list[dict[str, Any]], *, markdown: bool = False) -> str:
     h = (lambda s: f"## {s}\n\n") if markdown else (lambda s: f"{s}\n{'=' * len(s)}\n")
     h3 = (lambda s: f"### {s}\n\n") if markdown else (lambda s: f"\n{s}\n{'-' * len(s)}\n")
     out = [h(f"kvreplay audit: {len(rows)} record{'s' if len(rows) != 1 else ''}")]
-    out.append(text_table(rows, FLEET_COLUMNS, markdown=markdown))
+    out.append(text_table([shown_row(r) for r in rows], fleet_columns(rows), markdown=markdown))
     for r in rows:
         name = r["log"] + ("" if r.get("engine") is None else f" (engine {r['engine']})")
         out.append("\n" + h3(name))
@@ -126,15 +149,17 @@ def audit_text(rows: list[dict[str, Any]], *, markdown: bool = False) -> str:
                        f"{r['spans_clock_offset_s']:+.3f} s, {r['spans_contradicted']} "
                        "contradicted by the replay\n")
         if r.get("storms"):
-            out.append(f"{b}worst preemption storms (windows with the most recomputed tokens):\n")
-            for s in r["storms"]:
-                out.append(f"{b}  t={s['start_s']:g}-{s['end_s']:g}s: {s['preemptions']} preemptions, "
+            out.append(f"{b}worst preemption storms (windows with the most recomputed tokens, "
+                       "in time order):\n")
+            for s in sorted(r["storms"], key=lambda s: s["start_s"]):
+                out.append(f"{b}  t={s['start_s']:g}-{s['end_s']:g}s: "
+                           f"{count(s['preemptions'], 'preemption')}, "
                            f"{fmt(s['recomputed_tokens'])} tokens recomputed"
                            + (f", KV {fmt(s['kv_usage'], 'kv_usage')}" if s.get("kv_usage") is not None else "") + "\n")
         if r.get("worst_requests"):
             out.append(f"{b}requests hurt most:\n")
             for w in r["worst_requests"]:
-                out.append(f"{b}  {w['request']}: {w['preemptions']} preemption(s), "
+                out.append(f"{b}  {w['request']}: {count(w['preemptions'], 'preemption')}, "
                            f"{w['recomputed_tokens']} tokens recomputed, {w['time_lost_s']:g}s waiting to resume\n")
         for reason in r.get("null_reasons") or []:
             out.append(f"{b}null: {reason}\n")
@@ -179,7 +204,7 @@ def _html_table(rows, cols) -> str:
 
 def audit_html(rows: list[dict[str, Any]]) -> str:
     body = [f"<h1>kvreplay audit</h1><p>{len(rows)} record(s). Status rules and field definitions: "
-            "kvreplay README, section <i>audit</i>.</p>", _html_table(rows, FLEET_COLUMNS)]
+            "kvreplay README, section <i>audit</i>.</p>", _html_table([shown_row(r) for r in rows], fleet_columns(rows))]
     for r in rows:
         name = r["log"] + ("" if r.get("engine") is None else f" (engine {r['engine']})")
         body.append(f"<h2>{escape(name)}</h2>")

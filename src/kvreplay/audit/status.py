@@ -19,6 +19,8 @@ Rules, first match wins (thresholds below; the README lists them):
 
 from __future__ import annotations
 
+from kvreplay.words import count
+
 from typing import Any
 
 KV_FULL = 0.95
@@ -72,10 +74,10 @@ def classify(r: dict[str, Any]) -> tuple[str, str]:
             why.append(f"the longest request needs {_pct(longest)} of the pool")
         if why:
             if selfp:
-                why.append(f"{selfp} self-preemptions (a request evicted itself to grow)")
+                why.append(f"{count(selfp, 'self-preemption')} (a request evicted itself to grow)")
             return SINGLE_SEQ, "; ".join(facts + why)
         if selfp:
-            facts.append(f"{selfp} self-preemptions")
+            facts.append(count(selfp, "self-preemption"))
         running = r.get("running_max")
         seqs = r.get("max_num_seqs")
         extra = []

@@ -33,6 +33,7 @@ from kvreplay.audit import metrics as M
 from kvreplay.audit.whatif_inputs import (  # noqa: F401 (re-exported)
     DRAWS, ENSEMBLE_RUNS, ESTIMATED, Context, ensemble_members, load, timed_arrivals)
 from kvreplay.audit.whatif_ranges import sweep_knee, trust  # noqa: F401 (re-exported)
+from kvreplay.words import count
 
 # vLLM flag (dest form) -> SchedulerConfig field
 KNOBS: dict[str, str] = {
@@ -104,10 +105,14 @@ def configure(ctx: Context, setting: Setting, workload: Any = None):
             clamped += 1
         keep.append(i)
         new_specs.append(s if mt == s.max_tokens else dataclasses.replace(s, max_tokens=mt))
+    est = ("; an estimate: the log gives no prompt lengths"
+           if ctx.fit_source == ESTIMATED else "")
     if rejected:
-        notes.append(f"{rejected} requests rejected (prompt + max_tokens > max_model_len {cfg.max_model_len})")
+        notes.append(f"{count(rejected, 'request')} rejected (prompt + max_tokens > "
+                     f"max_model_len {cfg.max_model_len}{est})")
     if clamped:
-        notes.append(f"{clamped} requests' default max_tokens cut to max_model_len")
+        notes.append(f"the default max_tokens of {count(clamped, 'request')} cut to "
+                     f"max_model_len{est}")
     if not new_specs:
         raise ValueError("every request is rejected under this max_model_len")
     wl = dataclasses.replace(workload, config=cfg, requests=new_specs)
@@ -256,9 +261,11 @@ def run_one(ctx: Context, setting: Setting, clients: int | None) -> dict[str, An
             k = median_run(pre, tput)
             if k:
                 row.update(runs[k])
-                notes.append(f"the median of the {len(runs)} runs the log allows; with the "
-                             f"replay's own arrivals: {res['preemptions']} preemptions, "
-                             f"{res['output_tput']:,.0f} tok/s")
+                # as logged, one value: the row's (the replay's own run is the report's)
+                notes.append(f"the median of the {len(runs)} runs the log allows" + (
+                    "" if not setting.overrides else
+                    f"; with the replay's own arrivals: {res['preemptions']} preemptions, "
+                    f"{res['output_tput']:,.0f} tok/s"))
         row["preemptions_interval"] = [min(pre), max(pre)]
         t = row["output_tput"]
         e = ctx.form_error * t  # what the model's fit misses, around the row's own run

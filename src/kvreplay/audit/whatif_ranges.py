@@ -30,12 +30,14 @@ def trust(ctx: Any, row: dict[str, Any]) -> str:
     c = row["preemptions"]
     p_lo, p_hi = row["preemptions_interval"]
     pinned = p_hi - p_lo <= max(3.0, 0.1 * c)  # every run within one tolerance of every other
-    if not where:
-        where = "the log times too few stretches to check the batch against"
     estimated = ctx.fit_source == ESTIMATED
     if inside and width <= 0.1 and pinned and not estimated:
-        return (f"trustworthy: {where}; the runs the log allows agree within {100 * width:.0f}% "
-                f"in throughput and {p_lo}-{p_hi} preemptions")
+        agree = (f"the runs the log allows agree within {100 * width:.0f}% in throughput and "
+                 f"{p_lo}-{p_hi} preemptions")
+        if where:
+            return f"trustworthy: {where}; {agree}"
+        return (f"trustworthy as far as the log tells: {agree}; the batch size is not checked "
+                "(the log times too few stretches to compare it with)")
     why = []
     if estimated:
         why.append("the log has no prompts: their lengths, and so every run here, are "

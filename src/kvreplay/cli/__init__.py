@@ -55,26 +55,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+MAX_SAMPLES = 4096  # ensemble replays: beyond this the interval gains nothing but hours
+
+
+def _check_samples(args: argparse.Namespace) -> None:
+    """--samples (ensemble replays) and --draws (what-if's step-time models) are bounded:
+    each is a whole replay more, and past a few thousand the interval gains nothing."""
+    n = getattr(args, "samples", None)
+    if n is not None and not 0 <= n <= MAX_SAMPLES:
+        raise UserError(f"--samples {n}: give 0 (no ensemble) to {MAX_SAMPLES} replays "
+                        "(the default, 32, gives a 90% interval; each replay costs about as "
+                        "much as the replay itself)")
+    d = getattr(args, "draws", None)
+    if d is not None and not 0 <= d <= MAX_SAMPLES:
+        raise UserError(f"--draws {d}: give 0 (no drawn models) to {MAX_SAMPLES} (default 6; "
+                        "each is a what-if run more per row)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
+    from kvreplay.cli.inputs import Stdin, install_sigint, spool_stdin
     from kvreplay.cli.progress_bar import progress_bar
 
+    install_sigint()
+    stdin = Stdin()
     try:
+        from kvreplay.replay.profile import check_profile_arg
+
+        check_profile_arg(getattr(args, "profile", None))
+        _check_samples(args)
+        spool_stdin(args, stdin)
+        args._stdin = stdin
         # stderr a terminal: long stages show a bar (not under the TUI, which owns it)
-        with progress_bar(False if args.command == "tui" else None):
+        with progress_bar(False if args.command == "tui" else None,
+                          prog=f"kvreplay {args.command}"):
             return int(args._module.run(args) or 0)
     except UserError as exc:
-        print(f"kvreplay {args.command}: error: {exc}", file=sys.stderr)
+        print(f"kvreplay {args.command}: error: {stdin.as_given(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `kvreplay parse big.log | head`
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        why = exc.args[0] if exc.args and isinstance(exc.args[0], str) else "interrupted"
+        print(f"kvreplay {args.command}: {why}", file=sys.stderr)
         return 130
+    finally:
+        stdin.close()
 
 
 if __name__ == "__main__":

@@ -94,8 +94,12 @@ def run(args: argparse.Namespace) -> int:
     from kvreplay.audit import audit_many, records_to_frame, report
     from kvreplay.audit.record import audit_records
 
-    def warn(path, msg):
-        print(f"kvreplay audit: {_about(path, msg)}", file=sys.stderr)
+    stdin = getattr(args, "_stdin", None)
+    warnings: list[str] = []
+
+    def warn(path, msg):  # printed once the rows are in (or as the one error line)
+        text = _about(path, msg)
+        warnings.append(stdin.as_given(text) if stdin is not None else text)
 
     if span_paths:  # one server: its log and spans, audited here
         df = records_to_frame(audit_records(paths + span_paths + list(dict(metrics).get(paths[0], ())),
@@ -109,6 +113,23 @@ def run(args: argparse.Namespace) -> int:
         finally:
             ex.close()
     rows = df.to_dicts()
+    if stdin is not None and stdin.path is not None:
+        for r in rows:  # stdin is named as given
+            r["log"] = stdin.as_given(r["log"])
+        if "log" in df.columns:
+            import polars as pl
+
+            df = df.with_columns(pl.col("log").str.replace(stdin.path, "-", literal=True))
+    failed = _unaudited(rows)
+    if failed and len(failed) == len({r["log"] for r in rows}):
+        # nothing could be audited: no output, exit 2 with the reason (one line per input)
+        if len(warnings) == 1:
+            raise UserError(warnings[0])
+        for w in warnings:
+            print(f"kvreplay audit: {w}", file=sys.stderr)
+        raise UserError(f"none of the {_count(len(failed), 'input')} could be audited")
+    for w in warnings:
+        print(f"kvreplay audit: {w}", file=sys.stderr)
     if args.format == "parquet":
         df.write_parquet(args.output)
     else:
@@ -127,7 +148,21 @@ def run(args: argparse.Namespace) -> int:
         with open(html, "w", encoding="utf-8") as f:
             f.write(report.audit_html(rows))
         print(f"kvreplay audit: report {html}", file=sys.stderr)
-    return _fail_on(args, expr, rows)
+    code = _fail_on(args, expr, [r for r in rows if not r.get("error")])
+    if failed:  # a gate never passes on input it could not read
+        print(f"kvreplay audit: {len(failed)} of {_count(len({r['log'] for r in rows}), 'input')} "
+              "could not be audited (error rows)", file=sys.stderr)
+        return 2
+    return code
+
+
+def _unaudited(rows) -> list[str]:
+    """The inputs whose rows are error rows (unreadable, not a vLLM log, ...)."""
+    return sorted({r["log"] for r in rows if r.get("error")})
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _about(path: str, msg: str) -> str:
@@ -156,10 +191,9 @@ def _write_dataset(args, paths: list[str], expr, metrics=()) -> int:
     try:
         fr = run_fleet(paths, ex, options=Options(args.profile, not args.no_replay, args.year, metrics),
                        out_dir=out, force=args.force, retry_errors=args.retry_errors)
-    except KeyboardInterrupt:
-        print(f"kvreplay audit: interrupted; {out} holds whole files only: run the same "
-              "command again to continue", file=sys.stderr)
-        raise
+    except KeyboardInterrupt:  # main() prints it: one line
+        raise KeyboardInterrupt(f"interrupted; {out} holds whole files only: run the same "
+                                "command again to continue") from None
     finally:
         ex.close(cancel=True)
     for path, reason in fr.errors:
@@ -168,6 +202,11 @@ def _write_dataset(args, paths: list[str], expr, metrics=()) -> int:
     print(f"kvreplay audit: {fr.inputs} logs ({fr.executor}): {fr.status()}; {fr.seconds:.1f} s"
           + (f", peak worker RSS {peak / 1024:.0f} MiB" if peak else "")
           + f"; dataset {out}", file=sys.stderr)
+    if fr.errors:  # a gate never passes on input it could not read
+        print(f"kvreplay audit: {len(fr.errors)} of {_count(fr.inputs, 'input')} could not be "
+              "audited (error rows in the dataset; --retry-errors audits them again)",
+              file=sys.stderr)
+        return 2
     if expr is None:
         return 0
     from kvreplay.audit.fleet.dataset import scan_dataset

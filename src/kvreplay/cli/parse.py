@@ -2,15 +2,19 @@
 
 Without LOG it parses the embedded sample and prints the summary. `-o FILE` always writes
 JSON Lines to FILE (streamed, memory flat); stdout then gets the summary unless --format says
-otherwise. Exit codes: 0 ok, 1 `--strict` and some line was unparsed, 2 user error.
+otherwise. Exit codes: 0 ok, 1 `--strict` and some line was unparsed, 2 user error (an
+empty file or one with no vLLM line too: nothing is written then).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import Counter
-from typing import IO, Any, Iterable
+from typing import IO, Any, Iterable, Iterator
+
+from kvreplay.errors import UserError
 
 FORMATS = ("jsonl", "table", "summary")
 
@@ -111,6 +115,28 @@ def _short(v: Any) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
+VET_EVENTS = 50_000  # events held back, at most, until a vLLM line shows the input is a log
+
+
+def _vetted(events: Iterable[Any], logs: list[str]) -> Iterator[Any]:
+    """The events, once the input has shown a vLLM line: an empty file or one with no vLLM
+    line (in its first VET_EVENTS events) is a UserError before anything is written."""
+    from kvreplay import events as ev
+    from kvreplay.sources import check_vllm_log
+
+    held: list[Any] = []
+    it = iter(events)
+    for e in it:
+        held.append(e)
+        if not isinstance(e, (ev.Unparsed, ev.Noise)) or len(held) >= VET_EVENTS:
+            break
+    if not held:
+        raise UserError(f"{', '.join(logs)}: empty log")
+    check_vllm_log(held, logs)
+    yield from held
+    yield from it
+
+
 def run(args: argparse.Namespace) -> int:
     from kvreplay.events import iter_encode_jsonl
     from kvreplay.errors import UserError
@@ -130,12 +156,18 @@ def run(args: argparse.Namespace) -> int:
     if logs.count("-") > 1:
         raise UserError("stdin ('-') can be given only once")
 
-    events = parse_files(logs, year=year, vllm_version=args.vllm_version, engine=args.engine)
+    for p in logs:
+        if p != "-" and not os.path.exists(p):
+            raise UserError(f"{p}: no such file")
+    events = _vetted(parse_files(logs, year=year, vllm_version=args.vllm_version,
+                                 engine=args.engine), logs)
     summary = Summary(args.vllm_version)
     out_file = None
-    if args.output:
+    part = None
+    if args.output:  # written beside and renamed at the end: bad input leaves nothing
+        part = f"{args.output}.part"
         try:
-            out_file = open(args.output, "wb")
+            out_file = open(part, "wb")
         except OSError as exc:
             raise UserError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     stdout = sys.stdout
@@ -168,9 +200,14 @@ def run(args: argparse.Namespace) -> int:
         if fmt == "summary":
             summary.render(stdout)
         stdout.flush()
-    finally:
+    except BaseException:
         if out_file is not None:
             out_file.close()
+            os.unlink(part)  # type: ignore[arg-type]
+        raise
+    if out_file is not None:
+        out_file.close()
+        os.replace(part, args.output)  # type: ignore[arg-type]
     if args.strict and summary.n_unparsed:
         print(f"kvreplay parse: {summary.n_unparsed} line(s) not understood (--strict)", file=sys.stderr)
         return 1

@@ -120,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(" | ".join([str(exc)] + (["missing from this log: " + "; ".join(missing)]
                                                   if missing else []))) from None
     elapsed = time.perf_counter() - t0
+    stdin = getattr(args, "_stdin", None)
+    if stdin is not None:  # stdin is named as given
+        rep.paths = [stdin.as_given(p) for p in rep.paths]
     if args.trace:
         import msgspec
 
@@ -140,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
         text = render_table(rep, report, elapsed)
         if scrape_chk is not None:
             text += join.scrape_check_lines(scrape_chk)
+    if stdin is not None:
+        text = stdin.as_given(text)
     write_output(args.output, lambda f: f.write(text))
     div = (rep.step_check or {}).get("first_divergence")
     return 1 if div else 0

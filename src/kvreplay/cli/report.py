@@ -15,6 +15,7 @@ import msgspec
 from kvreplay.inference.ensemble import LEAD_BELOW
 
 from kvreplay.replay.result import Replay
+from kvreplay.words import count
 
 
 def preemption_json(p: Any) -> dict[str, Any]:
@@ -108,8 +109,8 @@ def render_table(rep: Replay, report: dict[str, Any], elapsed: float) -> str:
                              + "; preemptions from there on are not pinned by the log")
     lines.append(
         f"  preemptions{' in this replay' if unc else ''}: {s['preemptions']} "
-        f"({s['self_preemptions']} self-preemptions), "
-        f"{s['requests_preempted']} requests preempted, {s['computed_tokens_lost']:,} computed "
+        f"({count(s['self_preemptions'], 'self-preemption')}), "
+        f"{count(s['requests_preempted'], 'request')} preempted, {s['computed_tokens_lost']:,} computed "
         f"tokens thrown away, {s['tokens_recomputed']:,} recomputed at readmission"
         + (f" ({rep.confidence})" if rep.kind == "log" else ""))
     if unc:
@@ -124,14 +125,18 @@ def render_table(rep: Replay, report: dict[str, Any], elapsed: float) -> str:
         lines.append(f"  the log ends while requests were still running (server killed?): "
                      f"{len(s['unfinished_requests'])} unfinished at the cut")
     lines += preemption_table(rep.preemptions, bool(unc))
-    storms = report["storms"]
-    if storms and len(rep.preemptions) > 1:
+    # a storm is two or more preemptions; the costliest five, shown in time order
+    storms = [st for st in report["storms"] if st["preemptions"] > 1]
+    if storms:
+        worst = sorted(storms, key=lambda x: (-x["tokens_lost"], x["first_step"]))[:5]
         lines.append("")
-        lines.append("  storms (preemptions <= 50 steps apart):")
-        for st in sorted(storms, key=lambda x: -x["tokens_lost"])[:5]:
-            lines.append(f"    steps {st['first_step']}-{st['last_step']}: {st['preemptions']} "
-                         f"preemptions, {st['tokens_lost']:,} tokens lost, "
-                         f"{len(st['victims'])} victims")
+        lines.append("  storms (2+ preemptions <= 50 steps apart"
+                     + (f"; the {len(worst)} costliest of {len(storms)}" if len(storms) > 5 else "")
+                     + "):")
+        for st in sorted(worst, key=lambda x: x["first_step"]):
+            lines.append(f"    steps {st['first_step']}-{st['last_step']}: "
+                         f"{count(st['preemptions'], 'preemption')}, {st['tokens_lost']:,} tokens "
+                         f"lost, {count(len(st['victims']), 'victim')}")
     if report["notes"] or report["missing"]:
         lines.append("")
         for n in report["notes"]:

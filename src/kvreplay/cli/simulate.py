@@ -163,11 +163,13 @@ def render_report(path: str, label: str, rep: Any) -> str:
     """A plain-text account of every preemption of the workload's replay (the table and
     totals of `kvreplay replay`: kvreplay.cli.report)."""
     from kvreplay.cli.report import preemption_table
+    from kvreplay.words import count
 
     t = rep.totals()
     lines = [f"kvreplay simulate: {path}", f"  {label}",
              f"  {rep.num_steps} engine steps, {t.preemptions} preemptions "
-             f"({t.self_preemptions} self-preemptions), {t.requests_preempted} requests preempted, "
+             f"({count(t.self_preemptions, 'self-preemption')}), "
+             f"{count(t.requests_preempted, 'request')} preempted, "
              f"{t.computed_tokens_lost:,} computed tokens thrown away, "
              f"{t.tokens_recomputed:,} recomputed at readmission"]
     lines += preemption_table(rep.preemptions)

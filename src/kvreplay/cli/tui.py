@@ -34,9 +34,13 @@ def default_paths() -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvreplay.sources import precheck_inputs
+
+    paths = args.paths or default_paths()
+    precheck_inputs(paths)  # bad input: one line before the app takes the screen
     from kvreplay.tui.app import ReplayApp
 
-    app = ReplayApp(args.paths or default_paths(), profile=args.profile, year=args.year,
+    app = ReplayApp(paths, profile=args.profile, year=args.year,
                     config=args.config)
     app.run()
     # The app has left the screen and restored the terminal by now.

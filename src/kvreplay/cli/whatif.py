@@ -91,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
             text = json.dumps(res, indent=1, default=str) + "\n"
         else:
             text = report.whatif_text(res, markdown=args.format == "markdown")
+        stdin = getattr(args, "_stdin", None)
+        if stdin is not None:  # stdin is named as given
+            text = stdin.as_given(text)
         if args.output in (None, "-"):
             sys.stdout.write(text)
         else:

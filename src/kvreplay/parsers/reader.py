@@ -17,8 +17,19 @@ from kvreplay.errors import UserError
 MAX_LINE = 4 * 1024 * 1024  # characters kept per physical line; the rest is dropped with a note
 
 
+# path -> the label its events carry (the CLI's spooled stdin is "<stdin>", as `-` is)
+LABELS: dict[str, str] = {}
+
+
 def open_text(path: str) -> tuple[IO[str], str, float | None]:
     """(text stream, label, mtime). `-` is stdin; `.gz` is decompressed. UserError if unreadable."""
+    if path in LABELS:
+        stream, _, _ = open_text_file(path)
+        return stream, LABELS[path], None
+    return open_text_file(path)
+
+
+def open_text_file(path: str) -> tuple[IO[str], str, float | None]:
     if path == "-":
         return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n"), "<stdin>", None
     try:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, TypeVar
 
 from kvreplay.replay.profile import DEFAULT_PROFILE, SchedulerProfile
-from kvreplay.replay.records import Admission, EngineInputs, StepRecord
+from kvreplay.replay.records import Admission, EngineInputs, RecomputeTally, StepRecord
 from kvreplay.replay.request import BlockHasher, Request, RequestStatus
 from kvreplay.replay.scheduler import Scheduler, SchedulerOutput, UpdateResult
 from kvreplay.replay.workload import FAKE_TOKEN_FIRST, FAKE_TOKEN_PERIOD, Workload
@@ -139,6 +139,7 @@ class Engine:
         self.last_sample_ids: list[str] = []
         self.last_update: tuple[int, UpdateResult] | None = None
         self._gone: list[Request] = []  # requests that left the scheduler inside this step
+        self.recompute = RecomputeTally()
 
     # -- inputs --------------------------------------------------------------------
     def submit(self, index: int) -> None:
@@ -357,6 +358,7 @@ class Engine:
                     }
                 )
         rec.blocked = out.admission_blocked
+        self.recompute.step(rec, ns)
 
     def _update(self, step: int, rec: StepRecord) -> None:
         b_step, out, sample_ids = self.batch_queue.pop()

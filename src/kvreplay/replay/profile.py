@@ -203,6 +203,23 @@ def get_profile(name: str | None) -> SchedulerProfile:
     return chosen
 
 
+def check_profile_arg(name: str | None) -> None:
+    """A profile the user names (--profile) must be one kvreplay has rules for: a release
+    newer than the newest profile's (major.minor) is refused, not replayed by 0.33's rules
+    in silence. (Logs of a newer release keep get_profile's newest-profile rule.)"""
+    if name is None or name in ("", "auto", "latest") or name in PROFILES:
+        return
+    if name.startswith("v0-"):
+        return  # a V0 profile: the V0 engine checks it
+    version = parse_version(name)
+    newest = _RANGES[-1][0]
+    if version is not None and version[:2] > newest[:2]:
+        raise UserError(f"--profile {name}: kvreplay has no rules for vLLM newer than "
+                        f"{newest[0]}.{newest[1]}; known: {', '.join(PROFILES)} (or any release "
+                        "from 0.8.5 on), V0: the release the log states")
+    get_profile(name)
+
+
 def check_config(profile: SchedulerProfile, config) -> None:
     """Knobs a release did not have are an error, not silently ignored."""
     if config.policy == "priority" and not profile.priority_policy:

@@ -12,9 +12,14 @@
     KV it throws away (spec A1.4; 0 for a V0 swap, whose blocks go to CPU memory);
   - prefix hit at readmission: the tokens `get_computed_blocks` found still cached when
     the victim was admitted again (spec A5, A11.1);
-  - tokens recomputed at readmission: `num_tokens - hit` at that admission (spec A11.1):
-    prompt and every generated token are prefilled again, less the cached prefix; the
-    last sampled token was never computed, so it is always in it (spec A1.4 table).
+  - tokens recomputed at readmission: the tokens the engine scheduled for the victim's
+    prefill again, from that admission until it reached `num_tokens - hit` at that
+    admission (spec A11.1: prompt and every generated token are prefilled again, less the
+    cached prefix; the last sampled token was never computed, so it is always in it, spec
+    A1.4 table) or was cut short (preempted again, aborted, the log's end). Counted by the
+    engine as it schedules (`RecomputeTally`, `StepRecord.recomputed`), so the run's total
+    is part of its processed tokens and the recompute ratio is <= 1 by construction; it
+    is `num_tokens - hit` wherever the prefill again runs to its end.
 
 * `EngineInputs`: everything a run is made of beyond its workload (arrival steps, aborts,
   the cut), so that any view can re-run exactly the same run.
@@ -112,12 +117,54 @@ class StepRecord(msgspec.Struct, gc=False):
     prometheus_preemptions: int = 0  # what vllm:num_preemptions_total counts in this step
     terminal_error: dict | None = None  # vLLM stopped in this step (type, message, victim)
     sampled: list[str] | None = None  # ids that got a token, only when asked for
+    # (request, tokens) scheduled in this step for a readmitted victim's prefill again
+    # (RecomputeTally): the tokens recomputed, a part of num_scheduled_tokens
+    recomputed: list[tuple[str, int]] = []
 
     @property
     def prefill_tokens(self) -> int:
         """Tokens scheduled for anything but a one-token decode: prompt chunks and
         recomputation."""
         return self.num_scheduled_tokens - self.decode_tokens
+
+
+class RecomputeTally:
+    """What each readmitted victim still has to prefill again (`num_tokens - hit` at its
+    readmission, spec A11.1), taken from the tokens scheduled for it step by step; a
+    victim preempted again, aborted or finished stops counting. Both engines keep one."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left: dict[str, int] = {}
+
+    def step(self, rec: StepRecord, scheduled: dict[str, int]) -> None:
+        """Fill `rec.recomputed` from the step's preemptions and admissions (already on
+        `rec`) and the tokens scheduled per request in it (cached tokens excluded)."""
+        left = self.left
+        for rid in rec.aborted:
+            left.pop(rid, None)
+        for e in rec.preemptions:
+            left.pop(e.victim, None)
+        for a in rec.admitted:
+            if a.resumed and not a.swapped_in and a.num_tokens > a.prefix_hit:
+                left[a.request] = a.num_tokens - a.prefix_hit
+        if not left:
+            return
+        out = []
+        for rid in list(left):
+            n = scheduled.get(rid, 0)
+            if n <= 0:
+                continue
+            rest = left[rid]
+            take = n if n < rest else rest
+            out.append((rid, take))
+            if take == rest:
+                del left[rid]
+            else:
+                left[rid] = rest - take
+        if out:
+            rec.recomputed = out
 
 
 class EngineInputs(msgspec.Struct):
@@ -195,9 +242,12 @@ def preemption_records(steps: Sequence[StepRecord],
     out: list[PreemptionRecord] = []
     open_: dict[str, PreemptionRecord] = {}
     count: dict[str, int] = {}
+    readmitted: dict[str, PreemptionRecord] = {}  # victims prefilling again
     n = len(clock) if clock is not None else 0
     for rec in steps:
         step = rec.step
+        for e in rec.preemptions:
+            readmitted.pop(e.victim, None)
         for a in rec.admitted:
             if not a.resumed:
                 continue
@@ -205,14 +255,17 @@ def preemption_records(steps: Sequence[StepRecord],
             if p is None:
                 continue
             p.readmission_step = step
-            if a.swapped_in or p.mode == "swap":
-                p.tokens_recomputed = 0
-            else:
+            p.tokens_recomputed = 0
+            if not (a.swapped_in or p.mode == "swap"):
                 p.prefix_hit_at_readmission = a.prefix_hit
-                p.tokens_recomputed = a.num_tokens - a.prefix_hit
+                readmitted[a.request] = p
             if clock is not None and step < n and p.time is not None:
                 p.readmission_time = round(clock[step], 3)
                 p.time_lost_s = round(clock[step] - clock[p.step], 3)
+        for rid, k in rec.recomputed:
+            p = readmitted.get(rid)
+            if p is not None:
+                p.tokens_recomputed += k  # type: ignore[operator]
         for e in rec.preemptions:
             k = count.get(e.victim, 0) + 1
             count[e.victim] = k
@@ -243,9 +296,9 @@ class Totals(msgspec.Struct):
     self_preemptions: int
     requests_preempted: int
     computed_tokens_lost: int
-    tokens_recomputed: int  # over the victims readmitted
+    tokens_recomputed: int  # the prefills again, as far as each ran (module docstring)
     processed_tokens: int  # every token the engine computed: scheduled tokens, all steps
-    recompute_ratio: float | None  # tokens recomputed / processed tokens
+    recompute_ratio: float | None  # tokens recomputed / processed tokens: <= 1
 
 
 def totals(steps: Sequence[StepRecord], preemptions: Sequence[PreemptionRecord]) -> Totals:

@@ -62,18 +62,29 @@ _PERIOD = list(range(FAKE_TOKEN_FIRST, FAKE_TOKEN_FIRST + FAKE_TOKEN_PERIOD))
 
 
 def load_workload(path: str | Path) -> dict[str, Any]:
-    """Read a workload file as JSON ("-" is stdin)."""
+    """Read a workload file as JSON ("-" is stdin; gzip is decompressed). Anything else
+    (a directory, binary data, a log, JSON without 'requests') is a UserError naming it."""
+    import gzip
     import sys
 
+    what = "a workload JSON (kvreplay simulate's input; a vLLM log is read by kvreplay replay)"
     try:
         if str(path) == "-":
-            text = sys.stdin.read()
+            raw = sys.stdin.buffer.read()
         else:
-            text = Path(path).read_text(encoding="utf-8")
+            raw = Path(path).read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: cannot read: {exc}") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, not {what}") from None
+    except (OSError, EOFError) as exc:
+        raise UserError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: binary data, not {what}") from None
     try:
         data = msgspec.json.decode(text)  # same values as json.loads, 3-4x faster
     except msgspec.DecodeError:
@@ -82,9 +93,13 @@ def load_workload(path: str | Path) -> dict[str, Any]:
         if data is None:
             data = json.loads(text)  # (for its message: line and column)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: a workload is a JSON object with 'config' and 'requests'")
+        head = "empty file" if not text.strip() else \
+            f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        raise UserError(f"{path}: {head}; expected {what}") from None
+    if not isinstance(data, dict) or "requests" not in data:
+        keys = ", ".join(sorted(data)[:5]) if isinstance(data, dict) else type(data).__name__
+        raise UserError(f"{path}: JSON that is not a workload (a workload has 'config' and "
+                        f"'requests'; this has: {keys or 'nothing'})")
     return data
 
 

@@ -29,6 +29,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from kvreplay.errors import UserError
 from kvreplay.replay.timeline import StepView, Timeline, diff_states
 from kvreplay.tui import render
+from kvreplay.tui.opening import Opening
 from kvreplay.tui.prompts import GotoScreen, SearchScreen, parse_goto, parse_step  # noqa: F401
 
 PAGE = 100
@@ -249,6 +250,10 @@ class ReplayApp(App[None]):
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def load(self) -> None:
         worker = get_current_worker()
+        from kvreplay import progress
+        from kvreplay.tui.opening import OpeningSink
+
+        old = progress.set_sink(OpeningSink(self))  # the stages, on the status bar
         try:
             from kvreplay.sources import open_replay
 
@@ -257,11 +262,17 @@ class ReplayApp(App[None]):
         except UserError as exc:
             self.post_message(Loaded(error=str(exc)))
             return
+        finally:
+            progress.set_sink(old)
         tl = Timeline(rep, snapshot_every=self.snapshot_every)
         self.post_message(SourceReady(tl))
         tl.build(progress=lambda _tl: self.post_message(Progress()),
                  cancelled=lambda: worker.is_cancelled, progress_every_s=0.25)
         self.post_message(Loaded())
+
+    def on_opening(self, message: Opening) -> None:
+        if self.tl is None:
+            self.query_one("#status-label", Label).update(f"kvreplay: {message.text}")
 
     def on_source_ready(self, message: SourceReady) -> None:
         self.tl = message.tl
@@ -405,7 +416,8 @@ class ReplayApp(App[None]):
         at = render.clock(tl, self.cursor) if tl.num_steps else None
         at = f" at {at}" if at else ""
         label.update(
-            f"step {self.cursor}/{max(tl.num_steps - 1, 0)}{at} · {len(tl.preemptions)} preemptions · "
+            f"step {self.cursor}/{max(tl.num_steps - 1, 0)}{at} · "
+            f"{render.preemption_count(src, len(tl.preemptions))} · "
             f"{state}{sel}{marks} · confidence {src.confidence} · profile {tl.profile.name} · "
             f"{src.label}"
         )

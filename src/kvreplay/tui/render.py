@@ -172,6 +172,26 @@ CONFIDENCE_MEANING = {
 }
 
 
+def _est(tl: Timeline) -> str:
+    """"~" before a prompt length the replay estimated (the log gives none)."""
+    return "~" if tl.source.info.get("prompts") == "estimated" else ""
+
+
+def preemption_count(src, n: int) -> str:
+    """The preemption count as the report gives it: the ensemble's 90% interval (or the
+    rough range of a log no replay fits) where there is one, this replay's count beside."""
+    unc = getattr(src, "uncertainty", None)
+    est = getattr(src, "estimate", None)
+    if unc is not None and unc.preemptions.get("low") != unc.preemptions.get("high"):
+        return (f"{unc.preemptions['low']}-{unc.preemptions['high']} preemptions "
+                f"(90%; this replay {n})")
+    if est and est.get("preemptions_low") is not None and \
+            est.get("preemptions_low") != est.get("preemptions_high"):
+        return (f"{est['preemptions_low']}-{est['preemptions_high']} preemptions "
+                f"(rough range; this replay {n})")
+    return f"{n} preemption{'' if n == 1 else 's'}"
+
+
 def _n(n: int | None, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -216,7 +236,8 @@ def why_one(t: Text, tl: Timeline, p: Preemption, confidence: str,
     prompt = tl.prompt_len.get(p.victim, 0)
     t.append("Thrown away: ", style="bold red")
     t.append(f"{p.computed_tokens_lost} computed tokens", style="bold red")
-    t.append(f" (sequence {p.num_tokens} = prompt {prompt} + {p.num_output_tokens} output)\n")
+    t.append(f" (sequence {p.num_tokens} = prompt {_est(tl)}{prompt} + {p.num_output_tokens} "
+             "output)\n")
     if p.was_scheduled_this_step:
         t.append(f"It was already scheduled this step: {p.rolled_back_tokens} tokens rolled back\n")
     if p.readmission_step is None:
@@ -229,8 +250,8 @@ def why_one(t: Text, tl: Timeline, p: Preemption, confidence: str,
                  f"prefix hit {p.prefix_hit_at_readmission} tokens\n")
         t.append("Recompute cost: ", style="bold")
         t.append(f"{p.tokens_recomputed} tokens prefilled again", style="bold")
-        t.append(f" (its {p.num_tokens} tokens less the {p.prefix_hit_at_readmission} still "
-                 "cached)\n")
+        t.append(f" (its tokens at readmission less the {p.prefix_hit_at_readmission} still "
+                 "cached, or as many as it got before it was preempted again)\n")
 
 
 def block_cells(state: EngineState) -> list[tuple[int, int, list[str]]]:
@@ -311,7 +332,9 @@ def request_header(tl: Timeline, rid: str, v: StepView | None) -> Text:
     arrives = tl.arrival_step(rid)
     t = Text()
     t.append("Request ").append(rid, style=f"bold {request_colour(tl, rid)}")
-    t.append(f"  prompt {len(spec.prompt_token_ids)}, max_tokens {spec.max_tokens}, "
+    t.append(f"  prompt {_est(tl)}{len(spec.prompt_token_ids)}"
+             + (" (estimated: the log does not give prompt lengths)" if _est(tl) else "")
+             + f", max_tokens {spec.max_tokens}, "
              f"priority {spec.priority}, "
              + (f"arrives at step {arrives}\n" if arrives is not None else "never arrives\n"))
     if v is not None:

@@ -29,7 +29,8 @@ def summarize(root: str, top: int = TOP) -> dict[str, Any]:
 
     lf = scan_dataset(root)
     base = lf.select("input_key", "log", "engine", "day", "deployment", "status", "error",
-                     "error_kind", "recompute_ratio", "preemptions_replayed", "recomputed_tokens",
+                     "error_kind", "recompute_ratio", "recompute_source", "preemptions_replayed",
+                     "preemptions_replayed_low", "preemptions_replayed_high", "recomputed_tokens",
                      "processed_tokens", "max_num_seqs").collect()
     ok = base.filter(pl.col("error").is_null())
     days = sorted(d for d in base["day"].unique().to_list() if d != "unknown")
@@ -50,7 +51,8 @@ def summarize(root: str, top: int = TOP) -> dict[str, Any]:
         .sort(["recompute_ratio", "recomputed_tokens", "log", "engine"],
               descending=[True, True, False, False], nulls_last=True)
         .head(top).select("day", "deployment", "log", "engine", "status", "recompute_ratio",
-                          "preemptions_replayed", "recomputed_tokens", "processed_tokens")
+                          "recompute_source", "preemptions_replayed", "preemptions_replayed_low",
+                          "preemptions_replayed_high", "recomputed_tokens", "processed_tokens")
         .to_dicts())
     storms = (lf.filter(pl.col("storms").list.len() > 0)
               .select("day", "deployment", "log", "engine", "storms").explode("storms")
@@ -97,7 +99,7 @@ def _knees(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summary_text(s: dict[str, Any], *, markdown: bool = False) -> str:
-    from kvreplay.audit.report import text_table
+    from kvreplay.audit.report import shown_row, text_table
 
     h = (lambda t: f"## {t}\n\n") if markdown else (lambda t: f"{t}\n{'=' * len(t)}\n")
     h3 = (lambda t: f"\n### {t}\n\n") if markdown else (lambda t: f"\n{t}\n{'-' * len(t)}\n")
@@ -108,7 +110,7 @@ def summary_text(s: dict[str, Any], *, markdown: bool = False) -> str:
                                         ("logs", "logs"), ("deployments", "deployments")],
                           markdown=markdown))
     out.append(h3("worst recompute ratios"))
-    out.append(text_table(s["worst_recompute"], [
+    out.append(text_table([shown_row(r) for r in s["worst_recompute"]], [
         ("day", "day"), ("deployment", "deployment"), ("log", "log"), ("engine", "eng"),
         ("recompute_ratio", "recompute"), ("preemptions_replayed", "pre replay"),
         ("recomputed_tokens", "recomputed"), ("status", "status")], markdown=markdown)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvreplay.replay.records import Admission, EngineInputs, PreemptionEvent, StepRecord
+from kvreplay.replay.records import (Admission, EngineInputs, PreemptionEvent,
+                                     RecomputeTally, StepRecord)
 from kvreplay.replay.v0.engine import DEFAULTS, V0Engine
 from kvreplay.replay.v0.scheduler import V0_PROFILES
 from kvreplay.replay.workload import RequestSpec
@@ -172,6 +173,7 @@ class V0Steps:
         self.ended: set[str] = set()
         self.seq = 0
         self.last_record: dict[str, Any] | None = None  # the oracle-format record
+        self.recompute = RecomputeTally()
 
     # -- inputs (same contract as Engine) -------------------------------------------
     def submit(self, index: int) -> None:
@@ -285,6 +287,8 @@ class V0Steps:
             rec.updated_batch = step
             if self.record_sampled:
                 rec.sampled = list(r.get("sampled", ()))
+        cached = r.get("cached_tokens", {})
+        self.recompute.step(rec, {rid: n - cached.get(rid, 0) for rid, n in scheduled})
         rec.finished = list(r.get("finished", ()))
         if rec.finished:
             rec.finished_output_tokens = [eng.groups[rid].num_output_tokens for rid in rec.finished]
