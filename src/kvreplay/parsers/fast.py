@@ -29,6 +29,7 @@ from kvreplay.parsers import build, matchers
 from kvreplay.parsers.build_values import shared_ints
 
 _F = r"(-?\d+(?:\.\d+)?|nan|inf)"
+_FIN = r"(-?\d+(?:\.\d+)?)"  # finite only: a stats line with nan/inf takes the general route (build.b_stats)
 _DEV = r"([A-Z][A-Za-z0-9]*(?: \+ [a-z]+)?)"
 
 # --------------------------------------------------------------------------- stats
@@ -37,14 +38,14 @@ _DEV = r"([A-Z][A-Za-z0-9]*(?: \+ [a-z]+)?)"
 # optional parts greedily in the same order, every part is consumed by the part regex, and a
 # final "." is outside the parts in both.
 _STATS_V1 = re.compile(
-    rf"(?:Engine (\d+): )?Avg prompt throughput: {_F} tokens/s, Avg generation throughput: {_F} tokens/s, "
-    rf"Running: (\d+) reqs, Waiting: (\d+) reqs, {_DEV} KV cache usage: {_F}%"
-    rf"(?:, Prefix cache hit rate: {_F}%)?(?:, MM cache hit rate: {_F}%)?\.?"
+    rf"(?:Engine (\d+): )?Avg prompt throughput: {_FIN} tokens/s, Avg generation throughput: {_FIN} tokens/s, "
+    rf"Running: (\d+) reqs, Waiting: (\d+) reqs, {_DEV} KV cache usage: {_FIN}%"
+    rf"(?:, Prefix cache hit rate: {_FIN}%)?(?:, MM cache hit rate: {_FIN}%)?\.?"
 ).fullmatch
 _STATS_V0 = re.compile(
-    rf"Avg prompt throughput: {_F} tokens/s, Avg generation throughput: {_F} tokens/s, "
-    rf"Running: (\d+) reqs, Swapped: (\d+) reqs, Pending: (\d+) reqs, {_DEV} KV cache usage: {_F}%, "
-    rf"{_DEV} KV cache usage: {_F}%\.?"
+    rf"Avg prompt throughput: {_FIN} tokens/s, Avg generation throughput: {_FIN} tokens/s, "
+    rf"Running: (\d+) reqs, Swapped: (\d+) reqs, Pending: (\d+) reqs, {_DEV} KV cache usage: {_FIN}%, "
+    rf"{_DEV} KV cache usage: {_FIN}%\.?"
 ).fullmatch
 
 

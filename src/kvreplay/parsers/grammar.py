@@ -230,6 +230,9 @@ def iter_grammar_files() -> Iterator[Path]:
 # ------------------------------------------------------------------ lines cut short
 
 
+CUT_MAX = 1 << 20  # characters of a cut line the LALR parse reads (~2 s of CPU)
+
+
 def cut_fields(kind: str, text: str) -> list[tuple[str, str]] | None:
     """The fields of a message of `kind` that was cut short (terminal width, a paste limit, a
     crash), or None when `text` is not a cut sentence of the grammar.
@@ -243,7 +246,7 @@ def cut_fields(kind: str, text: str) -> list[tuple[str, str]] | None:
     from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
 
     p = messages_parser()
-    text = text.rstrip()
+    text = text.rstrip()[:CUT_MAX]  # (past CUT_MAX the line is read as cut there: time stays bounded)
     try:
         ip = p.parse_interactive(text, start=kind)
         for _ in ip.iter_parse():

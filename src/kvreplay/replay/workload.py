@@ -78,11 +78,15 @@ def load_workload(path: str | Path) -> dict[str, Any]:
         data = msgspec.json.decode(text)  # same values as json.loads, 3-4x faster
     except msgspec.DecodeError:
         data = None
+    except RecursionError:
+        raise UserError(f"{path}: not a workload: JSON nested deeper than the decoder's limit") from None
     try:
         if data is None:
             data = json.loads(text)  # (for its message: line and column)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise UserError(f"{path}: not a workload: JSON nested deeper than the decoder's limit") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: a workload is a JSON object with 'config' and 'requests'")
     return data
