@@ -239,3 +239,26 @@ def test_fail_on_documented_forms_still_work():
                  "preemptions_replayed > 10 and not prefix_caching", "status in ('KV-block bound', 'single-sequence-length bound')",
                  "status not in ['x'] and -recompute_ratio < 0"]:
         assert compile_fail_on(text).evaluate(rec) is True
+
+
+# the Dask executor's own cluster: nothing another local user can connect to
+def test_dask_local_cluster_listens_nowhere():
+    pytest.importorskip("distributed")
+    import psutil
+
+    from kvreplay.audit.fleet.executors import DaskExecutor
+
+    me = psutil.Process()
+
+    def listening() -> set:
+        return {c.laddr for c in me.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+
+    before = listening()
+    ex = DaskExecutor(None, 2)
+    try:
+        assert listening() == before  # no comm port, no HTTP server (Dask opens 8787 on 0.0.0.0 otherwise)
+        assert ex.describe() == "dask in-process LocalCluster, 2 workers"
+        assert ex.result(ex.submit(pow, 2, 10, key="p")) == 1024
+        assert listening() == before
+    finally:
+        ex.close()
