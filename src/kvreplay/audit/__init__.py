@@ -77,6 +77,39 @@ def expand_paths(args: Sequence[str]) -> list[str]:
     """CLI arguments -> logs: a file is a log; a folder of .prom files is one scrape series;
     any other folder contributes its *.log, *.log.gz, *.txt and *.prom files (sorted); a
     glob that is not a file's name ('logs/**/*.log.gz', quoted past the shell) its matches."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for p in _expand(args):  # one input per resolved path ("logs/a.log" and "/abs/logs/a.log")
+        real = p if p == "-" else os.path.realpath(p)
+        if real not in seen:
+            seen.add(real)
+            out.append(p)
+    return out
+
+
+def _in_folder(folder: str, name: str) -> str:
+    """`folder/name`, or a fleet.task.Skipped with the reason it is not read: a link whose
+    target is outside the folder, or anything that is not a regular file (a FIFO, a
+    device, a socket: reading one blocks or never ends)."""
+    import stat
+
+    from kvreplay.audit.fleet.task import Skipped
+
+    p = os.path.join(folder, name)
+    try:
+        real = os.path.realpath(p)
+        if os.path.commonpath([real, os.path.realpath(folder)]) != os.path.realpath(folder):
+            return Skipped(p, f"a link to {real}, outside {folder}: not followed")
+        st = os.stat(p)
+    except (OSError, ValueError) as exc:
+        return Skipped(p, f"cannot stat: {exc}")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
+        return Skipped(p, f"{kind}: not read")
+    return p
+
+
+def _expand(args: Sequence[str]) -> list[str]:
     import glob
 
     from kvreplay.errors import UserError
@@ -87,13 +120,13 @@ def expand_paths(args: Sequence[str]) -> list[str]:
             hits = sorted(glob.glob(a, recursive=True))
             if not hits:
                 raise UserError(f"{a}: no file matches")
-            out.extend(expand_paths(hits))
+            out.extend(_expand(hits))
         elif os.path.isdir(a):
             names = sorted(os.listdir(a))
             if names and all(n.endswith(".prom") for n in names if not n.startswith(".")):
                 out.append(a)
                 continue
-            found = [os.path.join(a, n) for n in names
+            found = [_in_folder(a, n) for n in names
                      if n.endswith((".log", ".log.gz", ".txt", ".prom", ".metrics"))]
             if not found:
                 raise UserError(f"{a}: no .log / .prom files in this folder")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 from typing import Any
 
 from kvreplay.errors import UserError
@@ -43,7 +44,11 @@ _INTS = {"prompt_tokens", "completion_tokens", "max_tokens", "n"}
 
 def spans_format(path: str) -> str | None:
     """"otlp" or "jaeger" when the file's first JSON object looks like one, else None."""
+    import stat
+
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or device: not sniffed (it would block)
+            return None
         with open(path, "rb") as f:
             head = f.read(4096)
     except OSError:

@@ -55,6 +55,33 @@ def _private_cluster(distributed: Any, workers: int | None) -> Any:
     return cluster
 
 
+def _die_with_parent(parent: int) -> None:
+    """Worker start-up: end this worker when the driver process ends, however it ends (a
+    SIGKILL included; a stdlib pool's workers otherwise wait on their queue for ever).
+    Linux: PR_SET_PDEATHSIG; everywhere: a thread that watches the parent pid."""
+    import signal
+    import threading
+    import time
+
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # gone before the line above took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="kvreplay-parent-watch", daemon=True).start()
+
+
 class _Lazy(cf.Future):
     """A task run in this process when the driver asks for it (jobs=1: no pool)."""
 
@@ -110,7 +137,8 @@ class LocalExecutor:
             import multiprocessing as mp
 
             ctx = mp.get_context("spawn" if os.name == "nt" else "fork")
-            self.pool = cf.ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
+            self.pool = cf.ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx,
+                                               initializer=_die_with_parent, initargs=(os.getpid(),))
             self.generation += 1
         return self.pool
 
