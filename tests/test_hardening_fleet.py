@@ -122,7 +122,7 @@ def test_concurrent_runs_keep_each_others_temporaries(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     gone = d / f".part-{log}-{'c' * 24}.parquet.{dead.pid}.{host}.tmp"
-    old = d / f".part-{log}-{'d' * 24}.parquet.7.tmp"  # old naming, a day old
+    old = d / f".part-{log}-{'d' * 24}.parquet.{os.getpid()}.{'f' * 8 if host != 'f' * 8 else 'e' * 8}.tmp"  # another host's, a day old
     for p in (mine, other_host, gone, old):
         p.write_bytes(b"x")
     os.utime(old, (time.time() - 2 * ds.STALE_TMP_S, time.time() - 2 * ds.STALE_TMP_S))

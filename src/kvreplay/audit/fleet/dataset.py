@@ -50,7 +50,7 @@ def _stale(path: str, pid: str, host: str | None) -> bool:
     """May a temporary file be removed: its writer (pid on host) is gone?"""
     import time
 
-    if host == _host():
+    if host is None or host == _host():  # (no host: the naming of one-host versions)
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
