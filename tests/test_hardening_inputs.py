@@ -61,6 +61,20 @@ def test_cut_request_line_is_bounded(tmp_path):
     assert len(evs) == 1 and evs[0].line == 1 and evs[0].file == str(p)
 
 
+def test_unterminated_prompt_is_linear():
+    """The grammar's string terminal backtracked with a stack per character: a cut 400 KB
+    prompt took 330 MB and grew quadratically (now unrolled and possessive)."""
+    from kvreplay.parsers import grammar
+
+    grammar.messages_parser()
+    t0 = _cpu()
+    r0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    evs = list(parse_lines([ENV + "Received request cmpl-x: prompt: '" + "a" * 1_000_000], year=2026))
+    assert _cpu() - t0 < 2.0
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - r0 < 150 * 1024  # KiB
+    assert len(evs) == 1
+
+
 # 3. one flipped byte in a .gz: a read error on a line (audit: one UserError), not zlib.error
 def test_corrupt_gzip_is_a_read_error(tmp_path):
     data = bytearray(gzip.compress((SAMPLES / "vllm033_fcfs_heavy.log").read_bytes()))
