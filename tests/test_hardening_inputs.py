@@ -127,6 +127,20 @@ def test_huge_integers():
     evs = list(parse_lines([ENV + "Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 1.0 tokens/s, Running: "
                             + "9" * 5000 + " reqs, Waiting: 0 reqs, GPU KV cache usage: 1.0%"], year=2026))
     assert len(evs) == 1 and type(evs[0]).__name__ == "Unparsed" and evs[0].line == 1
+    # past int64 (a typed column downstream cannot hold it): unparsed, on both routes
+    line = ENV + STATS.replace("Running: 3", "Running: 99999999999999999999")
+    for engine in ("fast", "lark"):
+        (e,) = parse_lines([line], year=2026, engine=engine)
+        assert type(e).__name__ == "Unparsed" and "out of range" in e.reason
+
+
+def test_audit_of_a_count_past_int64(tmp_path):
+    src = (SAMPLES / "vllm033_fcfs_heavy.log").read_text()
+    p = tmp_path / "big.log"
+    p.write_text(src.replace("Running: 3 reqs, Waiting: 9 reqs", "Running: 99999999999999999999 reqs, Waiting: 9 reqs", 1))
+    r = _cli("audit", str(p), "--no-replay", "--year", "2026")
+    _no_traceback(r)
+    assert r.returncode == 0
 
 
 # 6. JSON-format lines: a time of 1e309 / a fraction that overflows, deep nesting

@@ -102,6 +102,18 @@ def _procs(text: str) -> tuple[str | None, int | None, int | None]:
 _REPEATED = re.compile(r" *\[repeated (\d+)x across cluster\]$")
 
 
+_I64 = 1 << 63
+
+
+def _check_ints(e: ev.Event) -> None:
+    """ValueError for a count or size past int64 (no server logs one; typed columns downstream
+    cannot hold it): the line is then unparsed, with the reason."""
+    for f in e.__struct_fields__:
+        v = getattr(e, f)
+        if type(v) is int and not -_I64 <= v < _I64:
+            raise ValueError(f"{f} out of range ({str(v)[:24]}...)")
+
+
 def message_event(msg: str, base: dict[str, Any], level: str | None, lark: bool = False) -> ev.Event:
     """One log message (envelope already removed) -> one event."""
     if msg.endswith("across cluster]"):  # Ray's de-duplication suffix
@@ -133,6 +145,7 @@ def message_event(msg: str, base: dict[str, Any], level: str | None, lark: bool 
             truncated = True
         try:
             e = _BUILDERS[kind](fields, base)
+            _check_ints(e)
         except Exception as exc:  # a builder rejecting odd values must not stop the parse
             if truncated:
                 return ev.Unparsed(reason=f"{kind} line cut before its required fields", text=msg, **base)
