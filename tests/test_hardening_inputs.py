@@ -290,3 +290,15 @@ def test_dask_local_cluster_listens_nowhere():
         assert listening() == before
     finally:
         ex.close()
+
+
+def test_fast_paths_still_take_the_common_lines():
+    """The counts' digit bound (18) must not push every stats / Iteration line off the fast path."""
+    from kvreplay.parsers.fast import fast_message
+
+    args = ("f", 1, None, None, "INFO", None, None, None, "loggers.py:1", None)
+    for msg in [STATS, STATS[12:], "Engine 000: Iteration(7): 1 context requests, 200 context tokens, 3 generation requests, 3 generation tokens, "
+                "iteration elapsed time: 23.45 ms, GPU KV cache usage: 12.5%",
+                "Iteration(7): 1 context requests, 200 context tokens, 3 generation requests, 3 generation tokens, iteration elapsed time: 23.45 ms"]:
+        assert fast_message(msg, *args) is not None, msg
+    assert fast_message(STATS.replace("Running: 3", "Running: " + "9" * 19), *args) is None

@@ -29,6 +29,7 @@ from kvreplay.parsers import build, matchers
 from kvreplay.parsers.build_values import shared_ints
 
 _F = r"(-?\d+(?:\.\d+)?|nan|inf)"
+_N = r"(\d{1,18})"  # a count: at most 18 digits (longer ones take the general route, which refuses past int64)
 _FIN = r"(-?\d+(?:\.\d+)?)"  # finite only: a stats line with nan/inf takes the general route (build.b_stats)
 _DEV = r"([A-Z][A-Za-z0-9]*(?: \+ [a-z]+)?)"
 
@@ -38,13 +39,13 @@ _DEV = r"([A-Z][A-Za-z0-9]*(?: \+ [a-z]+)?)"
 # optional parts greedily in the same order, every part is consumed by the part regex, and a
 # final "." is outside the parts in both.
 _STATS_V1 = re.compile(
-    rf"(?:Engine (\d{1,18}): )?Avg prompt throughput: {_FIN} tokens/s, Avg generation throughput: {_FIN} tokens/s, "
-    rf"Running: (\d{1,18}) reqs, Waiting: (\d{1,18}) reqs, {_DEV} KV cache usage: {_FIN}%"
+    rf"(?:Engine {_N}: )?Avg prompt throughput: {_FIN} tokens/s, Avg generation throughput: {_FIN} tokens/s, "
+    rf"Running: {_N} reqs, Waiting: {_N} reqs, {_DEV} KV cache usage: {_FIN}%"
     rf"(?:, Prefix cache hit rate: {_FIN}%)?(?:, MM cache hit rate: {_FIN}%)?\.?"
 ).fullmatch
 _STATS_V0 = re.compile(
     rf"Avg prompt throughput: {_FIN} tokens/s, Avg generation throughput: {_FIN} tokens/s, "
-    rf"Running: (\d{1,18}) reqs, Swapped: (\d{1,18}) reqs, Pending: (\d{1,18}) reqs, {_DEV} KV cache usage: {_FIN}%, "
+    rf"Running: {_N} reqs, Swapped: {_N} reqs, Pending: {_N} reqs, {_DEV} KV cache usage: {_FIN}%, "
     rf"{_DEV} KV cache usage: {_FIN}%\.?"
 ).fullmatch
 
@@ -57,7 +58,7 @@ _STATS_V0 = re.compile(
 # event is a copy of a private template with the fields of the line set.
 _ITERATION = re.compile(
     r"(?:Engine (\d{1,18}): )?Iteration\((\d{1,18})\): (\d{1,18}) context requests, (\d{1,18}) context tokens, "
-    rf"(\d{1,18}) generation requests, (\d{1,18}) generation tokens, iteration elapsed time: {_F} ms"
+    rf"{_N} generation requests, {_N} generation tokens, iteration elapsed time: {_F} ms"
     rf"(?:, {_DEV} KV cache usage: {_F}%)?"
 ).fullmatch
 # (Three ASCII digits after "Engine " as the dispatcher requires, ASCII digits only, the printed "%.2f" form tried first: it only narrows `_ITERATION`,
@@ -65,7 +66,7 @@ _ITERATION = re.compile(
 _F_DEC = r"(\d+\.\d+|-?\d+(?:\.\d+)?|nan|inf)"
 _ITERATION_ENGINE = re.compile(
     r"Engine (\d{3}): Iteration\((\d{1,18})\): (\d{1,18}) context requests, (\d{1,18}) context tokens, "
-    rf"(\d{1,18}) generation requests, (\d{1,18}) generation tokens, iteration elapsed time: {_F_DEC} ms, "
+    rf"{_N} generation requests, {_N} generation tokens, iteration elapsed time: {_F_DEC} ms, "
     rf"{_DEV} KV cache usage: {_F_DEC}%", re.ASCII
 ).fullmatch
 

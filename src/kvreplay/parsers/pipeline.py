@@ -103,14 +103,15 @@ _REPEATED = re.compile(r" *\[repeated (\d+)x across cluster\]$")
 
 
 _I64 = 1 << 63
+_astuple = __import__("msgspec").structs.astuple
 
 
 def _check_ints(e: ev.Event) -> None:
     """ValueError for a count or size past int64 (no server logs one; typed columns downstream
     cannot hold it): the line is then unparsed, with the reason."""
-    for f in e.__struct_fields__:
-        v = getattr(e, f)
-        if type(v) is int and not -_I64 <= v < _I64:
+    for v in _astuple(e):
+        if v.__class__ is int and (v >= _I64 or v < -_I64):
+            f = e.__struct_fields__[_astuple(e).index(v)]
             raise ValueError(f"{f} out of range ({str(v)[:24]}...)")
 
 
