@@ -217,7 +217,7 @@ def run_parse(n: int, seed: int, seconds: float, batch: int, max_cpu: float, kee
                     _keep(keep, f"parse-{done + k}", docs[k])
         done += len(docs)
         rep["inputs"] = done
-        if done % (batch * 20) == 0:
+        if done % (batch * 4) == 0:
             log(f"parse: {done} inputs, {rep['failures']} failures, {rep['slow']} slow, max input CPU "
                 f"{rep['max_cpu_s_input']:.2f} s, max batch RSS {rep['max_rss_kb_batch'] // 1024} MiB, {time.time() - t0:.0f} s")
     rep["seconds"] = round(time.time() - t0, 1)
