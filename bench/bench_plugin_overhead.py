@@ -10,7 +10,9 @@ the oracle venv). Only the scheduler's two entry points are timed (the outermost
 vLLM's method for the plain run, the plugin's wrapper, which calls vLLM's method, for
 the traced run); the fake model and the harness are not. The trace lines go through
 vLLM's logger and formatter into a file, as in production (formatting and the write are
-in the traced time). Plain and traced runs alternate; the fastest of `--repeat` is kept.
+in the traced time). Plain and traced runs alternate; the fastest of `--repeat` is kept,
+and `overhead_pct_ci95` is the 95% t-interval of the mean of the per-repeat overheads
+(each repeat's traced run against the plain run just before it; needs --repeat >= 2).
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ def _inside(jobs: list[dict], repeat: int) -> None:
     with tempfile.TemporaryDirectory(prefix="kvr-ovh-") as tmp:
         for job in jobs:
             best = {"plain": None, "traced": None}
+            paired: list[float] = []  # per repeat: 100 * (traced - plain) / plain
             log_bytes = lines = 0
             for _ in range(repeat):
                 for mode in ("plain", "traced"):
@@ -120,6 +123,10 @@ def _inside(jobs: list[dict], repeat: int) -> None:
                             text = [s for s in f if "kvtrace " in s]
                         log_bytes, lines = sum(len(s) for s in text), len(text)
                     run = dict(acc)
+                    if mode == "plain":
+                        last_plain = run["t"]
+                    else:
+                        paired.append(100.0 * (run["t"] - last_plain) / last_plain)
                     if best[mode] is None or run["t"] < best[mode]["t"]:
                         best[mode] = run
             p, t = best["plain"], best["traced"]
@@ -130,8 +137,23 @@ def _inside(jobs: list[dict], repeat: int) -> None:
                 "overhead_us_per_step": 1e6 * (t["t"] - p["t"]) / p["steps"],
                 "overhead_pct": 100.0 * (t["t"] - p["t"]) / p["t"],
                 "trace_lines": lines, "trace_bytes_per_step": log_bytes / max(1, p["steps"]),
+                "overhead_pct_ci95": _t_interval(paired), "repeats": len(paired),
             })
     print("@@OVH " + json.dumps(results), flush=True)
+
+
+def _t_interval(xs: list[float]) -> list[float] | None:
+    """95% t-interval of the mean of xs (None below 2 values)."""
+    import math
+    import statistics
+
+    n = len(xs)
+    if n < 2:
+        return None
+    t = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+         10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}.get(n - 1) or (2.0 if n > 31 else 2.1)
+    m, h = statistics.fmean(xs), t * statistics.stdev(xs) / math.sqrt(n)
+    return [round(m - h, 2), round(m + h, 2)]
 
 
 # ------------------------------------------------------------------ outside
@@ -179,11 +201,13 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{'workload':34} {'steps':>6} {'req/step':>8} {'vLLM µs/step':>12} {'+trace µs':>10} {'%':>6} {'B/step':>7}")
+    print(f"{'workload':34} {'steps':>6} {'req/step':>8} {'vLLM µs/step':>12} {'+trace µs':>10} {'%':>6} {'% 95% CI':>15} {'B/step':>7}")
     for r in rows:
+        ci = r["overhead_pct_ci95"]
+        ci_text = f"[{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "-"
         print(f"{r['workload'][:34]:34} {r['steps']:6d} {r['request_steps'] / r['steps']:8.1f} "
               f"{r['plain_us_per_step']:12.1f} {r['overhead_us_per_step']:10.1f} {r['overhead_pct']:6.1f} "
-              f"{r['trace_bytes_per_step']:7.0f}")
+              f"{ci_text:>15} {r['trace_bytes_per_step']:7.0f}")
 
 
 if __name__ == "__main__":

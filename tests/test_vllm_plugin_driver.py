@@ -7,7 +7,9 @@ scheduler class, and writes vLLM's log (vLLM's own logger and formatter) to a fi
 
     python tests/test_vllm_plugin_driver.py JOBS.json
         JOBS.json: [{"workload": W, "log": L, "trace": T, "summary": S, "meta": M,
-                     "plugin": true}, ...]   -> one "@@JOB {...}" line per job on stdout
+                     "plugin": true, "fault": ["_kvt_state", 5]}, ...]
+                     -> one "@@JOB {...}" line per job on stdout ("fault": optional, see
+                     _inject_fault)
     python tests/test_vllm_plugin_driver.py --check-entry-points DIR
         -> "@@EP {...}": what get_scheduler_cls() gives with KVREPLAY_STEP_TRACE=1 and a
            `vllm.general_plugins` entry point (a dist-info written to DIR), and what
@@ -90,6 +92,7 @@ def run_jobs(jobs_path: str) -> None:
         handler.setLevel(logging.INFO)
         vlog.addHandler(handler)
         classes = (StepTraceScheduler, StepTraceAsyncScheduler) if job.get("plugin", True) else real
+        unfault = _inject_fault(job.get("fault"))
         classes, publishers = _enable_kv_events(job.get("kv_events"), classes)
         sm.Scheduler, am.AsyncScheduler = classes
         argv = [HARNESS, job["workload"], "-o", job["trace"], "--summary", job["summary"],
@@ -112,6 +115,7 @@ def run_jobs(jobs_path: str) -> None:
             sys.stdout = real_stdout
             sys.argv = old_argv
             sm.Scheduler, am.AsyncScheduler = real
+            unfault()
             _disable_kv_events(publishers)
             vlog.removeHandler(handler)
             handler.close()
@@ -119,6 +123,29 @@ def run_jobs(jobs_path: str) -> None:
                "seconds": round(time.perf_counter() - t0, 3)}
         real_stdout.write("@@JOB " + json.dumps(rec) + "\n")
         real_stdout.flush()
+
+
+def _inject_fault(fault: list | None):
+    """["method", n]: kvreplay's StepTraceMixin.method (or, for "short_hash", the plugin's
+    hash helper) raises RuntimeError on its n-th call (counting from 1), as a bug in
+    kvreplay's own code would. Returns the function that puts the method back."""
+    if not fault:
+        return lambda: None
+    from kvreplay.vllm_plugin import _scheduler
+
+    name, n = fault
+    owner = _scheduler if name == "short_hash" else _scheduler.StepTraceMixin
+    orig = owner.__dict__[name]
+    calls = [0]
+
+    def faulty(*a, **k):
+        calls[0] += 1
+        if calls[0] == n:
+            raise RuntimeError(f"injected fault in {name} (call {n})")
+        return orig(*a, **k)
+
+    setattr(owner, name, faulty)
+    return lambda: setattr(owner, name, orig)
 
 
 def _enable_kv_events(kv: dict | None, classes: tuple) -> tuple[tuple, list]:

@@ -41,7 +41,28 @@ from kvreplay.replay.trace import conformance_record  # noqa: E402
 from kvreplay.vllm_plugin.lineformat import short_hash  # noqa: E402
 
 SRC = "_scheduler.py"  # the plugin's module, as vLLM's formatter names the caller
-LINE_CONFIG, LINE_REQ_BH, LINE_REQ, LINE_STEP = 65, 132, 138, 106  # its _kvt_log calls
+
+
+def _log_lines() -> tuple[int, int, int, int]:
+    """The line numbers of the plugin's _kvt_log calls (config, req with hashes, req, step),
+    read from its source: vLLM's formatter prints the caller's line."""
+    from pathlib import Path
+
+    import kvreplay.vllm_plugin as vp
+
+    src = (Path(vp.__file__).parent / SRC).read_text(encoding="utf-8").splitlines()
+    found: dict[str, int] = {}
+    for i, line in enumerate(src):
+        if "self._kvt_log(" in line:
+            text = line + (src[i + 1] if i + 1 < len(src) else "")
+            for key in ("kvtrace config", "bh=%s", "kvtrace req", "kvtrace step"):
+                if key in text:
+                    found.setdefault("req_bh" if key == "bh=%s" else key, i + 1)
+                    break
+    return found["kvtrace config"], found["req_bh"], found["kvtrace req"], found["kvtrace step"]
+
+
+LINE_CONFIG, LINE_REQ_BH, LINE_REQ, LINE_STEP = _log_lines()  # its _kvt_log calls
 MIX = 0x9E3779B97F4A7C15  # odd: a bijection of 64-bit ids (equal blocks, equal hashes)
 
 

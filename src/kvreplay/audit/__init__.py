@@ -79,6 +79,39 @@ def expand_paths(args: Sequence[str]) -> list[str]:
     any other folder contributes its *.log, *.log.gz, *.txt, *.prom and *.prom.gz files (or query_range JSON) (sorted) and
     those of its subfolders (a per-host layout: DIR/HOST/*.log), hidden ones skipped; a
     glob that is not a file's name ('logs/**/*.log.gz', quoted past the shell) its matches."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for p in _expand(args):  # one input per resolved path ("logs/a.log" and "/abs/logs/a.log")
+        real = p if p == "-" else os.path.realpath(p)
+        if real not in seen:
+            seen.add(real)
+            out.append(p)
+    return out
+
+
+def _in_folder(folder: str, name: str) -> str:
+    """`folder/name`, or a fleet.task.Skipped with the reason it is not read: a link whose
+    target is outside the folder, or anything that is not a regular file (a FIFO, a
+    device, a socket: reading one blocks or never ends)."""
+    import stat
+
+    from kvreplay.audit.fleet.task import Skipped
+
+    p = os.path.join(folder, name)
+    try:
+        real = os.path.realpath(p)
+        if os.path.commonpath([real, os.path.realpath(folder)]) != os.path.realpath(folder):
+            return Skipped(p, f"a link to {real}, outside {folder}: not followed")
+        st = os.stat(p)
+    except (OSError, ValueError) as exc:
+        return Skipped(p, f"cannot stat: {exc}")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
+        return Skipped(p, f"{kind}: not read")
+    return p
+
+
+def _expand(args: Sequence[str]) -> list[str]:
     import glob
 
     from kvreplay.errors import UserError
@@ -89,7 +122,7 @@ def expand_paths(args: Sequence[str]) -> list[str]:
             hits = sorted(glob.glob(a, recursive=True))
             if not hits:
                 raise UserError(f"{a}: no file matches")
-            out.extend(expand_paths(hits))
+            out.extend(_expand(hits))
         elif os.path.isdir(a):
             found = _walk(a)
             if not found:
@@ -110,9 +143,10 @@ def _walk(folder: str) -> list[str]:
     if files and len(files) == len(names) and all(
             n.endswith((".prom", ".prom.gz", ".json", ".json.gz")) for n in files):
         return [folder]
-    out = [os.path.join(folder, n) for n in files
+    out = [_in_folder(folder, n) for n in files
            if n.endswith((".log", ".log.gz", ".txt", ".prom", ".prom.gz", ".metrics"))]
-    for n in names:
-        if os.path.isdir(os.path.join(folder, n)):
-            out.extend(_walk(os.path.join(folder, n)))
+    for n in names:  # a link to a folder is not walked (it may lead out of the tree)
+        sub = os.path.join(folder, n)
+        if os.path.isdir(sub) and not os.path.islink(sub):
+            out.extend(_walk(sub))
     return out

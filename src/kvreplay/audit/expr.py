@@ -62,11 +62,14 @@ class Expr:
         except SyntaxError as exc:
             col = f" at column {exc.offset}" if exc.offset else ""
             raise ExprError(f"--fail-on: cannot parse {text!r}: {exc.msg}{col}") from None
+        except (ValueError, RecursionError, MemoryError) as exc:  # (NUL bytes, nesting past the parser's limit)
+            raise ExprError(f"--fail-on: cannot parse {text!r}: {type(exc).__name__}") from None
         self._check(tree.body)
         self.tree = tree.body
         self.names = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - set(_CONST_NAMES))
 
     def _check(self, node: ast.AST) -> None:
+        lists: set[int] = set()  # the comparators of 'in' / 'not in'
         ok = (ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd, ast.BinOp,
               ast.Compare, ast.Name, ast.Load, ast.Constant, ast.Tuple, ast.List, ast.In, ast.NotIn,
               *_CMP, *_BIN)
@@ -86,12 +89,30 @@ class Expr:
                     raise ExprError(f"--fail-on: unknown field {n.id!r}{hint}; fields: "
                                     + ", ".join(self.fields))
             if isinstance(n, ast.Compare):
-                for op, right in zip(n.ops, n.comparators):
+                last = len(n.ops) - 1
+                for i, (op, right) in enumerate(zip(n.ops, n.comparators)):
                     if isinstance(op, (ast.In, ast.NotIn)) and not isinstance(right, (ast.Tuple, ast.List)):
                         raise ExprError("--fail-on: 'in' needs a list, e.g. status in ('a', 'b')")
+                    if isinstance(right, (ast.Tuple, ast.List)):
+                        lists.add(id(right))
+                        if i != last:
+                            raise ExprError(f"--fail-on: a list ends its comparison in {self.text!r} "
+                                            "(write 'a in (1, 2) and ...')")
+            if isinstance(n, (ast.Tuple, ast.List)):
+                for e in n.elts:
+                    if not (isinstance(e, (ast.Constant, ast.Name))
+                            or (isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.USub) and isinstance(e.operand, ast.Constant))):
+                        raise ExprError(f"--fail-on: a list holds fields, numbers and 'strings' only, in {self.text!r}")
+        for n in ast.walk(node):  # a list only as the right side of 'in' / 'not in'
+            if isinstance(n, (ast.Tuple, ast.List)) and id(n) not in lists:
+                raise ExprError(f"--fail-on: a list is only allowed after 'in' or 'not in', in {self.text!r}")
 
     def evaluate(self, record: dict[str, Any]) -> bool:
-        return bool(self._eval(self.tree, record))
+        try:
+            return bool(self._eval(self.tree, record))
+        except (TypeError, ValueError, OverflowError, MemoryError, RecursionError) as exc:
+            # (a record value of an unexpected type; the grammar above rules out the rest)
+            raise ExprError(f"--fail-on: cannot evaluate {self.text!r}: {type(exc).__name__}: {str(exc)[:80]}") from None
 
     def _eval(self, n: ast.AST, rec: dict[str, Any]) -> Any:
         if isinstance(n, ast.Constant):

@@ -176,6 +176,9 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
             by_engine.setdefault(e.engine, []).append(e)
     engines = sorted(by_engine, key=lambda k: (-1 if k is None else k))
     dp = len([k for k in engines if k is not None]) > 1
+    if not dp and len(engines) > 1:  # one engine, its lines with and without "Engine 000:": one record
+        by_engine = {None: sorted((e for k in engines for e in by_engine[k]), key=lambda e: e.time)}
+        engines = [None]
     if not engines:
         engines = [None]
     v0_pre = [e for e in events if isinstance(e, ev.Preemption)]

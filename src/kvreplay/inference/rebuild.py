@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvreplay.errors import ReplayError
+from kvreplay.limits import check as check_limit
 from kvreplay.inference.config import engine_config
 from kvreplay.inference.engines import make_workload
 from kvreplay.inference.facts import LogFacts, LogRequest
@@ -88,6 +89,8 @@ def rebuild_workload(facts: LogFacts, fmt: LogFormat, profile: Any, *,
                 out_est = True
         max_tokens = max(1, int(max_tokens))
         n_seq = max(1, int(r.n or 1)) if fmt.split_n else 1
+        if n_seq > 1:
+            check_limit("n", n_seq, f"request {r.log_id}: SamplingParams n")
         ids = [r.log_id] if n_seq == 1 else [f"{r.log_id}_parallel_sample_{j}" for j in range(n_seq)]
         for gid in ids:
             specs.append(RequestSpec(gid, 0, prompt, max_tokens, int(r.priority or 0)))

@@ -66,7 +66,7 @@ def config_from_json(path: str) -> ev.EngineConfig:
     try:
         with open(path, encoding="utf-8") as f:
             data: Any = json.load(f)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise UserError(f"--config {path}: {exc}") from None
     if isinstance(data, dict) and isinstance(data.get("config"), dict):
         # a workload's config is the whole engine config: what it leaves out is the

@@ -93,8 +93,13 @@ def b_stats(f: Fields, base: dict) -> ev.Event:
     kw: dict[str, Any] = {}
     era = "v1"
     ints = {"running", "waiting", "swapped", "deferred", "preemptions", "corrupted", "kv_fetch_waiting", "kv_fetch_in_progress", "kv_fetch_completed"}
+    dropped: list[str] = []
     for k, v in f:
-        if k in ints:
+        if v[-1:] in ("n", "f"):  # nan / inf: a figure that says nothing, kept as not logged
+            dropped.append(f"{k}={v}")
+            if k == "kv_usage" and "gpu_kv_usage" not in kw:
+                kw["gpu_kv_usage"] = None
+        elif k in ints:
             kw[k] = int(v)
         elif k == "pending":
             kw["waiting"] = int(v)
@@ -108,7 +113,7 @@ def b_stats(f: Fields, base: dict) -> ev.Event:
                 kw["kv_device"] = v
                 dev2 = None
         elif k == "kv_usage":
-            if "gpu_kv_usage" in kw:
+            if "gpu_kv_usage" in kw:  # (present as None when the first was nan)
                 kw["cpu_kv_usage"] = float(v)  # v0: the second usage is the CPU swap space
             else:
                 kw["gpu_kv_usage"] = float(v)
@@ -125,6 +130,9 @@ def b_stats(f: Fields, base: dict) -> ev.Event:
         src = base.get("source") or ""
         if not (src.startswith("loggers.py") or "/loggers.py" in src):
             era = "v0"
+    if dropped:
+        note = f"non-finite values not kept: {', '.join(dropped)}"
+        base = {**base, "note": note if not base.get("note") else f"{base['note']}; {note}"}
     return ev.Stats(era=era, **base, **kw)
 
 

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from kvreplay import events as ev
+from kvreplay.limits import INT64_MAX
 from kvreplay.parsers.build_values import Fields, _pystr
 
 
@@ -71,14 +72,18 @@ def config_from_mapping(values: dict[str, Any]) -> dict[str, Any]:
                 if isinstance(v, bool):
                     continue
                 v = int(v)
+                if not -INT64_MAX <= v <= INT64_MAX:  # no server runs with it; a typed column cannot hold it
+                    continue
             elif name in _FLOAT_FIELDS:
                 v = float(v)
+                if v != v or v in (float("inf"), float("-inf")):
+                    continue
             elif name in _BOOL_FIELDS:
                 if not isinstance(v, bool):
                     continue
             else:
                 v = str(v)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             continue
         kw[name] = v
     if "speculative_config" in values and values["speculative_config"] not in (None, "None"):

@@ -11,6 +11,10 @@ class Clock:
     across a new year (a jump from Oct-Dec back to Jan-Mar adds a year)."""
 
     def __init__(self, year: int | None = None, ref: tuple[int, str] | None = None) -> None:
+        if year is not None and not 1 <= year <= 9999:
+            from kvreplay.errors import UserError
+
+            raise UserError(f"--year {year}: must be between 1 and 9999")
         self.explicit = year is not None
         self.year = year
         self.ref = ref  # (year, "MM-DD") of the file's mtime: the log ends no later than that
@@ -20,7 +24,7 @@ class Clock:
         self._last_stamp: tuple[float | None, str] = (None, "")
 
     def hint_year(self, year: int) -> None:
-        if not self.explicit and self.last_md is None:
+        if not self.explicit and self.last_md is None and 1 <= year <= 9999:
             self.year = year
             self.explicit = True
 
@@ -58,6 +62,8 @@ class Clock:
             hh, mm, ss = int(hms[:2]), int(hms[3:5]), int(hms[6:8])
         except ValueError:
             return None
+        if not 1 <= self.year <= 9999:  # (a new year past 9999): no date; the line keeps its text
+            return None
         if not (1 <= mon <= 12 and 1 <= day <= calendar.monthrange(self.year, mon)[1] and hh < 24 and mm < 60 and ss < 61):
             return None
         return float(calendar.timegm((self.year, mon, day, hh, mm, ss, 0, 0, 0)))
@@ -69,7 +75,9 @@ def _abs_time(text: str) -> float | None:
         y, mo, d = int(text[0:4]), int(text[5:7]), int(text[8:10])
         h, mi, s = int(text[11:13]), int(text[14:16]), int(text[17:19])
         frac = text[19:].rstrip("Z")
-        f = float("0." + frac[1:]) if len(frac) > 1 and frac[0] in ".," else 0.0
+        f = float("0." + frac[1:]) if len(frac) > 1 and frac[0] in ".," and frac[1:].isdigit() else 0.0
+        if not 1 <= y <= 9999:
+            return None
         return calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0)) + f
     except (ValueError, IndexError, OverflowError):
         return None

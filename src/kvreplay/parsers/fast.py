@@ -29,6 +29,8 @@ from kvreplay.parsers import build, matchers
 from kvreplay.parsers.build_values import shared_ints
 
 _F = r"(-?\d+(?:\.\d+)?|nan|inf)"
+_N = r"(\d{1,18})"  # a count: at most 18 digits (longer ones take the general route, which refuses past int64)
+_FIN = r"(-?\d+(?:\.\d+)?)"  # finite only: a stats line with nan/inf takes the general route (build.b_stats)
 _DEV = r"([A-Z][A-Za-z0-9]*(?: \+ [a-z]+)?)"
 
 # --------------------------------------------------------------------------- stats
@@ -37,14 +39,14 @@ _DEV = r"([A-Z][A-Za-z0-9]*(?: \+ [a-z]+)?)"
 # optional parts greedily in the same order, every part is consumed by the part regex, and a
 # final "." is outside the parts in both.
 _STATS_V1 = re.compile(
-    rf"(?:Engine (\d+): )?Avg prompt throughput: {_F} tokens/s, Avg generation throughput: {_F} tokens/s, "
-    rf"Running: (\d+) reqs, Waiting: (\d+) reqs, {_DEV} KV cache usage: {_F}%"
-    rf"(?:, Prefix cache hit rate: {_F}%)?(?:, MM cache hit rate: {_F}%)?\.?"
+    rf"(?:Engine {_N}: )?Avg prompt throughput: {_FIN} tokens/s, Avg generation throughput: {_FIN} tokens/s, "
+    rf"Running: {_N} reqs, Waiting: {_N} reqs, {_DEV} KV cache usage: {_FIN}%"
+    rf"(?:, Prefix cache hit rate: {_FIN}%)?(?:, MM cache hit rate: {_FIN}%)?\.?"
 ).fullmatch
 _STATS_V0 = re.compile(
-    rf"Avg prompt throughput: {_F} tokens/s, Avg generation throughput: {_F} tokens/s, "
-    rf"Running: (\d+) reqs, Swapped: (\d+) reqs, Pending: (\d+) reqs, {_DEV} KV cache usage: {_F}%, "
-    rf"{_DEV} KV cache usage: {_F}%\.?"
+    rf"Avg prompt throughput: {_FIN} tokens/s, Avg generation throughput: {_FIN} tokens/s, "
+    rf"Running: {_N} reqs, Swapped: {_N} reqs, Pending: {_N} reqs, {_DEV} KV cache usage: {_FIN}%, "
+    rf"{_DEV} KV cache usage: {_FIN}%\.?"
 ).fullmatch
 
 
@@ -55,16 +57,16 @@ _STATS_V0 = re.compile(
 # same groups `_ITERATION` gives them), tried first; numbers come from small caches; the
 # event is a copy of a private template with the fields of the line set.
 _ITERATION = re.compile(
-    r"(?:Engine (\d+): )?Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, "
-    rf"(\d+) generation requests, (\d+) generation tokens, iteration elapsed time: {_F} ms"
+    r"(?:Engine (\d{1,18}): )?Iteration\((\d{1,18})\): (\d{1,18}) context requests, (\d{1,18}) context tokens, "
+    rf"{_N} generation requests, {_N} generation tokens, iteration elapsed time: {_F} ms"
     rf"(?:, {_DEV} KV cache usage: {_F}%)?"
 ).fullmatch
 # (Three ASCII digits after "Engine " as the dispatcher requires, ASCII digits only, the printed "%.2f" form tried first: it only narrows `_ITERATION`,
 # and each number is delimited by literals no alternative can contain, so the groups agree.)
 _F_DEC = r"(\d+\.\d+|-?\d+(?:\.\d+)?|nan|inf)"
 _ITERATION_ENGINE = re.compile(
-    r"Engine (\d{3}): Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, "
-    rf"(\d+) generation requests, (\d+) generation tokens, iteration elapsed time: {_F_DEC} ms, "
+    r"Engine (\d{3}): Iteration\((\d{1,18})\): (\d{1,18}) context requests, (\d{1,18}) context tokens, "
+    rf"{_N} generation requests, {_N} generation tokens, iteration elapsed time: {_F_DEC} ms, "
     rf"{_DEV} KV cache usage: {_F_DEC}%", re.ASCII
 ).fullmatch
 

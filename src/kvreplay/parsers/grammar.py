@@ -1,9 +1,11 @@
 """The Lark side: load the .lark grammars (LALR, cached), read their sample lines, and turn a
 parse tree into the ordered `(field, text)` list that the fast matchers also produce.
 
-Parsers are built lazily, once per process. The Lark cache file goes to the user cache dir
-(`$XDG_CACHE_HOME/kvreplay` or `~/.cache/kvreplay`), so a read-only package dir is fine; if
-that is not writable either, the grammar is simply compiled in memory (~0.1 s).
+Parsers are built lazily, once per process. The Lark cache file (a pickle) goes to the user
+cache dir (`$XDG_CACHE_HOME/kvreplay` or `~/.cache/kvreplay`) and is used only while that
+directory is private (this user's, writable by no one else) and the file is this user's and writable by no
+one else (`_cache_path`); otherwise the grammar is compiled in memory (~3 s for messages.lark,
+~0.3 s from the cache).
 """
 
 from __future__ import annotations
@@ -31,19 +33,55 @@ def message_starts() -> list[str]:
     return sorted({k for k, _ in grammar_samples(MESSAGES_GRAMMAR) if k})
 
 
+def _private_dir(d: str) -> bool:
+    """Is `d` a real directory (not a link) owned by this user that no one else can write
+    to? Creates it (0700) when missing."""
+    import stat
+
+    try:
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        st = os.lstat(d)
+    except OSError:
+        return False
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    return (stat.S_ISDIR(st.st_mode) and (uid is None or st.st_uid == uid) and st.st_mode & 0o022 == 0
+            and os.access(d, os.W_OK))
+
+
+def _trusted_file(path: str) -> bool:
+    """A cache file may be loaded (it is a pickle: loading runs code) only when it is a regular
+    file, not a link, owned by this user and writable by no one else. A missing file is fine
+    (Lark writes it)."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    return stat.S_ISREG(st.st_mode) and (uid is None or st.st_uid == uid) and st.st_mode & 0o022 == 0
+
+
 def _cache_path(path: Path, text: str) -> str | None:
+    """The Lark cache file for a grammar, or None (compile in memory, ~3 s for messages.lark).
+
+    Lark's cache is a pickle, so it is read only from a private directory (this user's, writable
+    by no one else, not a link; checked on every use) and only when the file itself is this user's and writable by
+    no one else: a file planted by another local user is never loaded. KVREPLAY_LARK_CACHE=0
+    turns the cache off."""
+    if os.environ.get("KVREPLAY_LARK_CACHE", "1") in ("0", "", "off", "no"):
+        return None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     d = os.path.join(base, "kvreplay")
-    try:
-        os.makedirs(d, exist_ok=True)
-        if not os.access(d, os.W_OK):
-            return None
-    except OSError:
+    if not _private_dir(d):
         return None
     import lark
 
     digest = hashlib.sha256((lark.__version__ + text).encode()).hexdigest()[:16]
-    return os.path.join(d, f"{path.stem}-{digest}.lark.cache")
+    f = os.path.join(d, f"{path.stem}-{digest}.lark.cache")
+    return f if _trusted_file(f) else None
 
 
 def _build(path: Path, **kw: Any):
@@ -230,6 +268,9 @@ def iter_grammar_files() -> Iterator[Path]:
 # ------------------------------------------------------------------ lines cut short
 
 
+CUT_MAX = 1 << 20  # characters of a cut line the LALR parse reads (~2 s of CPU)
+
+
 def cut_fields(kind: str, text: str) -> list[tuple[str, str]] | None:
     """The fields of a message of `kind` that was cut short (terminal width, a paste limit, a
     crash), or None when `text` is not a cut sentence of the grammar.
@@ -243,7 +284,7 @@ def cut_fields(kind: str, text: str) -> list[tuple[str, str]] | None:
     from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
 
     p = messages_parser()
-    text = text.rstrip()
+    text = text.rstrip()[:CUT_MAX]  # (past CUT_MAX the line is read as cut there: time stays bounded)
     try:
         ip = p.parse_interactive(text, start=kind)
         for _ in ip.iter_parse():

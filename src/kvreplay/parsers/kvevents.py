@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from typing import Any
 
 from kvreplay.errors import UserError
@@ -32,8 +33,10 @@ def read_kv_events(path: str) -> list[dict[str, Any]]:
                 if not isinstance(d, dict) or "events" not in d:
                     raise UserError(f"{path}:{n}: not a KV-event batch (no 'events')")
                 recs.append(d)
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (OSError, EOFError, zlib.error) as exc:  # (a corrupt or cut .gz too)
+        raise UserError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise UserError(f"{path}: not a KV-events file ({type(exc).__name__})") from None
     recs.sort(key=lambda r: r.get("seq", 0))
     return recs
 
@@ -44,6 +47,6 @@ def is_kv_events_file(path: str) -> bool:
         with _open(path) as f:
             first = f.readline()
         d = json.loads(first)
-    except (OSError, ValueError, UnicodeDecodeError, EOFError):
+    except (OSError, ValueError, UnicodeDecodeError, EOFError, zlib.error, RecursionError):
         return False
     return isinstance(d, dict) and "seq" in d and "events" in d

@@ -41,7 +41,27 @@ _UVICORN = re.compile(
 )
 _WRAPPER_ISO = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) +")
 _EXC_LINE = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Failure)\b(?::|$)")
-_PROGRESS = re.compile(r"\d+%\|.*\|.*(?:it/s|s/it|\?it/s)")
+_PCT_BAR = re.compile(r"\d%\|")
+
+
+class _Progress:
+    """A tqdm progress bar: `N%|` then `|` then `it/s` or `s/it`, in that order (the match of
+    `\\d+%\\|.*\\|.*(?:it/s|s/it)` on a line without newlines, in linear time: that regex
+    backtracks cubically on `1%|1%|...`)."""
+
+    @staticmethod
+    def search(t: str) -> bool:
+        m = _PCT_BAR.search(t)
+        if m is None:
+            return False
+        j = t.find("|", m.end())
+        if j < 0:
+            return False
+        k = max(t.rfind("it/s"), t.rfind("s/it"))
+        return k > j
+
+
+_PROGRESS = _Progress
 _RANK = re.compile(r"\[rank\d+\]: ?")
 _FOREIGN_SRC = re.compile(r" \(([\w/]+\.py):(\d+)\)$")
 _PY_WARNING = re.compile(r"\S+\.py:\d+: \w*Warning: ")
@@ -58,6 +78,12 @@ _PROC_CACHE: dict[str, tuple[str | None, int | None, int | None]] = {}
 _ENGINE_NUM = re.compile(r"EngineCore(?:_DP|_)(\d+)$")
 
 
+def _small_int(s: str) -> int | None:
+    """An id or count as logged; None past 18 digits (no pid or engine index is that long, and
+    int() of thousands of digits is slow and then refused)."""
+    return int(s) if len(s) <= 18 else None
+
+
 def _procs(text: str) -> tuple[str | None, int | None, int | None]:
     r = _PROC_CACHE.get(text)
     if r is None:
@@ -67,7 +93,7 @@ def _procs(text: str) -> tuple[str | None, int | None, int | None]:
         else:
             name = m.group(1)
             em = _ENGINE_NUM.match(name)
-            r = (name, int(m.group(2)), int(em.group(1)) if em else None)
+            r = (name, _small_int(m.group(2)), _small_int(em.group(1)) if em else None)
         if len(_PROC_CACHE) < 10000:
             _PROC_CACHE[text] = r
     return r
@@ -76,13 +102,26 @@ def _procs(text: str) -> tuple[str | None, int | None, int | None]:
 _REPEATED = re.compile(r" *\[repeated (\d+)x across cluster\]$")
 
 
+_I64 = 1 << 63
+_astuple = __import__("msgspec").structs.astuple
+
+
+def _check_ints(e: ev.Event) -> None:
+    """ValueError for a count or size past int64 (no server logs one; typed columns downstream
+    cannot hold it): the line is then unparsed, with the reason."""
+    for v in _astuple(e):
+        if v.__class__ is int and (v >= _I64 or v < -_I64):
+            f = e.__struct_fields__[_astuple(e).index(v)]
+            raise ValueError(f"{f} out of range ({str(v)[:24]}...)")
+
+
 def message_event(msg: str, base: dict[str, Any], level: str | None, lark: bool = False) -> ev.Event:
     """One log message (envelope already removed) -> one event."""
     if msg.endswith("across cluster]"):  # Ray's de-duplication suffix
         m = _REPEATED.search(msg)
         if m is not None:
             e = message_event(msg[: m.start()], base, level, lark)
-            e.repeat = int(m.group(1))
+            e.repeat = _small_int(m.group(1))
             return e
     if msg.startswith(newlines.RUST_STATS_HEAD):  # the Rust front end's stats line
         return newlines.rust_stats(msg, base)
@@ -111,6 +150,7 @@ def message_event(msg: str, base: dict[str, Any], level: str | None, lark: bool 
             truncated = True
         try:
             e = _BUILDERS[kind](fields, base)
+            _check_ints(e)
         except Exception as exc:  # a builder rejecting odd values must not stop the parse
             if truncated:
                 return ev.Unparsed(reason=f"{kind} line cut before its required fields", text=msg, **base)
@@ -298,7 +338,10 @@ class FileParser:
         if p is None:
             return
         if p[_P_SPAN] == 1 and not p[_P_BODY] and not self.lark and FAST_PATHS:
-            e = _fast(p[2].rstrip(), self.file, p[0], p[8], p[9], p[4], p[10], p[11], p[12], p[13], p[7])
+            try:
+                e = _fast(p[2].rstrip(), self.file, p[0], p[8], p[9], p[4], p[10], p[11], p[12], p[13], p[7])
+            except Exception:  # any doubt: the general route decides (and says what is wrong)
+                e = None
             if e is not None:
                 if p[14] is not None:
                     e.wrapper_time = p[14]
@@ -362,12 +405,12 @@ class FileParser:
                 proc, pid, client, method, path, httpv, status, status_text, other = m.groups()
                 if method:
                     out.append(ev.HttpAccess(client=client, method=method, path=path, http_version=httpv, status=int(status), status_text=status_text,
-                                             file=self.file, line=lineno, note=note, process=proc, pid=int(pid) if proc else None))
+                                             file=self.file, line=lineno, note=note, process=proc, pid=_small_int(pid) if proc else None))
                 elif ' - "' in other:
                     out.append(ev.Unparsed(reason="malformed http_access line (cut or unknown variant)", text=s, file=self.file, line=lineno, note=note,
-                                           process=proc, pid=int(pid) if proc else None))
+                                           process=proc, pid=_small_int(pid) if proc else None))
                 else:
-                    out.append(ev.Noise(what="uvicorn", text=other, file=self.file, line=lineno, note=note, process=proc, pid=int(pid) if proc else None))
+                    out.append(ev.Noise(what="uvicorn", text=other, file=self.file, line=lineno, note=note, process=proc, pid=_small_int(pid) if proc else None))
                 return
         base = {"file": self.file, "line": lineno, "note": note}
         if t[:1] == "{":
@@ -438,7 +481,7 @@ class FileParser:
 
         try:
             rec = msgspec.json.decode(t)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return ev.Unparsed(reason="invalid JSON record", text=t, **base)
         if not isinstance(rec, dict) or not isinstance(rec.get("message"), str):
             return ev.Unparsed(reason="JSON record without a message", text=t, **base)

@@ -10,6 +10,7 @@ import gzip
 import io
 import os
 import sys
+import zlib
 from typing import IO, Any, Iterator
 
 from kvreplay.errors import UserError
@@ -42,8 +43,45 @@ def open_text_file(path: str) -> tuple[IO[str], str, float | None]:
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
     if path.endswith(".gz"):
-        raw = gzip.GzipFile(fileobj=raw)  # type: ignore[assignment]
+        raw = _Bounded(gzip.GzipFile(fileobj=raw))  # type: ignore[assignment]
     return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n"), path, mtime
+
+
+class _Bounded(io.RawIOBase):
+    """A decompressed stream that stops with an OSError past the `decompressed` limit
+    (kvreplay.limits): a small .gz that expands without end is a read error, not a full disk
+    of events."""
+
+    def __init__(self, inner: gzip.GzipFile) -> None:
+        from kvreplay.limits import LIMITS, limit
+
+        self.inner = inner
+        self.left = self.max = limit("decompressed")
+        self.var = LIMITS["decompressed"][0]
+
+    def readable(self) -> bool:
+        return True
+
+    def _count(self, data: bytes) -> bytes:
+        self.left -= len(data)
+        if self.left < 0:
+            raise OSError(f"decompressed size above kvreplay's limit of {self.max} bytes; set {self.var} to raise it")
+        return data
+
+    def read(self, n: int = -1) -> bytes:
+        return self._count(self.inner.read(n if n is not None and n >= 0 else CHUNK))
+
+    def read1(self, n: int = -1) -> bytes:
+        return self._count(self.inner.read1(n if n is not None and n >= 0 else CHUNK))
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.inner.close()
+        super().close()
 
 
 def physical_lines(stream: IO[str], limit: int = MAX_LINE) -> Iterator[tuple[str, str | None]]:
@@ -77,7 +115,7 @@ def line_chunks(read: Any, limit: int = MAX_LINE, decode: Any = None, size: int 
             data = read(size)
             eof = not data
             text = decode(data, eof) if decode is not None else data
-        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:  # (a corrupt or cut .gz)
             yield [""], {0: f"read error: {exc}"}
             return
         if cut is None and not eof and "\n" not in text:  # the middle of a long line

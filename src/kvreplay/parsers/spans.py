@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import base64
 import json
+import math
+import os
 from typing import Any
 
 from kvreplay.errors import UserError
@@ -42,7 +44,11 @@ _INTS = {"prompt_tokens", "completion_tokens", "max_tokens", "n"}
 
 def spans_format(path: str) -> str | None:
     """"otlp" or "jaeger" when the file's first JSON object looks like one, else None."""
+    import stat
+
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or device: not sniffed (it would block)
+            return None
         with open(path, "rb") as f:
             head = f.read(4096)
     except OSError:
@@ -85,9 +91,12 @@ def _span(path: str, line: int, start: float, end: float | None,
         try:
             vals[field] = str(v) if field == "request_id" else (
                 int(v) if field in _INTS else float(v))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             continue
-    if not vals.get("request_id"):
+        x = vals[field]
+        if (isinstance(x, float) and not math.isfinite(x)) or (isinstance(x, int) and not -(1 << 63) <= x < 1 << 63):
+            del vals[field]  # (nan, inf, past int64: says nothing)
+    if not vals.get("request_id") or not math.isfinite(start) or (end is not None and not math.isfinite(end)):
         return None
     return RequestSpan(file=path, line=line, start=start, end=end, **vals)
 
@@ -139,7 +148,7 @@ def _read_otlp(path: str, text: str) -> tuple[list[RequestSpan], list[str]]:
                 raise ValueError("not a JSON object")
             _hex_ids_to_base64(d)
             msg = json_format.ParseDict(d, Request(), ignore_unknown_fields=True)
-        except (ValueError, json_format.ParseError, AttributeError, TypeError) as exc:
+        except (ValueError, json_format.ParseError, AttributeError, TypeError, RecursionError) as exc:
             problems.append(f"{path}:{n}: not an OTLP ExportTraceServiceRequest ({exc})"[:300])
             continue
         for rs in msg.resource_spans:
@@ -167,13 +176,13 @@ def _read_jaeger(path: str, text: str) -> tuple[list[RequestSpan], list[str]]:
     problems: list[str] = []
     try:
         docs.append((1, json.loads(text)))
-    except ValueError:
+    except (ValueError, RecursionError):
         for n, line in enumerate(text.splitlines(), 1):  # one document per line
             if not line.strip():
                 continue
             try:
                 docs.append((n, json.loads(line)))
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # (nested past Python's recursion limit)
                 problems.append(f"{path}:{n}: not Jaeger JSON ({exc})")
     spans: list[RequestSpan] = []
     for n, doc in docs:

@@ -130,6 +130,9 @@ class BlockPool:
         null_block: bool = True,
         free_unhashed_to_head: bool = True,
     ) -> None:
+        from kvreplay.limits import check
+
+        check("blocks", num_gpu_blocks, "num_gpu_blocks")
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.free_unhashed_to_head = free_unhashed_to_head

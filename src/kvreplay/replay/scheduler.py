@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvreplay.limits import check as check_limit
 from kvreplay.replay.block_pool import BlockPool
 from kvreplay.replay.kv_cache_manager import AllocationFailure, KVCacheManager, PrefixCacheStats
 from kvreplay.replay.profile import DEFAULT_PROFILE, SchedulerProfile
@@ -90,6 +91,7 @@ class Scheduler:
         from kvreplay.replay.profile import check_config
 
         check_config(profile, config)
+        check_limit("tokens", config.max_model_len, "max_model_len")
         self.config = config
         self.profile = profile
         self.check_invariants = check_invariants

@@ -89,6 +89,8 @@ def load_workload(path: str | Path) -> dict[str, Any]:
         data = msgspec.json.decode(text)  # same values as json.loads, 3-4x faster
     except msgspec.DecodeError:
         data = None
+    except RecursionError:
+        raise UserError(f"{path}: not a workload: JSON nested deeper than the decoder's limit") from None
     try:
         if data is None:
             data = json.loads(text)  # (for its message: line and column)
@@ -96,6 +98,8 @@ def load_workload(path: str | Path) -> dict[str, Any]:
         head = "empty file" if not text.strip() else \
             f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
         raise UserError(f"{path}: {head}; expected {what}") from None
+    except RecursionError:
+        raise UserError(f"{path}: not a workload: JSON nested deeper than the decoder's limit") from None
     if not isinstance(data, dict) or "requests" not in data:
         keys = ", ".join(sorted(data)[:5]) if isinstance(data, dict) else type(data).__name__
         raise UserError(f"{path}: JSON that is not a workload (a workload has 'config' and "

@@ -2,6 +2,12 @@
 
 Only wrappers: each overridden method calls vLLM's own method unchanged and records what it
 did. See lineformat.py for what is written.
+
+Invariant: kvreplay's own code never raises into vLLM. Every piece of bookkeeping runs
+inside a guard (`_kvt_guard`); vLLM's methods run outside it, so what they raise is theirs
+and reaches vLLM unchanged. On kvreplay's first internal error the plugin logs one WARNING
+with the reason, stops tracing (`_kvt_on` False: from then on each wrapper only calls
+vLLM's method) and vLLM runs on exactly as without the plugin.
 """
 
 from __future__ import annotations
@@ -29,8 +35,30 @@ def _vllm_version() -> str:
 class StepTraceMixin:
     """Step-trace bookkeeping on top of vLLM's Scheduler (or a subclass of it)."""
 
+    _kvt_on = False  # tracing (set once the set-up succeeded; cleared by the first internal error)
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        try:
+            self._kvt_setup()
+            self._kvt_on = True
+        except Exception as exc:  # noqa: BLE001 - kvreplay's fault: vLLM runs on untraced
+            self._kvt_stop("start-up", exc)
+
+    def _kvt_stop(self, where: str, exc: BaseException) -> None:
+        """The first internal error: one WARNING, tracing off. Never raises."""
+        was_on = self.__dict__.get("_kvt_on", True)
+        self._kvt_on = False
+        if not was_on:
+            return
+        try:
+            logger.warning(
+                "kvreplay step trace stopped: internal error in %s (%s: %s); vLLM runs on "
+                "unchanged, without trace lines from here on", where, type(exc).__name__, str(exc)[:200])
+        except Exception:  # noqa: BLE001 - not even a log line may raise into vLLM
+            pass
+
+    def _kvt_setup(self) -> None:
         self._kvt_line = 0  # index of the step line being built / next to write
         self._kvt_open: list[str] | None = None  # parts of the open step line
         self._kvt_next_handle = 0
@@ -56,7 +84,11 @@ class StepTraceMixin:
             publish = pub.publish
 
             def counting_publish(batch, _publish=publish):
-                self._kvt_ev += 1
+                if self._kvt_on:
+                    try:
+                        self._kvt_ev += 1
+                    except Exception as exc:  # noqa: BLE001
+                        self._kvt_stop("publish", exc)
                 return _publish(batch)
 
             pub.publish = counting_publish
@@ -117,8 +149,21 @@ class StepTraceMixin:
 
     # -- wrapped vLLM methods --------------------------------------------------------
     def add_request(self, request) -> None:
-        known = request.request_id in self.requests
+        if not self._kvt_on:
+            return super().add_request(request)
+        try:
+            known = request.request_id in self.requests
+        except Exception as exc:  # noqa: BLE001
+            self._kvt_stop("add_request", exc)
+            return super().add_request(request)
         super().add_request(request)
+        if self._kvt_on:
+            try:
+                self._kvt_added(request, known)
+            except Exception as exc:  # noqa: BLE001
+                self._kvt_stop("add_request", exc)
+
+    def _kvt_added(self, request, known: bool) -> None:
         if known or request.request_id not in self.requests:
             return
         if self._kvt_open is not None:  # an iteration ended without update (async)
@@ -142,10 +187,24 @@ class StepTraceMixin:
             )
 
     def schedule(self, *args, **kwargs):
-        if self._kvt_open is not None:  # previous iteration had no update (async)
-            self._kvt_flush(updated=False)
-        self._kvt_pre = pre = []
+        if not self._kvt_on:
+            return super().schedule(*args, **kwargs)
+        try:
+            if self._kvt_open is not None:  # previous iteration had no update (async)
+                self._kvt_flush(updated=False)
+            self._kvt_pre = []
+        except Exception as exc:  # noqa: BLE001
+            self._kvt_stop("schedule", exc)
         out = super().schedule(*args, **kwargs)
+        if self._kvt_on:
+            try:
+                self._kvt_scheduled(out)
+            except Exception as exc:  # noqa: BLE001
+                self._kvt_stop("schedule", exc)
+        return out
+
+    def _kvt_scheduled(self, out) -> None:
+        pre = self._kvt_pre
         parts: list[str] = []
         if self._kvt_ab_next or self._kvt_ab:
             parts.append("ab=" + ",".join(self._kvt_ab_next + self._kvt_ab))
@@ -182,9 +241,24 @@ class StepTraceMixin:
         self._kvt_batch[id(out)] = self._kvt_line
         if self._kvt_async:
             self._kvt_snap = self._kvt_state()
-        return out
 
     def _preempt_request(self, request, *args, **kwargs):
+        if not self._kvt_on:
+            return super()._preempt_request(request, *args, **kwargs)
+        try:
+            trigger, lost = self._kvt_trigger(request)
+        except Exception as exc:  # noqa: BLE001
+            self._kvt_stop("_preempt_request", exc)
+            return super()._preempt_request(request, *args, **kwargs)
+        result = super()._preempt_request(request, *args, **kwargs)
+        if self._kvt_on:
+            try:
+                self._kvt_pre.append(f"{getattr(request, '_kvt_h', '-')}/{trigger}/{lost}")
+            except Exception as exc:  # noqa: BLE001
+                self._kvt_stop("_preempt_request", exc)
+        return result
+
+    def _kvt_trigger(self, request) -> tuple[str, int]:
         # The trigger is the request whose allocation failed: the local `request` of
         # vLLM's schedule() (skipping other _preempt_request wrappers on the way).
         trigger = "-"
@@ -200,24 +274,35 @@ class StepTraceMixin:
             if name != "_preempt_request":
                 break
             f = f.f_back
-        lost = request.num_computed_tokens
-        result = super()._preempt_request(request, *args, **kwargs)
-        self._kvt_pre.append(f"{getattr(request, '_kvt_h', '-')}/{trigger}/{lost}")
-        return result
+        return trigger, request.num_computed_tokens
 
     def _free_request(self, request, *args, **kwargs):
-        h = getattr(request, "_kvt_h", None)
-        if h is not None:
-            item = f"{h}:{request.num_output_tokens}"
-            (self._kvt_fin if self._kvt_in_update else self._kvt_ab).append(item)
+        if self._kvt_on:
+            try:
+                h = getattr(request, "_kvt_h", None)
+                if h is not None:
+                    item = f"{h}:{request.num_output_tokens}"
+                    (self._kvt_fin if self._kvt_in_update else self._kvt_ab).append(item)
+            except Exception as exc:  # noqa: BLE001
+                self._kvt_stop("_free_request", exc)
         return super()._free_request(request, *args, **kwargs)
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        if not self._kvt_on:
+            return super().update_from_output(scheduler_output, model_runner_output)
         self._kvt_in_update = True
         try:
             result = super().update_from_output(scheduler_output, model_runner_output)
         finally:
             self._kvt_in_update = False
+        if self._kvt_on:
+            try:
+                self._kvt_updated(scheduler_output)
+            except Exception as exc:  # noqa: BLE001
+                self._kvt_stop("update_from_output", exc)
+        return result
+
+    def _kvt_updated(self, scheduler_output) -> None:
         parts = self._kvt_open
         if parts is None:
             parts = self._kvt_open = []
@@ -242,7 +327,6 @@ class StepTraceMixin:
             if bh:
                 parts.append("bh=" + ",".join(bh))
         self._kvt_flush(updated=True)
-        return result
 
 
 class StepTraceAsyncScheduler(StepTraceMixin, AsyncScheduler):

@@ -12,10 +12,15 @@
 - `day`: the date of the log's first request / stats line (`log_start`), `unknown` when
   the input has no time; `deployment`: the model the log serves, else `file:<name>`.
   Values are percent-encoded as Hive does ('/' -> %2F); polars decodes them on read.
-- a file is written under a hidden temporary name in its folder and renamed into place
-  (os.replace is atomic): a killed writer leaves no partial `.parquet`; the next run
-  removes a stale temporary, and of a log found twice (killed between writing a new file
-  and removing the one it replaces) keeps the newest (`scan`).
+  A value whose encoding is longer than MAX_VALUE characters (a folder name has at most
+  255 bytes) is cut and ends with `~` and a hash of the whole value (`_enc`); the record's
+  own `model` column keeps the whole value.
+- a file is written under a hidden temporary name in its folder (the writer's host and
+  pid in it) and renamed into place (os.replace is atomic): a killed writer leaves no
+  partial `.parquet`. A later run removes a temporary only when it is stale: its writer
+  was on this host and is gone, or it is older than STALE_TMP_S; so runs on one dataset
+  at the same time never delete each other's work. Of a log found twice (killed between
+  writing a new file and removing the one it replaces) the newest is kept (`scan`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,35 @@ from urllib.parse import quote
 PARTITIONS = ("day", "deployment")
 NO_KEY = "unreadable"  # the key of an input whose bytes could not be read
 _NAME = re.compile(r"^(part|error)-([0-9a-f]{24})-([0-9a-f]{24}|unreadable)\.parquet$")
-_TMP = re.compile(r"^\.(part|error)-[0-9a-f]{24}-\w+\.parquet\.[0-9]+\.tmp$")
+_TMP = re.compile(r"^\.(part|error)-[0-9a-f]{24}-\w+\.parquet\.([0-9]+)(?:\.([0-9a-f]{8}))?\.tmp$")
+MAX_VALUE = 120  # characters of an encoded partition value (folder names: 255 bytes at most)
+STALE_TMP_S = 24 * 3600  # a temporary of another host's (or an unknown) writer this old is stale
+
+
+def _host() -> str:
+    import hashlib
+    import socket
+
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _stale(path: str, pid: str, host: str | None) -> bool:
+    """May a temporary file be removed: its writer (pid on host) is gone?"""
+    import time
+
+    if host is None or host == _host():  # (no host: the naming of one-host versions)
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except (PermissionError, OverflowError, ValueError):
+            pass  # alive (another user's), or not a pid
+        else:
+            return False
+    try:
+        return time.time() - os.stat(path).st_mtime > STALE_TMP_S
+    except OSError:
+        return False
 
 
 def schema():
@@ -51,7 +84,17 @@ def partition_of(records: list[dict[str, Any]], path: str) -> dict[str, str]:
 
 
 def _enc(v: str) -> str:
-    return quote(v, safe="-_.+@")
+    e = quote(v, safe="-_.+@")
+    if e in (".", ".."):
+        e = e.replace(".", "%2E")
+    if len(e) > MAX_VALUE:
+        import hashlib
+
+        cut = e[: MAX_VALUE - 18]
+        if "%" in cut[-2:]:  # not inside a %XX escape
+            cut = cut[: cut.rindex("%")]
+        e = f"{cut}~{hashlib.sha256(v.encode('utf-8', 'surrogatepass')).hexdigest()[:16]}"
+    return e
 
 
 @dataclass(slots=True)
@@ -79,15 +122,32 @@ def scan(root: str) -> dict[str, Part]:
             if m:
                 found.setdefault(m.group(2), []).append(
                     Part(m.group(2), m.group(3), m.group(1), os.path.join(d, n)))
-            elif _TMP.match(n):
-                os.unlink(os.path.join(d, n))
+            else:
+                t = _TMP.match(n)
+                if t is not None and _stale(os.path.join(d, n), t.group(2), t.group(3)):
+                    _remove(os.path.join(d, n))
     out = {}
     for log, parts in found.items():
-        parts.sort(key=lambda p: (os.stat(p.path).st_mtime_ns, p.kind == "part", p.path))
+        parts.sort(key=lambda p: (_mtime(p.path), p.kind == "part", p.path))
         for old in parts[:-1]:
-            os.unlink(old.path)
+            _remove(old.path)
         out[log] = parts[-1]
     return out
+
+
+def _mtime(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:  # (removed by a run at the same time)
+        return -1
+
+
+def _remove(path: str) -> None:
+    """Remove a file another run may have removed first."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def write_part(root: str, log: str, key: str | None, records: list[dict[str, Any]],
@@ -100,16 +160,16 @@ def write_part(root: str, log: str, key: str | None, records: list[dict[str, Any
     key = key or NO_KEY
     dest = part_path(root, partition_of(records, path), log, key, kind)
     os.makedirs(os.path.dirname(dest), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.{os.getpid()}.tmp")
+    tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.{os.getpid()}.{_host()}.tmp")
     rows = [{"input_key": None if key == NO_KEY else key, **r} for r in records]
     try:
         pl.DataFrame(rows, schema=schema()).write_parquet(tmp)
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
-            os.unlink(tmp)
-    if replaces is not None and replaces.path != dest and os.path.exists(replaces.path):
-        os.unlink(replaces.path)
+            _remove(tmp)
+    if replaces is not None and replaces.path != dest:
+        _remove(replaces.path)
     return Part(log, key, kind, dest)
 
 

@@ -36,6 +36,52 @@ def make_executor(spec: str, workers: int | None = None):
     return DaskExecutor(address, workers)
 
 
+def _private_cluster(distributed: Any, workers: int | None) -> Any:
+    """A LocalCluster no other local user can reach: scheduler and `workers` worker threads in
+    this process over `inproc://`, with no HTTP server (Dask starts one per node whatever
+    `dashboard_address` says; each is stopped here). Threads share the GIL: for parallel
+    local runs `--executor local` uses processes; `dask` here is the same code path as a real
+    cluster's."""
+    import logging
+
+    n = workers or (os.cpu_count() or 1)
+    cluster = distributed.LocalCluster(
+        n_workers=n, threads_per_worker=1, processes=False, protocol="inproc://",
+        dashboard_address=None, silence_logs=logging.ERROR)
+    for node in [cluster.scheduler, *cluster.workers.values()]:
+        http = getattr(node, "http_server", None)
+        if http is not None:
+            http.stop()
+    return cluster
+
+
+def _die_with_parent(parent: int) -> None:
+    """Worker start-up: end this worker when the driver process ends, however it ends (a
+    SIGKILL included; a stdlib pool's workers otherwise wait on their queue for ever).
+    Linux: PR_SET_PDEATHSIG; everywhere: a thread that watches the parent pid."""
+    import signal
+    import threading
+    import time
+
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # gone before the line above took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="kvreplay-parent-watch", daemon=True).start()
+
+
 class _Lazy(cf.Future):
     """A task run in this process when the driver asks for it (jobs=1: no pool)."""
 
@@ -91,7 +137,8 @@ class LocalExecutor:
             import multiprocessing as mp
 
             ctx = mp.get_context("spawn" if os.name == "nt" else "fork")
-            self.pool = cf.ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
+            self.pool = cf.ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx,
+                                               initializer=_die_with_parent, initargs=(os.getpid(),))
             self.generation += 1
         return self.pool
 
@@ -139,8 +186,16 @@ class LocalExecutor:
 
 
 class DaskExecutor:
-    """A dask.distributed Client: on a LocalCluster of `workers` single-threaded worker
-    processes (the audit is CPU-bound Python), or on the scheduler at `address`."""
+    """A dask.distributed Client: on the scheduler at `address`, or on a private in-process
+    LocalCluster (`_private_cluster`).
+
+    Security: Dask's comms run pickled code, so whoever can reach a scheduler or worker can
+    run code in it. The local cluster therefore lives in this process alone: its scheduler
+    and workers talk over `inproc://` (no socket at all) and the HTTP servers Dask starts
+    regardless of `dashboard_address` are stopped before any task runs. A remote scheduler is
+    reached with exactly the security the user's Dask configuration gives
+    (`distributed.comm.tls.*`, e.g. DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT; or a
+    `tls://` address with those files): kvreplay adds none and removes none."""
 
     name = "dask"
     connect_timeout = "20s"
@@ -164,18 +219,13 @@ class DaskExecutor:
             except (OSError, TimeoutError) as exc:
                 raise UserError(f"--executor dask:{address}: cannot reach the scheduler: {exc}") from None
         else:
-            import logging
-
-            n = workers or (os.cpu_count() or 1)
-            self.cluster = distributed.LocalCluster(
-                n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                silence_logs=logging.ERROR)
+            self.cluster = _private_cluster(distributed, workers)
             self.client = distributed.Client(self.cluster)
         self.address = address
 
     def describe(self) -> str:
         n = len(self.client.scheduler_info().get("workers", {}))
-        where = self.address or "LocalCluster"
+        where = self.address or ("in-process LocalCluster" if self.cluster is not None else "LocalCluster")
         return f"dask {where}, {n} worker{'s' if n != 1 else ''}"
 
     def submit(self, fn: Callable, *args: Any, key: str | None = None) -> Any:

@@ -129,7 +129,20 @@ def _take(fr: FleetRun, res: Result, path: str, out_dir: str | None,
         fr.results[res.index] = res
         return
     lid = log_id(path)
-    part = ds.write_part(out_dir, lid, res.key, res.records, path, error=res.error is not None,
-                         replaces=have.get(lid))
+    try:
+        part = ds.write_part(out_dir, lid, res.key, res.records, path, error=res.error is not None,
+                             replaces=have.get(lid))
+    except OSError:
+        raise  # (the dataset's disk: every later write would fail the same way)
+    except Exception as exc:  # a value the dataset's schema cannot hold: that log's error row
+        from kvreplay.audit.record import error_record
+
+        msg = f"{path}: its record cannot be stored ({type(exc).__name__}: {str(exc)[:200]})"
+        if res.error is None:
+            fr.audited -= 1
+            fr.failed += 1
+            fr.errors.append((path, msg))
+        part = ds.write_part(out_dir, lid, res.key, [error_record(path, msg, "input")], path, error=True,
+                             replaces=have.get(lid))
     have[lid] = part
     fr.written.append(part.path)

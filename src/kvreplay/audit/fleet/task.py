@@ -50,9 +50,40 @@ class Result:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class Skipped(str):
+    """An input found in a given folder that is not read (a FIFO, a device, a link out of
+    the folder): the path, with the `reason` its error row gives."""
+
+    reason: str
+
+    def __new__(cls, path: str, reason: str) -> "Skipped":
+        s = super().__new__(cls, path)
+        s.reason = reason
+        return s
+
+    def __reduce__(self):
+        return (Skipped, (str(self), self.reason))
+
+
+def check_regular(path: str) -> None:
+    """OSError unless `path` is a regular file or a folder (of scrapes): a FIFO or a device
+    would block the reader forever or never end."""
+    import stat
+
+    st = os.stat(path)  # (follows a link: its target decides)
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+        raise OSError(f"{kind}, not a regular file: not read")
+
+
 def _files_of(path: str) -> list[str]:
+    check_regular(path)
     if os.path.isdir(path):  # a folder of .prom scrapes: one series
-        return [os.path.join(path, n) for n in sorted(os.listdir(path)) if not n.startswith(".")]
+        out = [os.path.join(path, n) for n in sorted(os.listdir(path)) if not n.startswith(".")]
+        for f in out:
+            check_regular(f)
+        return out
     return [path]
 
 
@@ -70,20 +101,24 @@ def input_key(path: str, options: Options) -> str:
 
 
 def log_id(path: str) -> str:
-    """The identity of an input in a dataset: its label (the path as given, normalised),
-    the dataset's `log` column. One file per log; the content key says if it is current."""
-    return hashlib.sha256(os.path.normpath(path).encode()).hexdigest()[:KEY_HEX]
+    """The identity of an input in a dataset: its resolved path (links and `..` resolved,
+    made absolute: `logs/a.log` and `/abs/logs/a.log` are one input). One file per log; the
+    content key says if it is current."""
+    return hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:KEY_HEX]
 
 
 def keys_task(paths: list[str], options: Options) -> list[str | None]:
     """Keys of several inputs (None: unreadable; the audit task then gives its error row)."""
     out: list[str | None] = []
     for p in paths:
+        if isinstance(p, Skipped):
+            out.append(None)
+            continue
         try:
             out.append(input_key(p, options))
         except OSError:
             out.append(None)
-    return out
+    return out  # (a Skipped input: None, as it cannot be read)
 
 
 def _peak_rss_kb() -> int:
@@ -103,6 +138,9 @@ def audit_task(index: int, path: str, options: Options) -> Result:
     t = time.perf_counter()
     key = None
     error = None
+    if isinstance(path, Skipped):
+        error = f"{path}: skipped: {path.reason}"
+        return Result(index, None, [error_record(str(path), error, "input")], error)
     try:
         key = input_key(path, options)
         extra = options.metrics_of(path)

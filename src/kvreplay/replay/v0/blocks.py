@@ -96,6 +96,9 @@ class BlockSpaceManager:
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
                  enable_caching: bool, watermark: float = 0.01) -> None:
+        from kvreplay.limits import check
+
+        check("blocks", num_gpu_blocks + num_cpu_blocks, "num_gpu_blocks + num_cpu_blocks")
         self.block_size = block_size
         self.num_total_gpu_blocks = num_gpu_blocks
         self.num_total_cpu_blocks = num_cpu_blocks

@@ -12,6 +12,7 @@ import json
 from typing import Any, Dict, List, Optional
 
 from kvreplay.errors import UserError
+from kvreplay.limits import check as check_limit
 
 from .scheduler import (FINISHED_IGNORED, FINISHED_LENGTH_CAPPED, RUNNING, SWAPPED, WAITING,
                         Scheduler, SequenceGroup, TerminalError, V0Config, V0Profile,
@@ -127,6 +128,7 @@ def parse_workload(workload: Any) -> tuple:
         if not _is_int(r.get("priority", 0)):
             raise UserError(f"{where}.priority must be an integer")
         n = _int(f"{where}.n", r.get("n", 1), 1)
+        check_limit("n", n, f"{where}.n")
         ids = [r["id"]] if n == 1 else [f"{r['id']}_parallel_sample_{j}" for j in range(n)]
         for gid in ids:
             if gid in seen:

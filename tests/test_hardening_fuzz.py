@@ -1,0 +1,52 @@
+"""The fuzz harness's quick profile (tools/fuzz_inputs.py; the long run is in its docstring):
+mutated real lines parse without a traceback, account for every physical line, and stay
+fast; mutated whole logs through replay / audit / export end with exit 0 or 2."""
+
+from __future__ import annotations
+
+import io
+import random
+import resource
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import fuzz_inputs  # noqa: E402
+
+from kvreplay.parsers import pipeline  # noqa: E402
+
+LINES = fuzz_inputs.seed_lines()
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+@FUZZ
+@given(st.randoms(use_true_random=False))
+def test_mutated_documents_parse(rnd):
+    rng = random.Random(rnd.getrandbits(64))
+    data = fuzz_inputs.make_doc(rng, LINES)
+    t0 = _cpu()
+    stream = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="replace", newline="\n")
+    evs = list(pipeline.parse_stream(stream, "fuzz", pipeline.Clock(year=2026)))
+    assert _cpu() - t0 < 5.0
+    assert sum(e.lines for e in evs) == data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+
+
+def test_quick_parse_profile():
+    rep = fuzz_inputs.run_parse(400, seed=7, seconds=60, batch=200, max_cpu=5.0, keep=None, log=lambda s: None)
+    assert rep["inputs"] > 0 and rep["failures"] == 0 and rep["slow"] == 0, rep["examples"][:3]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="fork")
+def test_quick_commands_profile(tmp_path):
+    rep = fuzz_inputs.run_commands(6, seed=3, seconds=90, max_rss_mb=2048, keep=None, tmp=tmp_path, log=lambda s: None)
+    assert rep["runs"] > 0 and rep["failures"] == 0, rep["examples"][:3]
+    assert rep["max_rss_kb"] < 2 << 20
