@@ -134,9 +134,12 @@ def pair(paths: list[str], *, year: int | None = None
     several, each goes with the one log of its model whose span it overlaps; one that
     fits none or several logs is audited alone."""
     from kvreplay.audit import prom
+    from kvreplay.audit.fleet.task import Skipped
     from kvreplay.errors import UserError
 
-    proms = [p for p in paths if p != "-" and prom.looks_like_prometheus(p)]
+    # a Skipped input (a FIFO, a device, a link out of its folder) is never opened
+    proms = [p for p in paths if p != "-" and not isinstance(p, Skipped)
+             and prom.looks_like_prometheus(p)]
     logs = [p for p in paths if p not in proms]
     if not proms or not logs:
         return paths, ()
