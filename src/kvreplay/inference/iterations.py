@@ -65,7 +65,7 @@ CHECKPOINTS = 64
 LIVE_PER_CHECKPOINT = 1024
 RESYNC_LINES = 16
 MAX_SEARCHES = 3  # disagreements no choice explains before the search gives up
-SPLIT_BY_KV = False
+SPLIT_BY_KV = True
 
 
 def unusable(facts: LogFacts, fmt: LogFormat) -> str | None:
@@ -436,11 +436,22 @@ class _Search:
             rec = self.apply(k)
             diffs = self.lc.check(rec)
             if diffs and self._soft(rec, diffs):
+                # a KV usage a sum's split may explain: split it when a member left the
+                # pool (line_lengths.split), else take the step as it is
+                if self.repair(rec):
+                    continue
                 diffs = []
             if not diffs:
                 self._learn(rec, k)
                 continue
             if self.repair(rec):
+                continue
+            if self.lengths and not any("requests" in d for d in diffs):
+                # the request counts agree: the arrivals are placed, and the tokens are
+                # the estimated prompts' (a sum no line split yet); going back through the
+                # arrival choices would only trade a length error for a placement error
+                self.unexplained += 1
+                self._learn(rec, k)
                 continue
             if not strict:
                 self.unexplained += 1
@@ -520,7 +531,10 @@ def kv_within_split(rec: StepRecord, diffs: list[str], lc: LineCheck, sched: Any
     it = lc.by_n.get(n) if n is not None else None
     if it is None or it.kv_usage is None:
         return False
-    unsure = sum(1 for r in sched.running if lengths.uncertain(r.request_id))
+    # a prompt known only as a sum holds any share of its group's blocks until a line
+    # splits it: the blocks its group holds in all (a wrong split is not a wrong step:
+    # the context counts and tokens, exact, place the arrivals)
+    unsure = sum(lengths.group_blocks(r) for r in sched.running if lengths.uncertain(r.request_id))
     if not unsure:
         return False
     blocks = sched.pool.num_usable_blocks
