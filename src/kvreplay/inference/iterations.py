@@ -117,6 +117,10 @@ class IterationMatch:
     overhead_s: float = 0.0  # the clock's fixed cost between steps
     prompt_lengths: dict[str, int] = field(default_factory=dict)  # status -> requests
     kv_unsure: int = 0  # lines whose KV usage may differ by how a sum of prompts splits
+    # what the lines said of each estimated prompt (request index -> LineLengths status),
+    # and the requests whose prompts they showed only as one sum
+    length_status: dict[int, str] = field(default_factory=dict)
+    sum_groups: list[list[int]] = field(default_factory=list)
 
     def report(self) -> dict[str, Any]:
         return {"lines": self.lines, "checked": self.checked, "matched": self.matched,
@@ -590,7 +594,8 @@ def iteration_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any
             rebuilt.prompt_estimated[i] = s.lengths.status[i] != "exact"
     return IterationMatch(run, len(facts.iterations), checked, matched, first,
                           first.step if first else len(steps), dict(lc.line_of_step),
-                          dict(lag), s.backtracks, overhead, s.lengths.summary(), kv_unsure)
+                          dict(lag), s.backtracks, overhead, s.lengths.summary(), kv_unsure,
+                          dict(s.lengths.status), s.lengths.sum_groups())
 
 
 def _line_at_or_after(line_of_step: dict[int, int], step: int) -> int | None:

@@ -234,6 +234,13 @@ class LineLengths:
             elif self.status[i] == "estimated":
                 self.status[i] = "exact"
 
+    def sum_groups(self) -> list[list[int]]:
+        """Each group of requests a line showed only as one sum (in order, once)."""
+        seen: dict[int, list[int]] = {}
+        for g in self.groups.values():
+            seen.setdefault(id(g), g.members)
+        return sorted(list(m) for m in seen.values())
+
     def summary(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for i in self.open:
