@@ -102,6 +102,11 @@ def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Any, pattern: st
                  "line (estimated)", "bound": "known as a lower bound", "block": "split to a block"}
         rebuilt.notes.append("prompt lengths from the Iteration lines: " + ", ".join(
             f"{n} {words.get(k, k)}" for k, n in sorted(m.prompt_lengths.items())))
+    if m.exhausted:
+        rebuilt.notes.append(
+            "the Iteration-line search spent its allowance (a few replays of the log) "
+            "correcting estimated prompt lengths: from there each step took its most likely "
+            "arrivals and no correction")
     if priorities_unknown(facts, rebuilt):
         rebuilt.notes.append(
             "the scheduling policy is priority but no priority is logged (vLLM 0.33 logs a "

@@ -64,6 +64,10 @@ CHECKPOINTS = 64
 # takes the same checkpoints.
 LIVE_PER_CHECKPOINT = 1024
 RESYNC_LINES = 16
+# Engine steps the search may run in all, per Iteration line, when prompts are estimated
+# (corrections replay from a request's arrival, backtracks from a choice): past it each
+# step takes its first choice and no correction, so the search stays a few replays long
+SEARCH_STEPS_PER_LINE = 8
 MAX_SEARCHES = 3  # disagreements no choice explains before the search gives up
 SPLIT_BY_KV = True
 
@@ -121,6 +125,7 @@ class IterationMatch:
     # and the requests whose prompts they showed only as one sum
     length_status: dict[int, str] = field(default_factory=dict)
     sum_groups: list[list[int]] = field(default_factory=list)
+    exhausted: bool = False  # the search ran out of its allowance (SEARCH_STEPS_PER_LINE)
 
     def report(self) -> dict[str, Any]:
         return {"lines": self.lines, "checked": self.checked, "matched": self.matched,
@@ -128,7 +133,8 @@ class IterationMatch:
                 "exact_until_step": self.exact_until_step,
                 "arrival_lag": {str(k): v for k, v in sorted(self.lag.items())},
                 "backtracks": self.backtracks, "prompt_lengths": self.prompt_lengths,
-                "kv_unsure_lines": self.kv_unsure}
+                "kv_unsure_lines": self.kv_unsure,
+                **({"search_allowance_spent": True} if self.exhausted else {})}
 
 
 class LineCheck:
@@ -251,6 +257,10 @@ class _Search:
         self.queue: deque[int] = deque()  # choices to take next (a backtrack, a replay)
         # lines loose_from <= N < loose_until take the first choice they accept
         self.loose_from = self.loose_until = 0
+        self.exhausted = False
+        self.stepped = 0  # engine steps run, replays included
+        self.allowance = (SEARCH_STEPS_PER_LINE * (self.lc.last_n + 1)
+                          if any(rebuilt.prompt_estimated) else 1 << 62)
         self.unexplained = 0
         self.failures = 0
         self.backtracks = 0
@@ -298,6 +308,7 @@ class _Search:
         for rid in self.aborts.get(self.lc.n, ()):
             eng.abort(rid)
         rec = eng.step()
+        self.stepped += 1
         self.steps.append(rec)
         out = eng.last_output
         if out is not None and self.lengths:
@@ -421,6 +432,9 @@ class _Search:
         while not self.done():
             if best is not None and self.lc.n > best[0] + 2:
                 best, self.spent = None, 0  # past the line that failed: that one is solved
+            if self.stepped > self.allowance:
+                self._spent_out()
+                break
             strict = not self.loose_from <= self.lc.n < self.loose_until
             self.checkpoint()
             if self.queue:
@@ -478,6 +492,16 @@ class _Search:
             best = None
         if self.steps and not self.eng.done:
             self.eng.stop()
+
+    def _spent_out(self) -> None:
+        """The search's allowance is spent: the rest of the log, each step its most likely
+        choice, nothing corrected."""
+        self.exhausted = True
+        while not self.done():
+            k = self.queue.popleft() if self.queue else self.options()[0]
+            rec = self.apply(k)
+            if not self.lc.check(rec):
+                self._learn(rec, k)
 
     def _soft(self, rec: StepRecord, diffs: list[str]) -> bool:
         """A KV usage off by no more blocks than there are prompts known only as a sum in
@@ -595,7 +619,7 @@ def iteration_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any
     return IterationMatch(run, len(facts.iterations), checked, matched, first,
                           first.step if first else len(steps), dict(lc.line_of_step),
                           dict(lag), s.backtracks, overhead, s.lengths.summary(), kv_unsure,
-                          dict(s.lengths.status), s.lengths.sum_groups())
+                          dict(s.lengths.status), s.lengths.sum_groups(), s.exhausted)
 
 
 def _line_at_or_after(line_of_step: dict[int, int], step: int) -> int | None:
