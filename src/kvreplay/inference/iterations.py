@@ -384,9 +384,9 @@ class _Search:
             return True
         return False
 
-    def repair(self, rec: StepRecord) -> bool:
+    def repair(self, rec: StepRecord, max_back: int | None = None) -> bool:
         """Put the disagreement at `rec` to the estimated prompts: replay from the step the
-        correction needs, with the same choices."""
+        correction needs (no more than `max_back` steps back), with the same choices."""
         it = self.lc.by_n.get(self.lc.line_of_step.get(rec.step, -1))
         out = self.eng.last_output
         if it is None or out is None:
@@ -404,8 +404,11 @@ class _Search:
         # a prompt is what it is from the request's arrival on (while it waited, the
         # full-sequence gate and the token budget read it)
         arrived = self.eng.arrival_step
-        fix.restore_step = min([fix.restore_step, *(arrived[i] for i in fix.lengths if arrived[i] >= 0)])
+        if max_back is None:  # (past the allowance: from the step its line is, a shortcut)
+            fix.restore_step = min([fix.restore_step, *(arrived[i] for i in fix.lengths if arrived[i] >= 0)])
         if not self.ckpts or self.ckpts[0].step > fix.restore_step:
+            return False
+        if max_back is not None and fix.restore_step < rec.step - max_back:
             return False
         choices = [self.choice[s] for s in range(fix.restore_step, rec.step + 1)]
         self.lengths.applied(fix)
@@ -498,9 +501,13 @@ class _Search:
         choice, nothing corrected."""
         self.exhausted = True
         while not self.done():
+            self.checkpoint()
             k = self.queue.popleft() if self.queue else self.options()[0]
             rec = self.apply(k)
-            if not self.lc.check(rec):
+            diffs = self.lc.check(rec)
+            if diffs and self.repair(rec, max_back=PRE_STEPS):
+                continue  # a length the step's own line shows: a few steps replayed
+            if not diffs:
                 self._learn(rec, k)
 
     def _soft(self, rec: StepRecord, diffs: list[str]) -> bool:
