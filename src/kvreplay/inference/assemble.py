@@ -20,8 +20,7 @@ from kvreplay.inference.placement import (LARGE_LOG_ROUNDS, Anchored, anchored_r
                                           exact_search)
 from kvreplay.inference.rebuild import Rebuilt
 from kvreplay.inference.confidence import set_iteration_confidence
-from kvreplay.inference.ensemble import headline
-from kvreplay.inference.iteration_ensemble import iteration_ensemble
+from kvreplay.inference.iteration_ensemble import iteration_ensemble, iteration_headline
 from kvreplay.inference.iterations import iteration_replay
 from kvreplay.inference.rebuild import rebuild_workload
 from kvreplay.inference.runs import Run, step_replay, timed_replay
@@ -122,7 +121,8 @@ def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Any, pattern: st
             for p in pre:  # a row the lines do not pin is inferred, with its probability
                 if p.confidence in ("exact-by-log", "consistent"):
                     p.confidence = "inferred"
-            unc.headline = headline(unc, pre, make_it_exact(facts).split(":")[0])
+            unc.headline = iteration_headline(unc, pre, make_it_exact(facts).split(":")[0],
+                                              priorities_unknown(facts, rebuilt))
             rebuilt.notes.append(
                 f"the uncertainty ensemble: {unc.samples} more replays at the same arrival "
                 "steps, each with prompt lengths the Iteration lines allow (a sum split "

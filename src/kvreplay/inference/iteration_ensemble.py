@@ -164,16 +164,32 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
         e = sum(x.weight * len(x.by_victim.get(rid, ())) for x in members) / total
         reqs.append({"id": rid, "p_preempted": round(p, 3), "expected_preemptions": round(e, 3)})
     reqs.sort(key=lambda r: (-r["p_preempted"], -r["expected_preemptions"], r["id"]))
-    start = run.clock[0] if run.clock else 0.0
     count = _interval([x.count for x in members], w, widen=WIDEN)
     return Uncertainty(
         samples=len(members) - 1, seed=seed, effective_samples=_ess(w),
         preemptions=count,
         recomputed_tokens=_interval([x.recomputed for x in members], w, widen=WIDEN),
         recompute_ratio=_interval(ratios, w, digits=4, widen=WIDEN),
-        windows=[{"start": round(start, 3), "end": round(run.end, 3), **count}],
+        windows=[],  # (no storm timeline: the members are not counted per stats line)
         requests=reqs, members=members, fit_per_line=min(x.sse for x in members)
         / max(1, len(facts.iterations)))
 
 
-__all__ = ["iteration_ensemble", "TOL_STEPS"]
+def iteration_headline(unc: Uncertainty, pre: Sequence[PreemptionRecord], make_exact: str,
+                       priority_unknown: bool) -> str:
+    """One line: what to trust in a replay placed by Iteration lines whose prompts are not
+    logged, what not, how to make it exact."""
+    c = unc.preemptions
+    leads = sum(1 for p in pre if (p.probability or 0.0) < 0.5)
+    why = ("the Iteration lines place every arrival, but show a prompt's length only where "
+           "it was prefilled alone in a step" + (", and no priority is logged" if priority_unknown
+                                                  else ""))
+    count = f"{c['low']}-{c['high']} preemptions, 90% interval, median {c['median']}"
+    if leads:
+        rows = (f"do not trust single victims: {leads} of {len(pre)} rows are leads (p < 0.5)")
+    else:
+        rows = "each row's victim is likely (p >= 0.5), not certain"
+    return f"trust the count ({count}) and the recomputed tokens; {rows}: {why}; to make it exact: {make_exact}"
+
+
+__all__ = ["iteration_ensemble", "iteration_headline", "TOL_STEPS"]
