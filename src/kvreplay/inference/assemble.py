@@ -20,6 +20,8 @@ from kvreplay.inference.placement import (LARGE_LOG_ROUNDS, Anchored, anchored_r
                                           exact_search)
 from kvreplay.inference.rebuild import Rebuilt
 from kvreplay.inference.confidence import set_iteration_confidence
+from kvreplay.inference.iteration_ensemble import MAX_STEPS as ITERATION_MAX_STEPS
+from kvreplay.inference.iteration_ensemble import SAMPLES as ITERATION_SAMPLES
 from kvreplay.inference.iteration_ensemble import iteration_ensemble, iteration_headline
 from kvreplay.inference.iterations import iteration_replay
 from kvreplay.inference.rebuild import rebuild_workload
@@ -116,6 +118,11 @@ def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Any, pattern: st
     if rebuilt.prompts_estimated and pre is not None:
         unc = iteration_ensemble(rebuilt, facts, fmt, prof, m, pre,
                                  priority_unknown=priorities_unknown(facts, rebuilt))
+        if unc is None and len(run.steps) * ITERATION_SAMPLES > ITERATION_MAX_STEPS:
+            rebuilt.notes.append(
+                f"no uncertainty ensemble: {len(run.steps):,} steps x {ITERATION_SAMPLES} "
+                f"replays is over {ITERATION_MAX_STEPS:,}; the rows are inferred, without "
+                "probabilities")
         if unc is not None:
             unc.assign(pre)
             for p in pre:  # a row the lines do not pin is inferred, with its probability
