@@ -107,7 +107,7 @@ def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Any, pattern: st
         rebuilt.notes.append(
             "the Iteration-line search spent its allowance (a few replays of the log) "
             "correcting estimated prompt lengths: from there each step took its most likely "
-            "arrivals and no correction")
+            "arrivals, and a length was corrected only where that step's own line showed it")
     if priorities_unknown(facts, rebuilt):
         rebuilt.notes.append(
             "the scheduling policy is priority but no priority is logged (vLLM 0.33 logs a "
