@@ -20,6 +20,9 @@ from kvreplay.inference.placement import (LARGE_LOG_ROUNDS, Anchored, anchored_r
                                           exact_search)
 from kvreplay.inference.rebuild import Rebuilt
 from kvreplay.inference.confidence import set_iteration_confidence
+from kvreplay.inference.iteration_ensemble import MAX_STEPS as ITERATION_MAX_STEPS
+from kvreplay.inference.iteration_ensemble import SAMPLES as ITERATION_SAMPLES
+from kvreplay.inference.iteration_ensemble import iteration_ensemble, iteration_headline
 from kvreplay.inference.iterations import iteration_replay
 from kvreplay.inference.rebuild import rebuild_workload
 from kvreplay.inference.runs import Run, step_replay, timed_replay
@@ -100,9 +103,42 @@ def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Any, pattern: st
                  "line (estimated)", "bound": "known as a lower bound", "block": "split to a block"}
         rebuilt.notes.append("prompt lengths from the Iteration lines: " + ", ".join(
             f"{n} {words.get(k, k)}" for k, n in sorted(m.prompt_lengths.items())))
+    if m.exhausted:
+        rebuilt.notes.append(
+            "the Iteration-line search spent its allowance (a few replays of the log) "
+            "correcting estimated prompt lengths: from there each step took its most likely "
+            "arrivals, and a length was corrected only where that step's own line showed it")
+    if priorities_unknown(facts, rebuilt):
+        rebuilt.notes.append(
+            "the scheduling policy is priority but no priority is logged (vLLM 0.33 logs a "
+            "request's priority only in its JSON body, VLLM_REQUEST_BODY_LOG_LEVEL=INFO): the "
+            "replay takes every request as priority 0, so who is preempted follows arrival "
+            "order; take each row by its probability")
+    unc = None
+    if rebuilt.prompts_estimated and pre is not None:
+        unc = iteration_ensemble(rebuilt, facts, fmt, prof, m, pre,
+                                 priority_unknown=priorities_unknown(facts, rebuilt))
+        if unc is None and len(run.steps) * ITERATION_SAMPLES > ITERATION_MAX_STEPS:
+            rebuilt.notes.append(
+                f"no uncertainty ensemble: {len(run.steps):,} steps x {ITERATION_SAMPLES} "
+                f"replays is over {ITERATION_MAX_STEPS:,}; the rows are inferred, without "
+                "probabilities")
+        if unc is not None:
+            unc.assign(pre)
+            for p in pre:  # a row the lines do not pin is inferred, with its probability
+                if p.confidence in ("exact-by-log", "consistent"):
+                    p.confidence = "inferred"
+            unc.headline = iteration_headline(unc, pre, make_it_exact(facts).split(":")[0],
+                                              priorities_unknown(facts, rebuilt))
+            rebuilt.notes.append(
+                f"the uncertainty ensemble: {unc.samples} more replays at the same arrival "
+                "steps, each with prompt lengths the Iteration lines allow (a sum split "
+                "another way, a length known to a block moved within it, an unpinned one "
+                "redrawn)" + (" and random priorities 0-4" if priorities_unknown(facts, rebuilt)
+                              else "") + ", weighted by the Iteration lines each matches")
     rep = make_replay(facts, fmt, prof, rebuilt, run, pre, check, loss=0.0, pattern=pattern,
                       phase=0.5, placement=(0.0, 0.0), estimate=None, warnings=warnings,
-                      uncertainty=None)
+                      uncertainty=unc)
     rep.info["placement"] = "iteration lines"
     rep.info["step_time_model"] = (f"step times logged (Iteration lines) + "
                                    f"{m.overhead_s * 1e3:.2f} ms between steps; fitted: "
@@ -110,6 +146,12 @@ def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Any, pattern: st
     if m.first_mismatch is None and not rebuilt.prompts_estimated:
         rep.confidence = "exact-by-log"
     return rep
+
+
+def priorities_unknown(facts: LogFacts, rebuilt: Rebuilt) -> bool:
+    """The priority policy, and a log without the JSON bodies that carry priorities."""
+    return (rebuilt.workload.config.policy == "priority" and rebuilt.prompts_estimated
+            and not any(r.priority for r in facts.requests))
 
 
 def log_lines(facts: LogFacts, run: Run, check: dict[str, Any]) -> dict[int, list[tuple[str, int]]]:

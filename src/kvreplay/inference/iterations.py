@@ -64,8 +64,12 @@ CHECKPOINTS = 64
 # takes the same checkpoints.
 LIVE_PER_CHECKPOINT = 1024
 RESYNC_LINES = 16
+# Engine steps the search may run in all, per Iteration line, when prompts are estimated
+# (corrections replay from a request's arrival, backtracks from a choice): past it each
+# step takes its first choice and no correction, so the search stays a few replays long
+SEARCH_STEPS_PER_LINE = 8
 MAX_SEARCHES = 3  # disagreements no choice explains before the search gives up
-SPLIT_BY_KV = False
+SPLIT_BY_KV = True
 
 
 def unusable(facts: LogFacts, fmt: LogFormat) -> str | None:
@@ -117,6 +121,11 @@ class IterationMatch:
     overhead_s: float = 0.0  # the clock's fixed cost between steps
     prompt_lengths: dict[str, int] = field(default_factory=dict)  # status -> requests
     kv_unsure: int = 0  # lines whose KV usage may differ by how a sum of prompts splits
+    # what the lines said of each estimated prompt (request index -> LineLengths status),
+    # and the requests whose prompts they showed only as one sum
+    length_status: dict[int, str] = field(default_factory=dict)
+    sum_groups: list[list[int]] = field(default_factory=list)
+    exhausted: bool = False  # the search ran out of its allowance (SEARCH_STEPS_PER_LINE)
 
     def report(self) -> dict[str, Any]:
         return {"lines": self.lines, "checked": self.checked, "matched": self.matched,
@@ -124,7 +133,8 @@ class IterationMatch:
                 "exact_until_step": self.exact_until_step,
                 "arrival_lag": {str(k): v for k, v in sorted(self.lag.items())},
                 "backtracks": self.backtracks, "prompt_lengths": self.prompt_lengths,
-                "kv_unsure_lines": self.kv_unsure}
+                "kv_unsure_lines": self.kv_unsure,
+                **({"search_allowance_spent": True} if self.exhausted else {})}
 
 
 class LineCheck:
@@ -247,6 +257,10 @@ class _Search:
         self.queue: deque[int] = deque()  # choices to take next (a backtrack, a replay)
         # lines loose_from <= N < loose_until take the first choice they accept
         self.loose_from = self.loose_until = 0
+        self.exhausted = False
+        self.stepped = 0  # engine steps run, replays included
+        self.allowance = (SEARCH_STEPS_PER_LINE * (self.lc.last_n + 1)
+                          if any(rebuilt.prompt_estimated) else 1 << 62)
         self.unexplained = 0
         self.failures = 0
         self.backtracks = 0
@@ -294,6 +308,7 @@ class _Search:
         for rid in self.aborts.get(self.lc.n, ()):
             eng.abort(rid)
         rec = eng.step()
+        self.stepped += 1
         self.steps.append(rec)
         out = eng.last_output
         if out is not None and self.lengths:
@@ -369,9 +384,9 @@ class _Search:
             return True
         return False
 
-    def repair(self, rec: StepRecord) -> bool:
+    def repair(self, rec: StepRecord, max_back: int | None = None) -> bool:
         """Put the disagreement at `rec` to the estimated prompts: replay from the step the
-        correction needs, with the same choices."""
+        correction needs (no more than `max_back` steps back), with the same choices."""
         it = self.lc.by_n.get(self.lc.line_of_step.get(rec.step, -1))
         out = self.eng.last_output
         if it is None or out is None:
@@ -389,8 +404,11 @@ class _Search:
         # a prompt is what it is from the request's arrival on (while it waited, the
         # full-sequence gate and the token budget read it)
         arrived = self.eng.arrival_step
-        fix.restore_step = min([fix.restore_step, *(arrived[i] for i in fix.lengths if arrived[i] >= 0)])
+        if max_back is None:  # (past the allowance: from the step its line is, a shortcut)
+            fix.restore_step = min([fix.restore_step, *(arrived[i] for i in fix.lengths if arrived[i] >= 0)])
         if not self.ckpts or self.ckpts[0].step > fix.restore_step:
+            return False
+        if max_back is not None and fix.restore_step < rec.step - max_back:
             return False
         choices = [self.choice[s] for s in range(fix.restore_step, rec.step + 1)]
         self.lengths.applied(fix)
@@ -417,6 +435,9 @@ class _Search:
         while not self.done():
             if best is not None and self.lc.n > best[0] + 2:
                 best, self.spent = None, 0  # past the line that failed: that one is solved
+            if self.stepped > self.allowance:
+                self._spent_out()
+                break
             strict = not self.loose_from <= self.lc.n < self.loose_until
             self.checkpoint()
             if self.queue:
@@ -436,11 +457,22 @@ class _Search:
             rec = self.apply(k)
             diffs = self.lc.check(rec)
             if diffs and self._soft(rec, diffs):
+                # a KV usage a sum's split may explain: split it when a member left the
+                # pool (line_lengths.split), else take the step as it is
+                if self.repair(rec):
+                    continue
                 diffs = []
             if not diffs:
                 self._learn(rec, k)
                 continue
             if self.repair(rec):
+                continue
+            if self.lengths and not any("requests" in d for d in diffs):
+                # the request counts agree: the arrivals are placed, and the tokens are
+                # the estimated prompts' (a sum no line split yet); going back through the
+                # arrival choices would only trade a length error for a placement error
+                self.unexplained += 1
+                self._learn(rec, k)
                 continue
             if not strict:
                 self.unexplained += 1
@@ -463,6 +495,20 @@ class _Search:
             best = None
         if self.steps and not self.eng.done:
             self.eng.stop()
+
+    def _spent_out(self) -> None:
+        """The search's allowance is spent: the rest of the log, each step its most likely
+        choice, nothing corrected."""
+        self.exhausted = True
+        while not self.done():
+            self.checkpoint()
+            k = self.queue.popleft() if self.queue else self.options()[0]
+            rec = self.apply(k)
+            diffs = self.lc.check(rec)
+            if diffs and self.repair(rec, max_back=PRE_STEPS):
+                continue  # a length the step's own line shows: a few steps replayed
+            if not diffs:
+                self._learn(rec, k)
 
     def _soft(self, rec: StepRecord, diffs: list[str]) -> bool:
         """A KV usage off by no more blocks than there are prompts known only as a sum in
@@ -520,7 +566,10 @@ def kv_within_split(rec: StepRecord, diffs: list[str], lc: LineCheck, sched: Any
     it = lc.by_n.get(n) if n is not None else None
     if it is None or it.kv_usage is None:
         return False
-    unsure = sum(1 for r in sched.running if lengths.uncertain(r.request_id))
+    # a prompt known only as a sum holds any share of its group's blocks until a line
+    # splits it: the blocks its group holds in all (a wrong split is not a wrong step:
+    # the context counts and tokens, exact, place the arrivals)
+    unsure = sum(lengths.group_blocks(r) for r in sched.running if lengths.uncertain(r.request_id))
     if not unsure:
         return False
     blocks = sched.pool.num_usable_blocks
@@ -576,7 +625,8 @@ def iteration_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any
             rebuilt.prompt_estimated[i] = s.lengths.status[i] != "exact"
     return IterationMatch(run, len(facts.iterations), checked, matched, first,
                           first.step if first else len(steps), dict(lc.line_of_step),
-                          dict(lag), s.backtracks, overhead, s.lengths.summary(), kv_unsure)
+                          dict(lag), s.backtracks, overhead, s.lengths.summary(), kv_unsure,
+                          dict(s.lengths.status), s.lengths.sum_groups(), s.exhausted)
 
 
 def _line_at_or_after(line_of_step: dict[int, int], step: int) -> int | None:

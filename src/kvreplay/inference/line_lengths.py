@@ -65,6 +65,14 @@ class LineLengths:
         i = self.index.get(rid)
         return i is not None and self.status.get(i) in ("sum", "bound", "block")
 
+    def group_blocks(self, req: Any) -> int:
+        """The blocks a running request of uncertain length may hold more or fewer than the
+        replay gives it: its own (a sum's member), else one (a bound, a block's split)."""
+        i = self.index.get(req.request_id)
+        if i is None or i not in self.groups or self.status.get(i) != "sum":
+            return 1
+        return -(-req.num_computed_tokens // self.block_size)
+
     def tokens(self, i: int, n: int) -> list[int]:
         """The request's prompt with n tokens: its own tokens (never shared with another
         request's), the leading ones kept, so computed blocks keep their identity."""
@@ -91,22 +99,38 @@ class LineLengths:
 
         if d_req == 0 and d_tok and ctx:
             group = [rid for rid in ctx if ok(self.index[rid])]
+            # a member a line showed alone (exact) keeps its length: the rest of the sum
+            # takes the difference
+            loose = [rid for rid in group if self.status.get(self.index[rid]) != "exact"]
+            group = loose or group
             if not group:
                 return None
-            total = sum(sched[rid] for rid in group) + d_tok
+            ours = sum(sched[rid] for rid in group)
+            total = ours + d_tok
             if total < len(group):
                 return None
-            share, extra = divmod(total, len(group))
+            # the difference shared in proportion to what each computed here: the line
+            # shows only the sum, and a split the replay already had (a finish's KV
+            # usage, an earlier line) stays as it was
+            chunks = [max(1, round(sched[rid] * total / ours)) for rid in group]
+            chunks[-1] += total - sum(chunks)
+            if chunks[-1] < 1:
+                share, extra = divmod(total, len(group))
+                chunks = [share + (1 if j < extra else 0) for j in range(len(group))]
             lengths = {}
-            for j, rid in enumerate(group):
+            for rid, chunk in zip(group, chunks):
                 req = requests.get(rid)
                 if req is None:
                     return None
                 before = req.num_computed_tokens - sched[rid]
-                lengths[self.index[rid]] = before + share + (1 if j < extra else 0)
+                lengths[self.index[rid]] = before + chunk
             full = line.context_tokens + line.generation_tokens >= self.budget
             status = "sum" if len(group) > 1 else "bound" if full else "exact"
             return Fix(step, lengths, status)
+        if d_req == 0 and d_tok == 0 and not ctx:
+            fix = self._recompute(step, out, line)
+            if fix is not None:
+                return fix
         if d_req > 0 and prev_ctx is not None:
             # still prefilling in the log, done in ours: longer
             late = [rid for rid in sched if rid not in out.ctx_req_ids and rid in prev_ctx
@@ -134,6 +158,29 @@ class LineLengths:
                 return Fix(step - 1, lengths, "exact")
         return None
 
+    def _recompute(self, step: int, out: Any, line: Any) -> Fix | None:
+        """A preempted request recomputed (its prompt and outputs, counted as generation
+        tokens): the line's generation tokens show its prompt, exactly when it is the only
+        one of uncertain length recomputed in the step and the budget did not cut it."""
+        sched = out.num_scheduled_tokens
+        total = sum(sched.values())
+        gen_req = len(sched) - out.num_ctx_requests
+        d_gen = line.generation_tokens - (total - out.num_ctx_tokens)
+        if not d_gen or gen_req != line.generation_requests:
+            return None
+        if line.context_tokens + line.generation_tokens >= self.budget or total >= self.budget:
+            return None  # a chunk: the budget, not the prompt, set its size
+        again = [rid for rid, n in sched.items() if n > 1 and rid not in out.ctx_req_ids]
+        mine = [rid for rid in again if self.index.get(rid) in self.open
+                and self.fixes.get(self.index[rid], 0) < MAX_FIXES]
+        loose = [rid for rid in mine if self.status.get(self.index[rid]) != "exact"]
+        mine = loose if len(loose) == 1 else mine  # (one a line showed alone keeps its own)
+        if len(mine) != 1:
+            return None
+        i = self.index[mine[0]]
+        n = self.prompt_len(i) + d_gen
+        return Fix(step, {i: n}, "exact") if n >= 1 else None
+
     def applied(self, fix: Fix) -> None:
         for i, n in fix.lengths.items():
             self.fixes[i] = self.fixes.get(i, 0) + 1
@@ -153,10 +200,11 @@ class LineLengths:
         for rid in left:
             i = self.index.get(rid)
             g = self.groups.get(i) if i is not None else None
-            if g is None or g.splits >= MAX_FIXES:
-                continue
+            if g is None or g.splits >= MAX_FIXES or self.status.get(i) != "sum":
+                continue  # (a member split once is known to a block: the next leaving
+                # member's KV difference is the other requests' error, not this sum's)
             diff = round((rec.kv_usage - logged_kv / 100.0) * usable_blocks)
-            if diff == 0:
+            if abs(diff) <= usable_blocks // 2000:  # within the line's 0.1 %
                 continue
             bs = self.block_size
             others = [j for j in g.members if j != i]
@@ -181,9 +229,17 @@ class LineLengths:
         mine = [self.index[rid] for rid in out.ctx_req_ids if self.index.get(rid) in self.open]
         for i in mine:
             if len(mine) > 1:
-                self.status[i] = "sum"
+                if self.status[i] == "estimated":  # (a split or a line that showed
+                    self.status[i] = "sum"  # it alone stays: a replay passes here again)
             elif self.status[i] == "estimated":
                 self.status[i] = "exact"
+
+    def sum_groups(self) -> list[list[int]]:
+        """Each group of requests a line showed only as one sum (in order, once)."""
+        seen: dict[int, list[int]] = {}
+        for g in self.groups.values():
+            seen.setdefault(id(g), g.members)
+        return sorted(list(m) for m in seen.values())
 
     def summary(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -1,0 +1,195 @@
+"""Uncertainty for an Iteration-line replay of a log without prompt bodies.
+
+Consumes: the search's match (iterations.py: its run, the arrival steps it placed, what
+the lines said of each prompt length: `IterationMatch.length_status`, `sum_groups`), the
+rebuilt workload, `LogFacts`. Produces the same `Uncertainty` a stats-line log gets
+(ensemble.py): intervals for the preemption count and the recomputed tokens, each
+request's probability of being preempted, a probability per row.
+
+The lines place the arrivals (their context request counts, exact) but pin a prompt only
+where it was prefilled alone in a step ("exact"); a prompt admitted with others is known
+as their sum ("sum"), one split by the KV usage once a member left the pool to a block
+("block"), one cut by the token budget as a lower bound ("bound"), one no line reached not
+at all ("estimated"). Each member replays the same arrival steps with lengths the lines
+allow: exact kept, a sum split at random with its total kept (log-normal shares), a block
+moved within +-1 block, a bound raised, an estimate redrawn log-normally; under the
+priority policy without logged priorities, random priorities 0-4. Weight: how many
+Iteration lines the member reproduces (ensemble.noise_weights on the lines it misses).
+Seeded: the same log gives the same ensemble.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Any, Sequence
+
+from kvreplay.inference.engines import make_engine
+from kvreplay.inference.ensemble import (TOL_STEPS, Member, Uncertainty, _ess, _interval,
+                                         noise_weights)
+from kvreplay.inference.facts import LogFacts
+from kvreplay.inference.formats import LogFormat
+from kvreplay.replay.records import PreemptionRecord, preemption_records, totals
+
+SAMPLES = 16  # members besides the search's own replay
+MAX_STEPS = 200_000  # (samples x steps) beyond which the ensemble is not run
+SUM_SIGMA = 0.6  # log-normal spread of a sum's shares
+EST_SIGMA = 0.5  # ... of a length no line pinned
+# The members share the search's arrival steps and its errors (a preemption it puts a few
+# steps off moves the following ones), so the count's spread is widened by this share of
+# the median on each side. Chosen on tools/eval_iter_noprompts.py's 11 logs (the three log
+# cases, 8 renders): the search undercounts by up to a third; not checked on held-out logs.
+WIDEN = 0.35
+
+
+def _tokens(old: Sequence[int], n: int, i: int) -> list[int]:
+    """A prompt of n tokens: the leading ones kept (their blocks keep their identity),
+    new ones unique to the request."""
+    if n <= len(old):
+        return list(old[:n])
+    start = old[-1] + 1 if old else 1_000_000 + i * 100_003
+    return list(old) + list(range(start, start + n - len(old)))
+
+
+def draw_lengths(lens: Sequence[int], status: dict[int, str], groups: Sequence[Sequence[int]],
+                 cap: Sequence[int], block: int, rng: random.Random) -> list[int]:
+    out = list(lens)
+    in_group = set()
+    for g in groups:
+        live = [i for i in g if status.get(i) == "sum"]
+        if len(live) < 2:
+            continue
+        total = sum(out[i] for i in live)
+        w = [rng.lognormvariate(0.0, SUM_SIGMA) for _ in live]
+        s = sum(w)
+        new = [max(1, round(total * x / s)) for x in w]
+        new[-1] = max(1, total - sum(new[:-1]))
+        for i, n in zip(live, new):
+            out[i] = n
+            in_group.add(i)
+    for i, st in status.items():
+        if i in in_group or st == "exact":
+            continue
+        if st == "block":
+            out[i] = out[i] + rng.randint(-block, block)
+        elif st == "bound":
+            out[i] = round(out[i] * (1.0 + abs(rng.gauss(0.0, 0.3))))
+        elif st in ("estimated", "sum"):
+            out[i] = round(out[i] * rng.lognormvariate(0.0, EST_SIGMA))
+    return [min(max(1, n), c) for n, c in zip(out, cap)]
+
+
+def _replay(workload: Any, profile: Any, inputs: Any) -> list:
+    eng = make_engine(workload, profile, inputs=inputs)
+    steps = []
+    while not eng.done:
+        steps.append(eng.step())
+    return steps
+
+
+def lines_missed(steps: Sequence[Any], facts: LogFacts) -> int:
+    """Iteration lines whose context / generation requests and tokens the run does not
+    reproduce (the N-th token step against Iteration(N)), and lines it has no step for."""
+    by_n = {it.step: it for it in facts.iterations}
+    n = missed = 0
+    for rec in steps:
+        if rec.num_scheduled_tokens <= 0:
+            continue
+        it = by_n.get(n)
+        n += 1
+        if it is None:
+            continue
+        ours = (rec.num_ctx_requests, rec.num_ctx_tokens, rec.num_scheduled - rec.num_ctx_requests,
+                rec.num_scheduled_tokens - rec.num_ctx_tokens)
+        if ours != (it.context_requests, it.context_tokens, it.generation_requests,
+                    it.generation_tokens):
+            missed += 1
+    return missed + sum(1 for k in by_n if k >= n)
+
+
+def _member(steps: Sequence[Any], clock: Sequence[float], facts: LogFacts) -> Member:
+    pre = preemption_records(steps, list(clock) + [clock[-1] if clock else 0.0] * max(
+        0, len(steps) - len(clock)))
+    by_victim: dict[str, list[int]] = {}
+    for p in pre:
+        by_victim.setdefault(p.victim, []).append(p.step)
+    t = totals(steps, pre)
+    miss = lines_missed(steps, facts)
+    return Member(1.0, float(miss), float(miss), miss, t.preemptions, t.tokens_recomputed,
+                  t.processed_tokens, by_victim, [t.preemptions])
+
+
+def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, m: Any,
+                       pre: Sequence[PreemptionRecord], *, priority_unknown: bool,
+                       samples: int = SAMPLES, seed: int = 0) -> Uncertainty | None:
+    """`samples` members besides the search's replay (member 0); None when the log is too
+    large for it (samples x steps over MAX_STEPS) or nothing is uncertain."""
+    run = m.run
+    if samples <= 0 or samples * len(run.steps) > MAX_STEPS:
+        return None
+    wl = rebuilt.workload
+    status: dict[int, str] = dict(m.length_status)
+    if not any(s != "exact" for s in status.values()) and not priority_unknown:
+        return None
+    cfg = wl.config
+    lens = [len(s.prompt_token_ids) for s in wl.requests]
+    cap = [max(1, cfg.max_model_len - s.max_tokens) for s in wl.requests]
+    members = [_member(run.steps, run.clock, facts)]
+    for k in range(samples):
+        rng = random.Random(f"kvreplay-iteration-ensemble:{seed}:{k}")
+        new = draw_lengths(lens, status, m.sum_groups, cap, cfg.block_size, rng)
+        specs = []
+        for i, (sp, n) in enumerate(zip(wl.requests, new)):
+            sp2 = sp if n == lens[i] else replace(sp, prompt_token_ids=_tokens(sp.prompt_token_ids, n, i))
+            if priority_unknown:
+                sp2 = replace(sp2, priority=rng.randint(0, 4))
+            specs.append(sp2)
+        try:
+            steps = _replay(replace(wl, requests=specs), profile, run.inputs)
+        except ValueError:  # a drawn length the engine refuses: not a run the log allows
+            continue
+        mem = _member(steps, run.clock, facts)
+        mem.prompt_lens = tuple(new)
+        members.append(mem)
+    w = noise_weights([x.sse for x in members], max(1, len(facts.iterations)))
+    for x, y in zip(members, w):
+        x.weight = y
+    total = sum(w)
+    ratios = [x.recomputed / x.processed if x.processed else 0.0 for x in members]
+    reqs = []
+    for rid in dict.fromkeys(v for x in members for v in x.by_victim):
+        p = sum(x.weight for x in members if rid in x.by_victim) / total
+        if p <= 0.0:
+            continue
+        e = sum(x.weight * len(x.by_victim.get(rid, ())) for x in members) / total
+        reqs.append({"id": rid, "p_preempted": round(p, 3), "expected_preemptions": round(e, 3)})
+    reqs.sort(key=lambda r: (-r["p_preempted"], -r["expected_preemptions"], r["id"]))
+    count = _interval([x.count for x in members], w, widen=WIDEN)
+    return Uncertainty(
+        samples=len(members) - 1, seed=seed, effective_samples=_ess(w),
+        preemptions=count,
+        recomputed_tokens=_interval([x.recomputed for x in members], w, widen=WIDEN),
+        recompute_ratio=_interval(ratios, w, digits=4, widen=WIDEN),
+        windows=[],  # (no storm timeline: the members are not counted per stats line)
+        requests=reqs, members=members, fit_per_line=min(x.sse for x in members)
+        / max(1, len(facts.iterations)))
+
+
+def iteration_headline(unc: Uncertainty, pre: Sequence[PreemptionRecord], make_exact: str,
+                       priority_unknown: bool) -> str:
+    """One line: what to trust in a replay placed by Iteration lines whose prompts are not
+    logged, what not, how to make it exact."""
+    c = unc.preemptions
+    leads = sum(1 for p in pre if (p.probability or 0.0) < 0.5)
+    why = ("the Iteration lines place every arrival, but show a prompt's length only where "
+           "it was prefilled alone in a step" + (", and no priority is logged" if priority_unknown
+                                                  else ""))
+    count = f"{c['low']}-{c['high']} preemptions, 90% interval, median {c['median']}"
+    if leads:
+        rows = (f"do not trust single victims: {leads} of {len(pre)} rows are leads (p < 0.5)")
+    else:
+        rows = "each row's victim is likely (p >= 0.5), not certain"
+    return f"trust the count ({count}) and the recomputed tokens; {rows}: {why}; to make it exact: {make_exact}"
+
+
+__all__ = ["iteration_ensemble", "iteration_headline", "TOL_STEPS"]

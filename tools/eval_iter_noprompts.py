@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Score the Iteration-line replay of logs WITHOUT prompt bodies (dev tool).
+
+    python tools/eval_iter_noprompts.py [--out /tmp/iternp] [--only logcases|renders]
+        [--cases NAME,...] [--samples N]
+
+Two sets of inputs, each replayed twice, without and with prompt bodies (the same run):
+
+* logcases: ../shared/logcases/*/ (or tests/data/logcases), `server.iter.log` (no
+  prompts) against `server.iter.reqbody.log`; truth.json has every preemption;
+* renders (written to --out once, deterministic): 200-request workloads run by our
+  scheduler (step-exact against vLLM 0.33, tests/test_oracle_bank.py), timed by the log
+  cases' step-time formula (whatif_corpus.step_dt), rendered with Iteration lines
+  (replay/render.py), once with prompt bodies and once without: FCFS and priority policy,
+  prefix caching off and on, Poisson arrivals (mean gap 5-8 steps) and on-off bursts
+  (8-30 requests sent together, idle gaps of 40-200 steps between bursts).
+
+Per log, one JSON line: true and found preemptions, victims named at their step +-5
+(matching.match_preemptions), the count's 90% interval if any and whether it holds the
+true count, Iteration lines matched, and the wall time of both replays (ratio = without /
+with prompts).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from calib_corpus import START, poisson_workload  # noqa: E402
+from matching import match_preemptions  # noqa: E402
+from whatif_corpus import case_run  # noqa: E402
+
+from kvreplay.replay.render import render_log  # noqa: E402
+
+ROOT = os.path.dirname(HERE)
+SHARED = "/work/shared/logcases"
+LOGCASES = SHARED if os.path.isdir(SHARED) else os.path.join(ROOT, "tests", "data", "logcases")
+
+
+def bursty(wl: dict, rng: random.Random) -> dict:
+    """The workload's requests sent in on-off bursts: 8-30 at one step, then an idle gap of
+    40-200 steps (the engine runs dry between some of them)."""
+    t, i, reqs = 0, 0, wl["requests"]
+    while i < len(reqs):
+        k = rng.randrange(8, 31)
+        for r in reqs[i:i + k]:
+            r["arrival_step"] = t
+        i += k
+        t += rng.randrange(40, 201)
+    wl["description"] = "on-off bursts"
+    return wl
+
+
+def render_cases(out: str, model: dict) -> list[dict]:
+    """The rendered set: (policy x prefix caching x arrivals), one seed each."""
+    rows = []
+    c = 0
+    for policy in ("fcfs", "priority"):
+        for pc in (False, True):
+            for arrivals in ("poisson", "bursty"):
+                seed = 2900 + c
+                c += 1
+                rng = random.Random(seed)
+                blocks = rng.randrange(1500, 2201, 50)
+                gap = round(rng.uniform(5.0, 8.0), 2)
+                wl_d = poisson_workload(seed, 200, policy, pc, False, blocks, gap, 64)
+                if arrivals == "bursty":
+                    wl_d = bursty(wl_d, rng)
+                name = f"r{c:02d}-{policy}-{'pc' if pc else 'nopc'}-{arrivals}"
+                d = os.path.join(out, name)
+                truth_p = os.path.join(d, "truth.json")
+                if not os.path.exists(truth_p):
+                    wl_d["name"] = name
+                    wl, recs, dts, _ = case_run(wl_d, model)
+                    os.makedirs(d, exist_ok=True)
+                    for fname, wp in (("server.iter.log", False), ("server.iter.reqbody.log", True)):
+                        lines = render_log(wl, recs, step_time_s=lambda r: dts[r["step"]],
+                                           start=START, stats_interval_s=10.0,
+                                           stats_phase_s=round(rng.uniform(0.05, 0.95), 2),
+                                           with_prompts=wp, iteration_lines=True)
+                        with open(os.path.join(d, fname), "w") as fh:
+                            fh.write("\n".join(lines) + "\n")
+                    pre = [{"step": r["step"], "victim_log_id": p["req"]}
+                           for r in recs for p in r.get("preemptions", ())]
+                    with open(truth_p, "w") as fh:
+                        json.dump({"case": name, "num_steps": len(recs), "preemptions": pre}, fh)
+                rows.append({"name": name, "dir": d})
+    return rows
+
+
+def replay_once(path: str, samples: int | None) -> tuple[object, float]:
+    from kvreplay.sources import replay_logs
+    t0 = time.perf_counter()
+    kw = {} if samples is None else {"samples": samples}
+    rep = replay_logs([path], **kw)
+    return rep, time.perf_counter() - t0
+
+
+def score(name: str, d: str, samples: int | None) -> dict:
+    truth = json.load(open(os.path.join(d, "truth.json")))
+    true = [(p["step"], p["victim_log_id"]) for p in truth["preemptions"]]
+    rep, dt = replay_once(os.path.join(d, "server.iter.log"), samples)
+    rep_p, dt_p = replay_once(os.path.join(d, "server.iter.reqbody.log"), samples)
+    found = [(p.step, p.victim) for p in rep.preemptions]
+    hits = match_preemptions(true, found)
+    it = rep.verification.get("iterations") or {}
+    row = {"case": name, "true": len(true), "found": len(found), "at_step_5": len(hits),
+           "share": round(len(hits) / len(true), 3) if true else 1.0,
+           "lines_matched": f"{it.get('matched')}/{it.get('lines')}",
+           "confidence": rep.confidence,
+           "s_noprompts": round(dt, 2), "s_prompts": round(dt_p, 2),
+           "ratio": round(dt / max(dt_p, 1e-9), 2),
+           "with_prompts_exact": len(match_preemptions(true, [(p.step, p.victim) for p in rep_p.preemptions], 0)) == len(true) == len(rep_p.preemptions)}
+    u = rep.uncertainty
+    if u is not None:
+        c = u.preemptions
+        row["interval"] = [c["low"], c["median"], c["high"]]
+        row["holds"] = c["low"] <= len(true) <= c["high"]
+        labelled = [(p.probability or 0.0, j in hits) for j, p in enumerate(rep.preemptions)]
+        row["p>=0.8 right"] = f"{sum(ok for q, ok in labelled if q >= 0.8)}/{sum(q >= 0.8 for q, _ in labelled)}"
+    labels: dict[str, list[int]] = {}
+    for j, p in enumerate(rep.preemptions):
+        lab = labels.setdefault(p.confidence or "?", [0, 0])
+        lab[0] += j in hits
+        lab[1] += 1
+    row["labels_right"] = {k: f"{a}/{b}" for k, (a, b) in sorted(labels.items())}
+    row["notes"] = [n for n in rep.notes if "priorit" in n or "prompt lengths" in n or "estimated" in n]
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="/tmp/iternp")
+    ap.add_argument("--only", choices=("logcases", "renders"))
+    ap.add_argument("--cases", default="")
+    ap.add_argument("--samples", type=int, default=None)
+    args = ap.parse_args()
+    want = set(filter(None, args.cases.split(",")))
+    cases = []
+    if args.only != "renders":
+        cases += [(n, os.path.join(LOGCASES, n)) for n in sorted(os.listdir(LOGCASES))
+                  if os.path.exists(os.path.join(LOGCASES, n, "server.iter.log"))]
+    if args.only != "logcases":
+        model = json.load(open(os.path.join(LOGCASES, "p1_poisson_fcfs_200", "truth.json")))["step_time_model"]
+        cases += [(r["name"], r["dir"]) for r in render_cases(args.out, model)]
+    tot = [0, 0, 0, 0]
+    for name, d in cases:
+        if want and name not in want:
+            continue
+        row = score(name, d, args.samples)
+        tot[0] += row["true"]
+        tot[1] += row["at_step_5"]
+        tot[2] += row["holds"] if "holds" in row else 0
+        tot[3] += 1
+        print(json.dumps(row), flush=True)
+    print(json.dumps({"total_true": tot[0], "at_step_5": tot[1],
+                      "share": round(tot[1] / max(1, tot[0]), 3),
+                      "intervals_holding": f"{tot[2]}/{tot[3]}"}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
