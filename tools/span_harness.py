@@ -63,7 +63,8 @@ def workload(seed: int, n: int, pc: bool, asyn: bool, bursty: bool, blocks: int)
         if bursty:
             if left <= 0:
                 left = rng.randrange(5, 31)
-                t += rng.uniform(150, 900)  # the idle gap (and the burst's work) in steps
+                if i:  # (the first request arrives at step 0, as in the published cases)
+                    t += rng.uniform(150, 900)  # the idle gap (and the burst's work), steps
             left -= 1
             t += rng.expovariate(1.0 / 0.8)
         else:
