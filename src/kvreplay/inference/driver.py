@@ -25,6 +25,7 @@ from kvreplay.inference.formats import interval_of, log_format
 from kvreplay.inference.lines import phase_estimate
 from kvreplay.inference.iterations import unusable
 from kvreplay.inference.prompts import fit_prompts
+from kvreplay.inference import span_prefix
 from kvreplay.inference.span_clock import span_marks, span_placement
 from kvreplay.inference.verify import check_warnings, verify
 from kvreplay.replay.engine import without_cyclic_gc
@@ -54,6 +55,8 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
             return replay_by_iterations(facts, fmt, prof, pattern)
     if facts.iterations:
         facts.notes.append(f"Iteration lines not used: {why_not or 'a step time was given'}")
+    prefix = None  # prefix caching, prompts unknown: the shared prefix (span_prefix.py)
+    marks = None
     with stage(f"fit the clock and place {len(facts.requests):,} arrivals"):
         rebuilt, f, unknown = fit_prompts(facts, fmt, prof, fit_placements(fmt, pattern),
                                           step_time)
@@ -61,6 +64,13 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
         facts.span_placement = marks is not None and fmt.placement == "anchored"
         if facts.span_placement:
             assert marks is not None
+            if span_prefix.applies(facts, rebuilt):
+                rebuilt, prefix = span_prefix.shared_workload(rebuilt, facts, fmt)
+                rebuilt.notes.append(
+                    f"prefix caching on, prompts not logged: the spans give each prompt's "
+                    f"length, not what it shares; the replay shown gives every prompt one "
+                    f"shared prefix of {prefix} tokens (what the stats lines' prefix-cache "
+                    f"hit rate implies), and the uncertainty ensemble draws other sharings")
             run, agreed = span_placement(rebuilt, facts, fmt, prof, step_time or f.model,
                                          marks, fixed_model=step_time is not None)
             phase, loss, anchored = 0.5, f.loss, None
@@ -93,7 +103,15 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
     # the spans' stamps pin every arrival: no placement left to draw (unless asked for)
     k = 0 if facts.span_placement and samples is None else samples_wanted(samples, facts, fmt)
     unc = None
-    if k > 0:
+    if facts.span_placement and prefix is not None and samples != 0:
+        # the arrivals are pinned, the prefix sharing is not: its own ensemble
+        with stage("uncertainty ensemble over prefix sharings"):
+            unc = span_prefix.prefix_ensemble(rebuilt, facts, fmt, prof, marks, run, phase,
+                                              prefix, samples=samples or span_prefix.SAMPLES,
+                                              seed=seed)
+        unc.assign(pre)
+        unc.headline = headline(unc, pre, make_it_exact(facts).split(":")[0])
+    elif k > 0:
         unc = ensemble(rebuilt, facts, fmt, prof, run, phase, phase_known, pre, samples=k,
                        seed=seed, pattern=pattern, placement=f.placement,
                        lengths=unknown.lens if unknown is not None else None,
