@@ -8,9 +8,9 @@ this module makes the replay shown and the ensemble over what the evidence allow
   prefix of the length the stats lines' prefix-cache hit rate implies
   (prompts.shared_prefix_estimate; the spans' lengths give the queried total), in whole
   blocks, never the whole prompt; the arrivals placed by the spans' engine stamps.
-* The ensemble (`prefix_ensemble`): members that draw another sharing: G groups (1-8),
-  each request in one, each group with its own prefix; the prefix length the estimate
-  scaled by 0.5-1.5 (or none at all). Each member is replayed by the same snapped clock
+* The ensemble (`prefix_ensemble`): members that draw another sharing: G groups (1-20)
+  opened over the run, each arrival joining one of the latest LIVE, each group with its
+  own prefix, of the estimate x 0-1.5 x U(0.25, 1.75). Each member is replayed by the same snapped clock
   (the arrivals do not move: the spans pin them) and weighted by the stats lines, as the
   ensemble of a log without spans (ensemble.py: its count interval, per-request and
   per-row probabilities). Its probabilities are not calibrated against rendered logs with
@@ -33,8 +33,10 @@ from kvreplay.inference.runs import Run
 from kvreplay.inference.span_clock import SpanMarks, span_placement
 
 SAMPLES = 16  # members besides the replay shown
-GROUPS = (1, 2, 3, 5, 8)  # a member's number of prefix groups
-SCALES = (0.0, 0.5, 0.75, 1.0, 1.25, 1.5)  # a member's prefix length / the estimate
+GROUPS = (1, 3, 5, 10, 20)  # a member's number of prefix groups over the run
+LIVE = 5  # ... of which the latest this many take new members
+SCALES = (0.0, 0.5, 0.75, 1.0, 1.25, 1.5)  # a member's mean prefix length / the estimate
+SPREAD = 0.75  # each group's prefix: the member's mean x U(1 - SPREAD, 1 + SPREAD)
 
 
 def applies(facts: LogFacts, rebuilt: Any) -> bool:
@@ -46,18 +48,21 @@ def applies(facts: LogFacts, rebuilt: Any) -> bool:
             and all(r.span is not None for r in facts.requests))
 
 
-def with_prefixes(rebuilt: Any, facts: LogFacts, group: Sequence[int], prefix: int) -> Any:
+def with_prefixes(rebuilt: Any, facts: LogFacts, group: Sequence[int],
+                  prefix: int | Sequence[int]) -> Any:
     """The workload with each unknown prompt's first tokens its group's prefix (up to
-    `prefix` tokens, whole blocks, at most all its full blocks but the last token's), the
-    rest its own tokens; prompts logged stay. Marks the unknown prompts estimated."""
+    `prefix` tokens, or prefix[group], whole blocks, at most all its full blocks but the
+    last token's), the rest its own tokens; prompts logged stay. Marks the unknown prompts
+    estimated."""
     specs = list(rebuilt.workload.requests)
     bs = rebuilt.workload.config.block_size
     unknown = [r.prompt_token_ids is None for r in facts.requests]
     new = []
     for i, (s, g) in enumerate(zip(specs, group)):
         p = list(s.prompt_token_ids)
-        if unknown[i] and prefix > 0:
-            h = min(prefix // bs * bs, (len(p) - 1) // bs * bs)
+        x = prefix if isinstance(prefix, int) else prefix[g]
+        if unknown[i] and x > 0:
+            h = min(x // bs * bs, (len(p) - 1) // bs * bs)
             p = [3_000_000 + 50_000 * g + j for j in range(h)] + p[h:]
         new.append(replace(s, prompt_token_ids=p))
     return replace(rebuilt, workload=replace(rebuilt.workload, requests=new),
@@ -87,8 +92,13 @@ def prefix_ensemble(rebuilt: Any, facts: LogFacts, fmt: Any, profile: Any, marks
         rng = random.Random(f"kvreplay-span-prefix:{seed}:{k}")
         g = rng.choice(GROUPS)
         scale = rng.choice(SCALES)
-        group = [rng.randrange(g) for _ in range(n)]
-        rb = with_prefixes(rebuilt, facts, group, int(prefix * scale))
+        group, opened = [], 1
+        for i in range(n):  # arrivals join one of the latest LIVE groups, or open one
+            if opened < g and rng.random() < g / max(1, n):
+                opened += 1
+            group.append(rng.randrange(max(0, opened - LIVE), opened))
+        sizes = [int(prefix * scale * rng.uniform(1 - SPREAD, 1 + SPREAD)) for _ in range(g)]
+        rb = with_prefixes(rebuilt, facts, group, sizes)
         alt, _ = span_placement(rb, facts, fmt, profile, run.model, marks, fixed_model=True)
         members.append(_member(alt, facts, fmt, phase, bounds, False))
     w = noise_weights([m.sse for m in members], len(facts.stats))
