@@ -34,6 +34,9 @@ from kvreplay.progress import stage
 from kvreplay.replay.result import Replay
 
 
+PINNED = 0.95  # of the spanned requests' first schedulings at their S: the spans pin the run
+
+
 @without_cyclic_gc
 def replay_log(facts: LogFacts, *, profile: str | None = None,
                step_time: StepTimeModel | None = None, samples: int | None = None,
@@ -57,6 +60,7 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
         facts.notes.append(f"Iteration lines not used: {why_not or 'a step time was given'}")
     prefix = None  # prefix caching, prompts unknown: the shared prefix (span_prefix.py)
     marks = None
+    agreed = 0
     with stage(f"fit the clock and place {len(facts.requests):,} arrivals"):
         rebuilt, f, unknown = fit_prompts(facts, fmt, prof, fit_placements(fmt, pattern),
                                           step_time)
@@ -100,8 +104,12 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
         return check, warnings, pre
 
     check, warnings, pre = judged(run)
-    # the spans' stamps pin every arrival: no placement left to draw (unless asked for)
-    k = 0 if facts.span_placement and samples is None else samples_wanted(samples, facts, fmt)
+    # the spans' stamps pin every arrival when the replay agrees with (nearly) all of them:
+    # no placement left to draw (unless asked for); else the run is not pinned, and the
+    # ensemble draws the placements around it (the spanned arrivals near their steps)
+    pinned = facts.span_placement and marks is not None and \
+        agreed >= PINNED * sum(marks.has_span)
+    k = 0 if pinned and samples is None else samples_wanted(samples, facts, fmt)
     unc = None
     if facts.span_placement and prefix is not None and samples != 0:
         # the arrivals are pinned, the prefix sharing is not: its own ensemble
