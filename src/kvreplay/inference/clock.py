@@ -108,7 +108,13 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
 
         windows = span_windows(run, facts)
     best = None
-    for floor in fmt.token_floors:
+    floors = fmt.token_floors
+    if windows and fmt.token_floors != (0,):
+        # spans time the steps to the microsecond: a finer grid of floors (a floor off by
+        # a few tokens prices every decode step a few percent off, and the snapped clock
+        # drifts a step where the spans' boundaries are sparse)
+        floors = tuple(sorted(set(floors) | set(range(0, 257, 8))))
+    for floor in floors:
         rows = []
         for (i0, a), (i1, b) in zip(anchors, anchors[1:]):
             if windows and all_spans:

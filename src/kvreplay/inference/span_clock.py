@@ -50,7 +50,7 @@ SNAP_FRAC = 0.4  # a boundary this close to a predicted step end (x the step) is
 SNAP_SHORTEST_FRAC = 0.5
 SAME_S = 1e-4  # stamps this close are the same boundary (they are exact to ~1 us)
 FIT_ROUNDS = 4  # snapped replay -> regression on the spans' windows -> again
-SCALES = (0.6, 0.8, 1.25)  # other starts for the model, when the first agrees poorly
+SCALES = (0.6, 0.8, 0.9, 1.1, 1.25)  # other starts for the model, when the first agrees poorly
 GOOD_ENOUGH = 0.9  # of the first schedulings agreed (agreement): no other start tried
 
 
