@@ -50,7 +50,7 @@ SNAP_FRAC = 0.4  # a boundary this close to a predicted step end (x the step) is
 SNAP_SHORTEST_FRAC = 0.5
 SAME_S = 1e-4  # stamps this close are the same boundary (they are exact to ~1 us)
 FIT_ROUNDS = 4  # snapped replay -> regression on the spans' windows -> again
-SCALES = (0.6, 0.8, 0.9, 1.1, 1.25)  # other starts for the model, when the first agrees poorly
+SCALES = (0.6, 0.8, 1.25)  # other starts for the model, when the first agrees poorly
 GOOD_ENOUGH = 0.9  # of the first schedulings agreed (agreement): no other start tried
 
 
@@ -285,18 +285,20 @@ def span_placement(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
                    model: StepTimeModel, marks: SpanMarks,
                    fixed_model: bool = False) -> tuple[Run, int]:
     """The snapped replay's rounds from the model given, with and without the token
-    anchors, and (every request spanned, while fewer than GOOD_ENOUGH agree) from it
-    scaled: the run that agrees with the most spans wins, ties the first. Returns it and
+    anchors, and (while fewer than GOOD_ENOUGH agree) from it scaled (every request
+    spanned), then each of these refitted over a finer grid of token floors: the run that agrees with the most spans wins, ties the first. Returns it and
     its agreement."""
-    starts = [(model, True), (model, False)]
+    starts = [(model, True, False), (model, False, False)]
     if not fixed_model and all(marks.has_span):  # (sampled: the estimates, not the model,
         # keep the others from agreeing; other starts cost time and change little)
-        starts += [(scaled(model, k), a) for k in SCALES for a in (True, False)]
+        starts += [(scaled(model, k), a, False) for k in SCALES for a in (True, False)]
+    if not fixed_model:  # the same, refitted over a finer grid of token floors
+        starts += [(m, a, True) for m, a, _ in starts]
     best: tuple[int, Run] | None = None
-    for m, anchors in starts:
+    for m, anchors, fine in starts:
         if best is not None and best[0] >= GOOD_ENOUGH * sum(marks.has_span):
             break
-        alt = _rounds(rebuilt, facts, fmt, profile, m, marks, fixed_model, anchors)
+        alt = _rounds(rebuilt, facts, fmt, profile, m, marks, fixed_model, anchors, fine)
         if best is None or alt[0] > best[0]:
             best = alt
     assert best is not None
@@ -305,13 +307,13 @@ def span_placement(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
 
 def _rounds(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
             model: StepTimeModel, marks: SpanMarks, fixed_model: bool,
-            anchors: bool) -> tuple[int, Run]:
+            anchors: bool, fine: bool = False) -> tuple[int, Run]:
     """The snapped replay, its step-time model refitted on the spans' windows a few
     rounds; the round that agrees with the most spans (agreement) wins, ties the earlier."""
     run = snapped_replay(rebuilt, facts, profile, model, marks, anchors)
     best = (agreement(run, rebuilt, marks), run)
     for _ in range(0 if fixed_model else FIT_ROUNDS):
-        new = regression(run, facts, fmt)
+        new = regression(run, facts, fmt, fine_floors=fine)
         if new is None:
             break
         again = snapped_replay(rebuilt, facts, profile, new, marks, anchors)
