@@ -115,11 +115,11 @@ def span_marks(facts: LogFacts, offset: float = 0.0) -> SpanMarks | None:
     return m
 
 
-IDLE_MIN_GAPS = 4  # run-dry gaps the idle grid needs
+IDLE_MIN_GAPS = 3  # run-dry gaps the idle grid needs (with two, half the period fits too)
 IDLE_MAX_S = 0.1  # the idle period looked for lies in [IDLE_MIN_S, IDLE_MAX_S]
 IDLE_MIN_S = 0.002
-IDLE_TOL_S = 2e-5  # a gap fits the grid to this (+ IDLE_DRIFT_S per period): the stamps
-IDLE_DRIFT_S = 1e-8  # are exact to ~1 us; a random gap fits a 2 ms grid 1 time in 50
+IDLE_TOL_S = 1e-5  # a gap fits the grid to this (+ IDLE_DRIFT_S per period): the stamps
+IDLE_DRIFT_S = 1e-8  # are exact to ~1 us; a random gap fits a 2 ms grid 1 time in 100
 
 
 def idle_period(m: SpanMarks) -> float | None:
