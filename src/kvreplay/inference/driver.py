@@ -16,7 +16,8 @@ from kvreplay.inference.assemble import (fit_placements, make_replay, place_arri
                                          replay_by_iterations)
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.confidence import set_confidence
-from kvreplay.inference.ensemble import MAX_REQUESTS, ensemble, headline, samples_wanted
+from kvreplay.inference.ensemble import (MAX_REQUESTS, POOR_FIT_P_MAX, ensemble, headline,
+                                         samples_wanted)
 from kvreplay.inference.config import check_replayable
 from kvreplay.inference.engines import scheduler_profile
 from kvreplay.inference.facts import (LogFacts, arrival_pattern, make_it_exact, response_starts,
@@ -118,6 +119,9 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
                                               prefix, samples=samples or span_prefix.SAMPLES,
                                               seed=seed)
         unc.assign(pre)
+        if unc.poor_fit:
+            for p in pre:
+                p.probability = min(p.probability or 0.0, POOR_FIT_P_MAX)
         unc.headline = headline(unc, pre, make_it_exact(facts).split(":")[0])
     elif k > 0:
         unc = ensemble(rebuilt, facts, fmt, prof, run, phase, phase_known, pre, samples=k,

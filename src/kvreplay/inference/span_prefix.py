@@ -82,7 +82,8 @@ def prefix_ensemble(rebuilt: Any, facts: LogFacts, fmt: Any, profile: Any, marks
                     seed: int = 0) -> Any:
     """The ensemble over prefix sharings (module doc): an ensemble.Uncertainty, member 0
     the replay shown (`run`)."""
-    from kvreplay.inference.ensemble import Uncertainty, _ess, _interval, _member, noise_weights
+    from kvreplay.inference.ensemble import (POOR_FIT, Uncertainty, _ess, _interval, _member,
+                                             noise_weights)
     from kvreplay.inference.lines import line_time
 
     bounds = [line_time(s, phase) for s in facts.stats]
@@ -124,10 +125,12 @@ def prefix_ensemble(rebuilt: Any, facts: LogFacts, fmt: Any, profile: Any, marks
                      "expected_preemptions": round(e, 3)})
     reqs.sort(key=lambda r: (-r["p_preempted"], -r["expected_preemptions"], r["id"]))
     ratios = [m.recomputed / m.processed if m.processed else 0.0 for m in members]
+    # no member reproduces the stats lines: the headline calls the range rough, not a 90%
+    # interval, and no row likely (driver.py caps the rows' p as ensemble.py does)
+    fit = min(m.sse for m in members) / max(1, len(facts.stats))
     return Uncertainty(
         samples=len(members) - 1, seed=seed, effective_samples=_ess(w),
         preemptions=_interval([m.count for m in members], w),
         recomputed_tokens=_interval([m.recomputed for m in members], w),
         recompute_ratio=_interval(ratios, w, digits=4), windows=win_rows, requests=reqs,
-        members=members, fit_per_line=min(m.sse for m in members) / max(1, len(facts.stats)),
-        shared_prefix=prefix)
+        members=members, fit_per_line=fit, poor_fit=fit >= POOR_FIT, shared_prefix=prefix)
