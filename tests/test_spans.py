@@ -179,13 +179,16 @@ def test_sampled_spans_place_the_arrivals_with_prompts_logged(tmp_path):
     assert any("estimated between the spanned arrivals" in n for n in rep.notes)
 
 
-def test_spans_arrivals_not_used_with_prompt_lengths_unknown():
-    # f_prefix_caching: prefix caching on, prompts not logged -> lengths stay estimated
+def test_spans_lengths_and_arrivals_used_under_prefix_caching():
+    # f_prefix_caching: prefix caching on, prompts not logged: the spans still give each
+    # prompt's length and each arrival (what the prompts share is estimated: span_prefix)
     f = CASES / "f_prefix_caching"
     facts, join = _joined(read_spans(str(f / "spans.otlp.jsonl"))[0], case=f)
     assert join.joined == len(facts.requests) == 10
-    assert all(r.precise_time is None and r.prompt_len is None for r in facts.requests)
     assert all(r.span is not None for r in facts.requests)
+    assert all(r.prompt_len == r.span.prompt_tokens and r.precise_time is not None
+               for r in facts.requests)
+    assert facts.span_placement
 
 
 def test_replay_with_spans_reports_them_and_what_they_contradict(tmp_path):

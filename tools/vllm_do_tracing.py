@@ -5,7 +5,9 @@ outputs, its `llm_request` spans caught by an in-memory exporter and written as 
 OpenTelemetry Collector's file exporter writes OTLP/JSON (one `ExportTraceServiceRequest`
 a line, hex ids). Nothing here writes a span attribute: `do_tracing` does.
 
-    python tools/vllm_do_tracing.py RUN.json OUT.otlp.jsonl
+    python tools/vllm_do_tracing.py RUN.json OUT.otlp.jsonl [RUN2.json OUT2.otlp.jsonl ...]
+
+(several runs in one process: vLLM's import costs seconds, each run's spans apart)
 
 RUN.json (tools/render_poisson_spans.py writes it): {"requests": [{"id", "internal_id",
 "prompt_len", "max_tokens", "arrival"}], "steps": [{"start", "end", "queued", "scheduled",
@@ -23,8 +25,11 @@ BATCH = 32  # spans per exported line (as a BatchSpanProcessor hands them over)
 
 
 def main() -> int:
-    src, out = sys.argv[1], sys.argv[2]
-    run = json.load(open(src))
+    args = sys.argv[1:]
+    if not args or len(args) % 2:
+        print("usage: vllm_do_tracing.py RUN.json OUT.otlp.jsonl [RUN2.json OUT2.otlp.jsonl ...]",
+              file=sys.stderr)
+        return 2
     from google.protobuf.json_format import MessageToDict
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -51,6 +56,17 @@ def main() -> int:
     now = [0.0]
     sdk_trace.time_ns = lambda: int(now[0] * 1e9)  # type: ignore[attr-defined]
 
+    for src, out in zip(args[::2], args[1::2]):
+        mem.clear()
+        _one(json.load(open(src)), out, now, mem, OutputProcessor, RequestOutputKind,
+             SamplingParams, EngineCoreEvent, EngineCoreEventType, EngineCoreOutput,
+             EngineCoreRequest, FinishReason, IterationStats, MessageToDict, encode_spans)
+    return 0
+
+
+def _one(run, out, now, mem, OutputProcessor, RequestOutputKind, SamplingParams,
+         EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, EngineCoreRequest,
+         FinishReason, IterationStats, MessageToDict, encode_spans) -> None:
     op = OutputProcessor(None, log_stats=True, tracing_enabled=True)
     ipc = run.get("ipc_s", 0.0003)
     reqs = {r["id"]: r for r in run["requests"]}
@@ -101,7 +117,6 @@ def main() -> int:
                                 s[key] = base64.b64decode(s[key]).hex()
             f.write(json.dumps(d, separators=(",", ":")) + "\n")
     print(f"{len(spans)} spans -> {out}", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

@@ -91,11 +91,13 @@ def busy_span_model(run: Any, facts: LogFacts, fmt: LogFormat, cut: bool) -> Ste
     return StepTimeModel(overhead_s=span / n, per_token_s=0.0, per_request_s=0.0)
 
 
-def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | None:
+def regression(run: Any, facts: LogFacts, fmt: LogFormat,
+               fine_floors: bool = False) -> StepTimeModel | None:
     """Each pair of stats lines anchored to steps a < b (lines.token_anchors) closes a span
     of known length (lines.spans) in which steps a+1..b ran; least squares with
     non-negative coefficients over those spans gives the model, for each token floor the
-    format tries (the best fit wins)."""
+    format tries (the best fit wins); `fine_floors` (request spans) also on a grid of 8
+    tokens up to 256."""
     anchors = [(i, a) for i, a in enumerate(token_anchors(run, facts, fmt)) if a is not None]
     sp = spans(facts, fmt)
     feats = [(r.num_scheduled_tokens, r.num_scheduled, r.context_tokens) for r in run.steps]
@@ -116,7 +118,13 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat) -> StepTimeModel | Non
     sleep = [s for s in sleep_before(run) if s[2] - s[1] >= SLEEP_MIN_S]
     pairs = [(i0, a, i1, b) for (i0, a), (i1, b) in zip(anchors, anchors[1:]) if b > a]
     best = None
-    for floor in fmt.token_floors:
+    floors = fmt.token_floors
+    if fine_floors and windows and fmt.token_floors != (0,):
+        # spans time the steps to the microsecond: a finer grid of floors (a floor off by
+        # a few tokens prices every decode step a few percent off, and the snapped clock
+        # drifts a step where the spans' boundaries are sparse)
+        floors = tuple(sorted(set(floors) | set(range(0, 257, 8))))
+    for floor in floors:
         rows = []
         for i0, a, i1, b in pairs:
             if windows and all_spans:

@@ -16,7 +16,8 @@ from kvreplay.inference.assemble import (fit_placements, make_replay, place_arri
                                          replay_by_iterations)
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.confidence import set_confidence
-from kvreplay.inference.ensemble import MAX_REQUESTS, ensemble, headline, samples_wanted
+from kvreplay.inference.ensemble import (MAX_REQUESTS, POOR_FIT_P_MAX, ensemble, headline,
+                                         samples_wanted)
 from kvreplay.inference.config import check_replayable
 from kvreplay.inference.engines import scheduler_profile
 from kvreplay.inference.facts import (LogFacts, arrival_pattern, make_it_exact, response_starts,
@@ -25,12 +26,16 @@ from kvreplay.inference.formats import interval_of, log_format
 from kvreplay.inference.lines import phase_estimate
 from kvreplay.inference.iterations import unusable
 from kvreplay.inference.prompts import fit_prompts
+from kvreplay.inference import span_prefix
 from kvreplay.inference.span_clock import span_marks, span_placement
 from kvreplay.inference.verify import check_warnings, verify
 from kvreplay.replay.engine import without_cyclic_gc
 from kvreplay.replay.records import preemption_records
 from kvreplay.progress import stage
 from kvreplay.replay.result import Replay
+
+
+PINNED = 0.95  # of the spanned requests' first schedulings at their S: the spans pin the run
 
 
 @without_cyclic_gc
@@ -54,6 +59,9 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
             return replay_by_iterations(facts, fmt, prof, pattern)
     if facts.iterations:
         facts.notes.append(f"Iteration lines not used: {why_not or 'a step time was given'}")
+    prefix = None  # prefix caching, prompts unknown: the shared prefix (span_prefix.py)
+    marks = None
+    agreed = 0
     with stage(f"fit the clock and place {len(facts.requests):,} arrivals"):
         rebuilt, f, unknown = fit_prompts(facts, fmt, prof, fit_placements(fmt, pattern),
                                           step_time)
@@ -61,6 +69,13 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
         facts.span_placement = marks is not None and fmt.placement == "anchored"
         if facts.span_placement:
             assert marks is not None
+            if span_prefix.applies(facts, rebuilt):
+                rebuilt, prefix = span_prefix.shared_workload(rebuilt, facts, fmt)
+                rebuilt.notes.append(
+                    f"prefix caching on, prompts not logged: the spans give each prompt's "
+                    f"length, not what it shares; the replay shown gives every prompt one "
+                    f"shared prefix of {prefix} tokens (what the stats lines' prefix-cache "
+                    f"hit rate implies), and the uncertainty ensemble draws other sharings")
             run, agreed = span_placement(rebuilt, facts, fmt, prof, step_time or f.model,
                                          marks, fixed_model=step_time is not None)
             phase, loss, anchored = 0.5, f.loss, None
@@ -90,10 +105,25 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
         return check, warnings, pre
 
     check, warnings, pre = judged(run)
-    # the spans' stamps pin every arrival: no placement left to draw (unless asked for)
-    k = 0 if facts.span_placement and samples is None else samples_wanted(samples, facts, fmt)
+    # the spans' stamps pin every arrival when the replay agrees with (nearly) all of them:
+    # no placement left to draw (unless asked for); else the run is not pinned, and the
+    # ensemble draws the placements around it (the spanned arrivals near their steps)
+    pinned = facts.span_placement and marks is not None and \
+        agreed >= PINNED * sum(marks.has_span)
+    k = 0 if pinned and samples is None else samples_wanted(samples, facts, fmt)
     unc = None
-    if k > 0:
+    if facts.span_placement and prefix is not None and samples != 0:
+        # the arrivals are pinned, the prefix sharing is not: its own ensemble
+        with stage("uncertainty ensemble over prefix sharings"):
+            unc = span_prefix.prefix_ensemble(rebuilt, facts, fmt, prof, marks, run, phase,
+                                              prefix, samples=samples or span_prefix.SAMPLES,
+                                              seed=seed)
+        unc.assign(pre)
+        if unc.poor_fit:
+            for p in pre:
+                p.probability = min(p.probability or 0.0, POOR_FIT_P_MAX)
+        unc.headline = headline(unc, pre, make_it_exact(facts).split(":")[0])
+    elif k > 0:
         unc = ensemble(rebuilt, facts, fmt, prof, run, phase, phase_known, pre, samples=k,
                        seed=seed, pattern=pattern, placement=f.placement,
                        lengths=unknown.lens if unknown is not None else None,

@@ -20,6 +20,15 @@ predicted step; a step in which the replay gives a request its first (last) toke
 that request's F (L), whatever the model says; a request enters at the first step
 starting at or after its E. Between boundaries the model carries the clock; at them its
 error is reset to zero.
+
+Idle steps: an engine that has run dry may still step, empty, at a fixed period (the
+conformance harness and the log cases' runs do: `"idle": true` steps), and then a
+request that arrives to it enters at a step of that grid: its E lies a whole number of
+periods after the end of the last busy step (the last request's L). When the spans show
+such a grid (idle_period: every gap from a run-dry engine's last L to the next E a
+multiple of one period, to SAME_S), the replay steps the idle engine on it, so that its
+step numbers are the run's; without a grid (a server that waits idle, as vLLM's engine
+core does) it steps only when there is work.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ class SpanMarks:
     last_token: list[float | None]  # L (None: one output token)
     bounds: list[float]  # every E, S, F, L, sorted, the same boundary once
     has_span: list[bool] = field(default_factory=list)  # False: E estimated, S/F are NaN
+    idle_s: float | None = None  # the idle engine's step period (idle_period); None: none
 
 
 def _stamped(s: Any) -> bool:
@@ -100,7 +110,49 @@ def span_marks(facts: LogFacts, offset: float = 0.0) -> SpanMarks | None:
     m.bounds = merged
     if have < len(facts.requests):
         estimate_entries(facts, m, offset)
+    else:
+        m.idle_s = idle_period(m)
     return m
+
+
+IDLE_MIN_GAPS = 3  # run-dry gaps the idle grid needs (with two, half the period fits too)
+IDLE_MAX_S = 0.1  # the idle period looked for lies in [IDLE_MIN_S, IDLE_MAX_S]
+IDLE_MIN_S = 0.002
+IDLE_TOL_S = 1e-5  # a gap fits the grid to this (+ IDLE_DRIFT_S per period): the stamps
+IDLE_DRIFT_S = 1e-8  # are exact to ~1 us; a random gap fits a 2 ms grid 1 time in 100
+
+
+def idle_period(m: SpanMarks) -> float | None:
+    """The period an idle engine steps at, when the spans show one (module doc): each
+    request entering a run-dry engine (every earlier request's last token before its E)
+    gives a gap g = E - (the latest earlier L), a whole number of periods. Candidates: the
+    smallest gap over 1, 2, ..; the largest in [IDLE_MIN_S, IDLE_MAX_S] that every gap fits,
+    refitted by least squares. None: under IDLE_MIN_GAPS such gaps, or none fits."""
+    order = sorted(range(len(m.entry)), key=lambda i: m.entry[i])
+    done = float("-inf")  # the latest last token (or first, for one output token) so far
+    gaps: list[float] = []
+    for i in order:
+        e = m.entry[i]
+        if done != float("-inf") and e > done + SAME_S:
+            gaps.append(e - done)
+        end = m.last_token[i] if m.last_token[i] is not None else m.first_token[i]
+        done = max(done, end)  # type: ignore[arg-type]
+    if len(gaps) < IDLE_MIN_GAPS:
+        return None
+    g0 = min(gaps)
+    best = None
+    for k in range(max(1, int(g0 / IDLE_MAX_S)), int(g0 / IDLE_MIN_S) + 1):
+        d = g0 / k
+        if not IDLE_MIN_S <= d <= IDLE_MAX_S:
+            continue
+        if all(abs(g - round(g / d) * d) <= IDLE_TOL_S + IDLE_DRIFT_S * round(g / d)
+               for g in gaps):
+            best = d
+            break
+    if best is None:
+        return None
+    ks = [round(g / best) for g in gaps]
+    return sum(g * k for g, k in zip(gaps, ks)) / sum(k * k for k in ks)
 
 
 def estimate_entries(facts: LogFacts, m: SpanMarks, offset: float) -> None:
@@ -171,9 +223,19 @@ def snapped_replay(rebuilt: Any, facts: LogFacts, profile: Any, model: StepTimeM
     steps: list = []
     starts: list[float] = []
     limit = step_limit(rebuilt.workload)
+    idle_s = marks.idle_s
     while not eng.done and eng.step_index < limit:
         if not eng.has_work() and pending < len(order):
-            clock = max(clock, entry[order[pending]])
+            nxt_entry = entry[order[pending]]
+            if idle_s and steps and nxt_entry > clock + SAME_S:
+                # the run-dry engine steps, empty, on its grid until the entry's step
+                for _ in range(round((nxt_entry - clock) / idle_s)):
+                    if eng.step_index >= limit:
+                        break
+                    steps.append(eng.step())
+                    starts.append(clock)
+                    clock += idle_s
+            clock = max(clock, nxt_entry)
         while ai < len(ab) and ab[ai][0] <= clock:
             eng.abort(ab[ai][1])
             ai += 1
@@ -196,7 +258,9 @@ def snapped_replay(rebuilt: Any, facts: LogFacts, profile: Any, model: StepTimeM
         if anchor is not None and anchor > clock:
             clock = anchor
             continue
-        d = model.dt_record(rec)
+        # (a step that schedules nothing, the one after a run's last finish, is as long as
+        # an idle one where the spans show the idle grid)
+        d = idle_s if idle_s and not rec.num_scheduled_tokens else model.dt_record(rec)
         nxt = clock + d
         tol = min(SNAP_FRAC * d, shortest)
         i = bisect.bisect_right(bounds, clock + SAME_S)
@@ -221,18 +285,20 @@ def span_placement(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
                    model: StepTimeModel, marks: SpanMarks,
                    fixed_model: bool = False) -> tuple[Run, int]:
     """The snapped replay's rounds from the model given, with and without the token
-    anchors, and (every request spanned, while fewer than GOOD_ENOUGH agree) from it
-    scaled: the run that agrees with the most spans wins, ties the first. Returns it and
+    anchors, and (while fewer than GOOD_ENOUGH agree) from it scaled (every request
+    spanned), then each of these refitted over a finer grid of token floors: the run that agrees with the most spans wins, ties the first. Returns it and
     its agreement."""
-    starts = [(model, True), (model, False)]
+    starts = [(model, True, False), (model, False, False)]
     if not fixed_model and all(marks.has_span):  # (sampled: the estimates, not the model,
         # keep the others from agreeing; other starts cost time and change little)
-        starts += [(scaled(model, k), a) for k in SCALES for a in (True, False)]
+        starts += [(scaled(model, k), a, False) for k in SCALES for a in (True, False)]
+    if not fixed_model:  # the same, refitted over a finer grid of token floors
+        starts += [(m, a, True) for m, a, _ in starts]
     best: tuple[int, Run] | None = None
-    for m, anchors in starts:
+    for m, anchors, fine in starts:
         if best is not None and best[0] >= GOOD_ENOUGH * sum(marks.has_span):
             break
-        alt = _rounds(rebuilt, facts, fmt, profile, m, marks, fixed_model, anchors)
+        alt = _rounds(rebuilt, facts, fmt, profile, m, marks, fixed_model, anchors, fine)
         if best is None or alt[0] > best[0]:
             best = alt
     assert best is not None
@@ -241,13 +307,13 @@ def span_placement(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
 
 def _rounds(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
             model: StepTimeModel, marks: SpanMarks, fixed_model: bool,
-            anchors: bool) -> tuple[int, Run]:
+            anchors: bool, fine: bool = False) -> tuple[int, Run]:
     """The snapped replay, its step-time model refitted on the spans' windows a few
     rounds; the round that agrees with the most spans (agreement) wins, ties the earlier."""
     run = snapped_replay(rebuilt, facts, profile, model, marks, anchors)
     best = (agreement(run, rebuilt, marks), run)
     for _ in range(0 if fixed_model else FIT_ROUNDS):
-        new = regression(run, facts, fmt)
+        new = regression(run, facts, fmt, fine_floors=fine)
         if new is None:
             break
         again = snapped_replay(rebuilt, facts, profile, new, marks, anchors)

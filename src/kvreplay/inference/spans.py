@@ -89,9 +89,9 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
     offset, interval = clock_offset(
         [(s.start, reqs[i].time) for i, s in pairs.items() if reqs[i].time is not None])
     # A span gives a prompt's length, not its tokens: with prefix caching on, which prompts
-    # share what matters as much, and the log's estimate (one shared prefix, prompts.py)
-    # needs the lengths estimated with it; so the lengths are used with caching off only.
-    use_lengths = facts.config is not None and facts.config.enable_prefix_caching is False
+    # share what matters as much; the lengths are used all the same, and what they share is
+    # estimated and drawn (span_prefix.py)
+    use_lengths = True
     # Placing an arrival by its nanosecond needs the replay's clock as sharp, and every
     # arrival placed alike: with prompt lengths estimated the clock is not (f_prefix_caching's
     # plain log: 9 of 10 victims right placed by seconds, 5 by the spans' times), and half
@@ -130,9 +130,6 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
         + ("" if join.joined == join.requests else
            "; the others enter at times estimated between the spanned arrivals beside them"
            if place else "; the others are placed inside their logged seconds as without spans"))
-    if not use_lengths and any(r.prompt_token_ids is None for r in facts.requests):
-        facts.notes.append("request spans: their prompt lengths are not used (prefix caching "
-                           "is on or unknown: which prompts share what the spans do not say)")
     if not place:
         why = ("under half the requests have a span" if 2 * len(pairs) < len(facts.requests)
                else "with prompt lengths estimated the replay's clock is not sharp enough")

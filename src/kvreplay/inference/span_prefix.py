@@ -1,0 +1,136 @@
+"""Prefix caching with the request spans but not the prompts' tokens: the spans give every
+arrival's step (span_clock.py) and every prompt's length (`gen_ai.usage.prompt_tokens`);
+which prompts share which prefix they do not give, and vLLM's preemptions depend on it
+(a shared prefix is KV computed once and held once, spec A5). So the run is not pinned:
+this module makes the replay shown and the ensemble over what the evidence allows.
+
+* The replay shown (`shared_workload`): every prompt (after the first) starts with one
+  prefix of the length the stats lines' prefix-cache hit rate implies
+  (prompts.shared_prefix_estimate; the spans' lengths give the queried total), in whole
+  blocks, never the whole prompt; the arrivals placed by the spans' engine stamps.
+* The ensemble (`prefix_ensemble`): members that draw another sharing: G groups (1-20)
+  opened over the run, each arrival joining one of the latest LIVE, each group with its
+  own prefix, of the estimate x 0-1.5 x U(0.25, 1.75). Each member is replayed by the same snapped clock
+  (the arrivals do not move: the spans pin them) and weighted by the stats lines, as the
+  ensemble of a log without spans (ensemble.py: its count interval, per-request and
+  per-row probabilities). Its probabilities are not calibrated against rendered logs with
+  known answers beyond tools/span_harness.py's renders: a row is at most *inferred*.
+
+Tried and not kept: each request's hit from its span's prefill time (the window from its
+first scheduling to its first token, priced by the step-time model: the tokens the steps
+did not compute came from the cache): refined from the replay above it oscillated and
+named 1 of 33 victims on a render with five live groups (the one-prefix replay: 3 of 33).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Any, Sequence
+
+from kvreplay.inference.facts import LogFacts
+from kvreplay.inference.runs import Run
+from kvreplay.inference.span_clock import SpanMarks, span_placement
+
+SAMPLES = 16  # members besides the replay shown
+GROUPS = (1, 3, 5, 10, 20)  # a member's number of prefix groups over the run
+LIVE = 5  # ... of which the latest this many take new members
+SCALES = (0.0, 0.5, 0.75, 1.0, 1.25, 1.5)  # a member's mean prefix length / the estimate
+SPREAD = 0.75  # each group's prefix: the member's mean x U(1 - SPREAD, 1 + SPREAD)
+
+
+def applies(facts: LogFacts, rebuilt: Any) -> bool:
+    """Prefix caching on, some prompt's tokens unknown, one workload request per log
+    request (no n > 1 fan-out), every request spanned with its prompt length."""
+    cfg = rebuilt.workload.config
+    return (bool(getattr(cfg, "enable_prefix_caching", False)) and not facts.prompts_known
+            and len(rebuilt.workload.requests) == len(facts.requests)
+            and all(r.span is not None for r in facts.requests))
+
+
+def with_prefixes(rebuilt: Any, facts: LogFacts, group: Sequence[int],
+                  prefix: int | Sequence[int]) -> Any:
+    """The workload with each unknown prompt's first tokens its group's prefix (up to
+    `prefix` tokens, or prefix[group], whole blocks, at most all its full blocks but the
+    last token's), the rest its own tokens; prompts logged stay. Marks the unknown prompts
+    estimated."""
+    specs = list(rebuilt.workload.requests)
+    bs = rebuilt.workload.config.block_size
+    unknown = [r.prompt_token_ids is None for r in facts.requests]
+    new = []
+    for i, (s, g) in enumerate(zip(specs, group)):
+        p = list(s.prompt_token_ids)
+        x = prefix if isinstance(prefix, int) else prefix[g]
+        if unknown[i] and x > 0:
+            h = min(x // bs * bs, (len(p) - 1) // bs * bs)
+            p = [3_000_000 + 50_000 * g + j for j in range(h)] + p[h:]
+        new.append(replace(s, prompt_token_ids=p))
+    return replace(rebuilt, workload=replace(rebuilt.workload, requests=new),
+                   prompt_estimated=[a or b for a, b in zip(rebuilt.prompt_estimated, unknown)])
+
+
+def shared_workload(rebuilt: Any, facts: LogFacts, fmt: Any) -> tuple[Any, int]:
+    """The replay shown's workload: one prefix of the estimated length (module doc)."""
+    from kvreplay.inference.prompts import shared_prefix_estimate
+
+    s = shared_prefix_estimate(facts, fmt, rebuilt.workload.config)
+    return with_prefixes(rebuilt, facts, [0] * len(facts.requests), s), s
+
+
+def prefix_ensemble(rebuilt: Any, facts: LogFacts, fmt: Any, profile: Any, marks: SpanMarks,
+                    run: Run, phase: float, prefix: int, *, samples: int = SAMPLES,
+                    seed: int = 0) -> Any:
+    """The ensemble over prefix sharings (module doc): an ensemble.Uncertainty, member 0
+    the replay shown (`run`)."""
+    from kvreplay.inference.ensemble import (POOR_FIT, Uncertainty, _ess, _interval, _member,
+                                             noise_weights)
+    from kvreplay.inference.lines import line_time
+
+    bounds = [line_time(s, phase) for s in facts.stats]
+    members = [_member(run, facts, fmt, phase, bounds, False)]
+    n = len(facts.requests)
+    for k in range(samples):
+        rng = random.Random(f"kvreplay-span-prefix:{seed}:{k}")
+        g = rng.choice(GROUPS)
+        scale = rng.choice(SCALES)
+        group, opened = [], 1
+        for i in range(n):  # arrivals join one of the latest LIVE groups, or open one
+            if opened < g and rng.random() < g / max(1, n):
+                opened += 1
+            group.append(rng.randrange(max(0, opened - LIVE), opened))
+        sizes = [int(prefix * scale * rng.uniform(1 - SPREAD, 1 + SPREAD)) for _ in range(g)]
+        rb = with_prefixes(rebuilt, facts, group, sizes)
+        alt, _ = span_placement(rb, facts, fmt, profile, run.model, marks, fixed_model=True)
+        members.append(_member(alt, facts, fmt, phase, bounds, False))
+    w = noise_weights([m.sse for m in members], len(facts.stats))
+    for m, x in zip(members, w):
+        m.weight = x
+    total = sum(w)
+    starts = [facts.requests[0].time or 0.0] + bounds
+    win_rows = []
+    for k in range(len(bounds) + 1):
+        iv = _interval([m.windows[k] for m in members], w)
+        if k == len(bounds) and iv["high"] == 0:
+            continue
+        win_rows.append({"start": round(starts[k], 3),
+                         "end": round((bounds + [run.end])[k], 3), **iv})
+    ids = list(dict.fromkeys(v for m in members for v in m.by_victim))
+    reqs = []
+    for rid in ids:
+        p = sum(m.weight for m in members if rid in m.by_victim) / total
+        if p <= 0.0:
+            continue
+        e = sum(m.weight * len(m.by_victim.get(rid, ())) for m in members) / total
+        reqs.append({"id": rid, "p_preempted": round(p, 3),
+                     "expected_preemptions": round(e, 3)})
+    reqs.sort(key=lambda r: (-r["p_preempted"], -r["expected_preemptions"], r["id"]))
+    ratios = [m.recomputed / m.processed if m.processed else 0.0 for m in members]
+    # no member reproduces the stats lines: the headline calls the range rough, not a 90%
+    # interval, and no row likely (driver.py caps the rows' p as ensemble.py does)
+    fit = min(m.sse for m in members) / max(1, len(facts.stats))
+    return Uncertainty(
+        samples=len(members) - 1, seed=seed, effective_samples=_ess(w),
+        preemptions=_interval([m.count for m in members], w),
+        recomputed_tokens=_interval([m.recomputed for m in members], w),
+        recompute_ratio=_interval(ratios, w, digits=4), windows=win_rows, requests=reqs,
+        members=members, fit_per_line=fit, poor_fit=fit >= POOR_FIT, shared_prefix=prefix)
