@@ -1,8 +1,30 @@
+"""Shared test setup: Hypothesis profiles, the data folder, and assertion rewriting in the
+helpers package.
+
+Hypothesis profiles (example counts live here and in helpers/examples.py, never in a test):
+- `ci` (default): a fixed, derandomized set of examples, so CI is quick and repeatable;
+- `thorough`: ten times the examples, freshly drawn each run, for a search before a release
+  or after a change to the model: `pytest --hypothesis-profile=thorough` or
+  `KVREPLAY_HYPOTHESIS_PROFILE=thorough pytest`.
+"""
+
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+pytest.register_assert_rewrite("helpers")
+
+# An example may replay a whole log: no per-example deadline, and a slow or fixture-using
+# test is not an error. Counts per example cost: helpers/examples.py (few / many).
+_COMMON = dict(deadline=None, print_blob=True,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.register_profile("ci", max_examples=50, derandomize=True, **_COMMON)
+settings.register_profile("thorough", max_examples=500, **_COMMON)
+settings.load_profile(os.environ.get("KVREPLAY_HYPOTHESIS_PROFILE", "ci"))
 
 DATA = Path(__file__).parent / "data"
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, settings, strategies as st
+from helpers.examples import few
 
 from kvreplay.audit.fleet import Options, make_executor, run, summarize
 from kvreplay.audit.fleet import dataset as ds
@@ -71,8 +72,9 @@ def local_ds(fleet, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def client():
-    distributed = pytest.importorskip("distributed")
     import logging
+
+    import distributed
 
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                        dashboard_address=None, silence_logs=logging.ERROR)
@@ -318,7 +320,7 @@ def test_scan_repairs_an_interrupted_run(tmp_path, fleet):
     assert have[lid].path == part
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(few())
 @given(st.lists(st.tuples(st.sets(st.integers(0, 4), min_size=1), st.integers(0, 5),
                           st.booleans()), min_size=1, max_size=4))
 def test_any_sequence_of_runs_ends_as_one_full_run(tmp_path_factory, runs):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvreplay.replay import get_profile, parse_workload, simulate
-from tracecmp import case_dirs, first_difference, read_trace, read_workload
+from helpers.tracecmp import case_dirs, first_difference, read_trace, read_workload
 
 DATA = Path(__file__).parent / "data"
 SUITES = [

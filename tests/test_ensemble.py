@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers.examples import many
 
 from kvreplay.cli.report import render_table, to_json
 from kvreplay.inference import replay_facts
@@ -49,7 +50,7 @@ def test_weighted_quantiles_by_hand() -> None:
     assert _quantiles([3, 7, 9], [0.1, 0.3, 0.6]) == (3, 9, 9)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(many())
 @given(st.lists(st.tuples(st.integers(0, 100), st.floats(0.001, 10.0)), min_size=1, max_size=40))
 def test_quantiles_are_ordered_members(pairs) -> None:
     vals, ws = zip(*pairs)

@@ -7,7 +7,7 @@ import builtins
 from pathlib import Path
 
 import pytest
-from trace_read import read_trace
+from helpers.trace_read import read_trace
 
 from kvreplay.cli import main
 from kvreplay.samples import sample_path

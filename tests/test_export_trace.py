@@ -13,9 +13,9 @@ from collections import Counter as Tally
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from test_scheduler_properties import workloads
-from trace_read import Read, read_chrome, read_trace, value_at
+from hypothesis import given
+from helpers.strategies import workloads
+from helpers.trace_read import Read, read_chrome, read_trace, value_at
 
 from kvreplay.cli.report import to_json
 from kvreplay.export import build_trace, export
@@ -261,7 +261,6 @@ def test_a_bad_range_is_a_user_error() -> None:
         build_trace(rep, (0, rep.num_steps))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_any_workload_tiles(data: dict) -> None:
     """Property: for any workload (sync or async, chunked or not, prefix caching or not),

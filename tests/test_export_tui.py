@@ -6,14 +6,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
+from helpers.trace_read import read_trace
 
-pytest.importorskip("textual")
-
-from trace_read import read_trace  # noqa: E402
-
-from kvreplay.cli.tui import default_paths  # noqa: E402
-from kvreplay.tui.app import ReplayApp  # noqa: E402
+from kvreplay.cli.tui import default_paths
+from kvreplay.tui.app import ReplayApp
 
 
 def test_e_exports_the_whole_replay_then_the_zoomed_window(tmp_path: Path) -> None:

@@ -276,9 +276,10 @@ def _moved_earlier(lines: list[str], which: set[int]) -> list[str]:
 
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
+from helpers.examples import few
 
 
-@settings(max_examples=12, deadline=None)
+@settings(few())
 @given(case=st.sampled_from(["crowd_priority_bs4_s1", "crowd_fcfs_bs16_s7",
                              "crowd_priority_bs4_async_s8"]),
        which=st.sets(st.integers(0, 60), max_size=20))

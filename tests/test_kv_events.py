@@ -19,6 +19,8 @@ from kvreplay.kvevents import decode_batch
 from kvreplay.parsers.kvevents import is_kv_events_file, read_kv_events
 from kvreplay.parsers import parse_files
 
+from helpers.vllm_venv import DRIVER, need_vllm, vllm_env
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 
@@ -83,14 +85,12 @@ def vllm_kv_runs(tmp_path_factory):
     """f_prefix_caching (sync) and the same workload under async scheduling, through vLLM
     with the plugin and --kv-events-config (ZMQ on 127.0.0.1), each recorded by
     `python -m kvreplay.kvevents` (record-kv-events) running in the vLLM venv."""
-    from test_vllm_plugin import DRIVER, _env, _need_vllm
-
-    py = _need_vllm()
+    py = need_vllm()
     out = tmp_path_factory.mktemp("kv_events")
     base = json.loads((TESTS / "data/conformance/cases/f_prefix_caching/workload.json").read_text())
     variants = {"sync": base, "async": {**base, "config": {**base["config"], "async_scheduling": True}}}
     jobs, recorders, names = [], [], []
-    env = _env()
+    env = vllm_env()
     env["PYTHONPATH"] = str(REPO / "src")
     for name, wl in variants.items():
         d = out / name
@@ -110,7 +110,7 @@ def vllm_kv_runs(tmp_path_factory):
     (out / "jobs.json").write_text(json.dumps(jobs))
     try:
         proc = subprocess.run([str(py), str(DRIVER), str(out / "jobs.json")], capture_output=True,
-                              text=True, env=_env(), timeout=600)
+                              text=True, env=vllm_env(), timeout=600)
         recs = [json.loads(line[6:]) for line in proc.stdout.splitlines() if line.startswith("@@JOB ")]
         assert [r["status"] for r in recs] == ["ok"] * len(jobs), (recs, proc.stderr[-3000:])
         for r in recorders:
@@ -123,6 +123,7 @@ def vllm_kv_runs(tmp_path_factory):
     return {n: out / n for n in names}
 
 
+@pytest.mark.needs_vllm
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_kv_events_from_vllm_match_the_replay_block_pool(vllm_kv_runs, mode):
     d = vllm_kv_runs[mode]
@@ -138,6 +139,7 @@ def test_kv_events_from_vllm_match_the_replay_block_pool(vllm_kv_runs, mode):
     assert res["kv_events_checked"] == sum(1 for e in steps if e.updated_batch is not None) > 0
 
 
+@pytest.mark.needs_vllm
 def test_altered_kv_event_is_a_block_level_divergence(vllm_kv_runs):
     d = vllm_kv_runs["sync"]
     recs = read_kv_events(str(d / "kv_events.jsonl"))
@@ -154,6 +156,7 @@ def test_altered_kv_event_is_a_block_level_divergence(vllm_kv_runs):
     assert div["logged"]["only_in_vllm"]
 
 
+@pytest.mark.needs_vllm
 def test_cli_replays_a_step_trace_log_with_its_kv_events(vllm_kv_runs, tmp_path):
     """`kvreplay replay vllm.log kv_events.jsonl`: every step and the block state checked."""
     import subprocess

@@ -20,8 +20,9 @@ import re
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from helpers.examples import many
 
 from kvreplay.events import encode_jsonl
 from kvreplay.parsers import build, fast, grammar, matchers, parse_files, pipeline
@@ -31,7 +32,7 @@ DATA = Path(__file__).parent / "data"
 LOGS = sorted([*DATA.glob("corpus/*.log"), *(ROOT / "src" / "kvreplay" / "samples").glob("*.log"), *DATA.glob("logcases/*/server*.log")])
 REAL_LINES = sorted({ln for p in LOGS for ln in p.read_text(encoding="utf-8").splitlines() if len(ln) < 4000})
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::SyntaxWarning")  # literal_eval of "\\ "
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = many()
 
 
 def _both(text: str) -> tuple[bytes, bytes]:
@@ -166,7 +167,7 @@ def _chunked(text: str, limit: int, size: int) -> list[tuple[str, str | None]]:
     return out
 
 
-@settings(max_examples=400, deadline=None)
+@FUZZ
 @given(st.lists(st.sampled_from(["a", "bc", "\r", "\n", "\r\n", "\ufffd", "xyz" * 5, "\n\n", " "]), max_size=40),
        st.sampled_from([1, 2, 3, 5, 8, 40, 4096]), st.sampled_from([1, 2, 3, 7, 64, 1 << 20]))
 def test_chunked_reader_equals_readline(parts, limit, size):
@@ -174,7 +175,7 @@ def test_chunked_reader_equals_readline(parts, limit, size):
     assert _chunked(text, limit, size) == _readline_reference(text, limit)
 
 
-@settings(max_examples=300, deadline=None)
+@FUZZ
 @given(st.binary(max_size=300), st.sampled_from([1, 2, 3, 5, 64]))
 def test_chunked_bytes_reader_equals_text_wrapper(data, size):
     """Invalid or cut UTF-8 across read boundaries decodes as TextIOWrapper does."""
@@ -208,7 +209,7 @@ def test_truncated_gzip_reports_read_error(tmp_path):
 _OLD_SCALAR = re.compile(r"(?:\(|, )(\w+)=([^,()\[\]{}'\"]*)(?=[,)])")
 
 
-@settings(max_examples=500, deadline=None)
+@FUZZ
 @given(st.lists(st.tuples(st.sampled_from(["n", "best_of", "max_tokens", "min_tokens", "ignore_eos", "temperature", "priority", "stop",
                                            "stop_token_ids", "seed", "xn", "n_"]),
                           st.sampled_from(["1", "None", "True", "0.5", "[]", "[1, 2]", "['a', \"b,)\"]", "'x'", "X(n=3, max_tokens=4)",
@@ -233,7 +234,7 @@ def _old_ids(text):
     return [int(p.strip()) for p in inner.split(",") if p.strip().lstrip("-").isdigit()]
 
 
-@settings(max_examples=500, deadline=None)
+@FUZZ
 @given(st.text(alphabet="[]0123456789-, \t+.e", max_size=30))
 def test_ids_equal_the_loop(text):
     def run(f):
@@ -252,7 +253,7 @@ def _old_pystr(text):
     return v if isinstance(v, str) else str(v)
 
 
-@settings(max_examples=500, deadline=None)
+@FUZZ
 @given(st.text(alphabet="'\"\\abn \n\r\t\x00é", max_size=12))
 def test_pystr_equals_literal_eval(body):
     for text in (f"'{body}'", f'"{body}"', body):
@@ -264,7 +265,7 @@ def test_pystr_equals_literal_eval(body):
 _OLD_STR = r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*\""""
 
 
-@settings(max_examples=500, deadline=None)
+@FUZZ
 @given(st.text(alphabet="'\"\\ab)(,\n", max_size=20))
 def test_unrolled_string_regex_equals_alternation(text):
     for old, new in ((rf"(?:{_OLD_STR}|None)(.*)", rf"(?:{matchers._STR}|None)(.*)"),

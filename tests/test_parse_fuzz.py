@@ -5,8 +5,9 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from helpers.examples import many
 
 from kvreplay.parsers import pipeline
 
@@ -26,7 +27,7 @@ def _physical(data: bytes) -> int:
     return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
 
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = many()
 
 
 @FUZZ
@@ -66,7 +67,6 @@ def test_mangled_real_lines(data):
     assert sum(e.lines for e in evs) == _physical(data)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mangled())
 def test_mangled_real_lines_lark_engine(data):
     evs = _parse_bytes(data, "lark")

@@ -10,8 +10,9 @@ import io
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers.examples import many
 
 from kvreplay import events as ev
 from kvreplay.events import encode_jsonl
@@ -106,7 +107,7 @@ _ENV = "(APIServer pid=7) INFO 05-07 10:00:05 [x.py:1] "
 _KW = 12  # cut after the first characters of the message: past its keyword
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(many())
 @given(st.sampled_from(_SAMPLES), st.floats(0, 1))
 def test_any_cut_after_the_keyword_is_typed_and_flagged_or_clearly_unparsed(sample, where):
     kind, msg = sample

@@ -11,7 +11,7 @@ import pytest
 
 from kvreplay.errors import UserError
 from kvreplay.replay import PROFILES, Engine, get_profile, parse_workload, simulate
-from tracecmp import first_difference, read_trace, read_workload
+from helpers.tracecmp import first_difference, read_trace, read_workload
 
 DATA = Path(__file__).parent / "data"
 

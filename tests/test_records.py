@@ -16,14 +16,14 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kvreplay.replay import Engine, get_profile, parse_workload
 from kvreplay.replay.records import (Admission, EngineInputs, PreemptionEvent, StepRecord,
                                      preemption_records, totals)
 from kvreplay.replay.result import replay_workload
-from tracecmp import case_dirs, read_trace, read_workload
+from helpers.tracecmp import case_dirs, read_trace, read_workload
 
 DATA = Path(__file__).parent / "data"
 
@@ -142,7 +142,6 @@ def workloads(draw):
     return {"name": "prop", "config": cfg, "requests": reqs}
 
 
-@settings(max_examples=60, deadline=None)
 @given(workloads(), st.data())
 def test_a_run_made_again_from_its_inputs_is_the_same_run(data, draw) -> None:
     """Arrivals submitted step by step, aborts and a cut, recorded by `inputs()`: a new

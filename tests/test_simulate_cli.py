@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvreplay.cli import main
-from tracecmp import first_difference, read_trace
+from helpers.tracecmp import first_difference, read_trace
 
 DATA = Path(__file__).parent / "data"
 CASE = DATA / "conformance" / "cases" / "g_self_preempt_fcfs"
@@ -96,8 +96,7 @@ def test_missing_file_and_bad_profile() -> None:
 
 def test_unfinishable_request_can_be_replayed_on_request(tmp_path: Path) -> None:
     case = DATA / "oracle" / "incomplete" / "0.33" / "overflow_pool_bs4_s1"
-    if not case.exists():
-        pytest.skip("oracle bank not present")
+    assert (case / "workload.json").is_file(), case
     proc = run_cli("simulate", str(case / "workload.json"))
     assert proc.returncode == 2 and "could never finish" in proc.stderr
     out = tmp_path / "t.jsonl"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from kvreplay.errors import UserError
 from kvreplay.inference.spans import LINE_DELAY_S, clock_offset, join_spans
@@ -120,7 +120,6 @@ def test_clock_offset_found_and_corrected(p1_spans, shift):
     assert err < 0.05
 
 
-@settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0.0, 0.999), min_size=5, max_size=40),
        st.floats(-5.0, 5.0).filter(lambda x: abs(x) > 0.1))
 def test_clock_offset_property(fracs, shift):
@@ -277,7 +276,6 @@ def test_audit_reads_spans_beside_the_log(capsys):
 
 
 def test_tui_opens_a_log_with_its_spans():
-    pytest.importorskip("textual")
     import asyncio
 
     from kvreplay.tui.app import ReplayApp

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from test_scheduler_properties import workloads
-from tracecmp import case_dirs, read_trace, read_workload
+from helpers.strategies import workloads
+from helpers.tracecmp import case_dirs, read_trace, read_workload
 
 from kvreplay.replay import Engine, get_profile, parse_workload
 from kvreplay.replay.records import EngineInputs
@@ -67,7 +67,6 @@ def test_the_suites_are_present() -> None:
     assert len(CASES) > 100
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.data())
 def test_random_runs_byte_identical(data: dict, draw) -> None:
     """Random configs (async scheduling, priority, prefix caching, chunking, watermark),

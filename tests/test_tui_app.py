@@ -8,16 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("textual")
-
-from kvreplay.sources import open_replay as open_source  # noqa: E402
-from kvreplay.replay.timeline import CACHED, FREE, HELD, NULL, SHARED  # noqa: E402
-from kvreplay.samples import sample_path  # noqa: E402
-from kvreplay.tui import render  # noqa: E402
-from kvreplay.tui.app import KEYS, ReplayApp, parse_goto, parse_step  # noqa: E402
-from kvreplay.cli.tui import default_paths  # noqa: E402
+from kvreplay.sources import open_replay as open_source
+from kvreplay.replay.timeline import CACHED, FREE, HELD, NULL, SHARED
+from kvreplay.samples import sample_path
+from kvreplay.tui import render
+from kvreplay.tui.app import KEYS, ReplayApp, parse_goto, parse_step
+from kvreplay.cli.tui import default_paths
 
 CASES = Path(__file__).parent / "data" / "conformance" / "cases"
 SIZE = (150, 48)

@@ -10,12 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("pytest_textual_snapshot")
-
-from kvreplay.tui.app import ReplayApp  # noqa: E402
-from kvreplay.cli.tui import default_paths  # noqa: E402
+from kvreplay.tui.app import ReplayApp
+from kvreplay.cli.tui import default_paths
 
 SIZE = (130, 40)
 PREFIX = Path(__file__).parent / "data" / "conformance" / "cases" / "f_prefix_caching" / "workload.json"

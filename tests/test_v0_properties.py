@@ -7,7 +7,7 @@ that the trace itself is checked for conservation and counter rules.
 """
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kvreplay.replay.v0 import run_workload, summarize, trace_text
@@ -44,7 +44,6 @@ def workloads(draw):
     return {"name": "prop", "engine": "v0", "config": cfg, "requests": reqs}
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_random_workloads_keep_invariants_and_terminate(w):
     trace = run_workload(w, check_invariants=True)          # raises on a broken invariant

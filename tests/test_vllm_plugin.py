@@ -12,7 +12,6 @@ All workloads run in ONE vLLM process (the import costs ~6 s).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,53 +22,18 @@ from kvreplay.events import Log, RequestTrace, StepTrace, TraceConfig, Unparsed
 from kvreplay.parsers import parse_files
 from kvreplay.inference.step_trace import has_step_trace, replay_step_trace
 
-sys.path.insert(0, str(Path(__file__).parent))
-from tracecmp import CONFORMANCE_FIELDS, first_difference, read_trace  # noqa: E402
+from helpers.tracecmp import CONFORMANCE_FIELDS, first_difference, read_trace
+from helpers.vllm_venv import DRIVER, VLLM_VERSION, need_vllm, vllm_env
 
 TESTS = Path(__file__).resolve().parent
+pytestmark = pytest.mark.needs_vllm
 CASES = sorted(p for p in (TESTS / "data" / "conformance" / "cases").iterdir() if (p / "workload.json").exists())
-DRIVER = TESTS / "test_vllm_plugin_driver.py"
-VLLM_VERSION = "0.33.0"
-
-
-def vllm_python() -> Path | None:
-    env = os.environ.get("KVREPLAY_VLLM_PYTHON")
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvreplay"
-    candidates = [Path(env)] if env else []
-    candidates += [cache / "vllm-0.33" / "bin" / "python", Path("/root/.cache/kvreplay/oracle-0.33/bin/python")]
-    for py in candidates:
-        if py.exists():
-            venv = py.parent.parent
-            if any(venv.glob(f"lib/python3*/site-packages/vllm-{VLLM_VERSION}.dist-info")):
-                return py
-    return None
-
-
-def _need_vllm() -> Path:
-    py = vllm_python()
-    if py is None:
-        msg = (
-            f"vLLM {VLLM_VERSION} venv not found (set KVREPLAY_VLLM_PYTHON or run "
-            ".ci/install_vllm.sh)"
-        )
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg + " -- required under CI")
-        pytest.skip(msg)
-    return py
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONHASHSEED"] = "0"
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["VLLM_LOGGING_COLOR"] = "0"
-    return env
 
 
 @pytest.fixture(scope="module")
 def vllm_runs(tmp_path_factory):
     """Every conformance workload through vLLM 0.33.0 with the plugin, in one process."""
-    py = _need_vllm()
+    py = need_vllm()
     out = tmp_path_factory.mktemp("vllm_plugin")
     jobs = []
     for case in CASES:
@@ -81,7 +45,7 @@ def vllm_runs(tmp_path_factory):
     jobs_path = out / "jobs.json"
     jobs_path.write_text(json.dumps(jobs))
     proc = subprocess.run([str(py), str(DRIVER), str(jobs_path)], capture_output=True, text=True,
-                          env=_env(), timeout=600)
+                          env=vllm_env(), timeout=600)
     recs = [json.loads(line[6:]) for line in proc.stdout.splitlines() if line.startswith("@@JOB ")]
     assert len(recs) == len(jobs), proc.stderr[-3000:]
     for rec in recs:
@@ -215,9 +179,9 @@ def test_enable_by_class_path_and_by_environment_variable(tmp_path):
     """`--scheduler-cls kvreplay.vllm_plugin.StepTraceScheduler` resolves through vLLM's own
     argument parser and SchedulerConfig; KVREPLAY_STEP_TRACE=1 with the
     `vllm.general_plugins` entry point makes vLLM's default choice the traced one."""
-    py = _need_vllm()
+    py = need_vllm()
     proc = subprocess.run([str(py), str(DRIVER), "--check-entry-points", str(tmp_path)],
-                          capture_output=True, text=True, env=_env(), timeout=300)
+                          capture_output=True, text=True, env=vllm_env(), timeout=300)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("@@EP ")]
     assert lines, proc.stderr[-3000:]
     got = json.loads(lines[0][5:])

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers.examples import few
 
 from kvreplay.audit import whatif as W
 from kvreplay.cli import main
@@ -25,8 +26,10 @@ P1 = Path(__file__).parent / "data" / "logcases" / "p1_poisson_fcfs_200"
 ITER_LOG = P1 / "server.iter.reqbody.log"
 KEYS = P1 / "whatif.jsonl"
 
-pytestmark = pytest.mark.skipif(not (ITER_LOG.exists() and KEYS.exists()),
-                                reason="p1 log case or its whatif.jsonl missing")
+
+
+def test_the_case_is_there() -> None:
+    assert ITER_LOG.is_file() and KEYS.is_file()
 
 
 def _set(items: list[str]) -> dict:
@@ -94,7 +97,7 @@ def test_sweep_knee_with_its_interval():
     assert W.sweep_knee(rows[:2], "max_num_seqs", 64, W.KNOBS) is None
 
 
-@settings(max_examples=25, deadline=None)
+@settings(few())
 @given(st.integers(0, 2**31), st.sampled_from([0, 64, 120, 200]))
 def test_exactly_timed_steps_give_the_model_back(seed, floor):
     """Steps timed exactly by overhead + per_token x max(tokens, floor) + per_request x

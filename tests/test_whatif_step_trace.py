@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kvreplay.audit import whatif as W
@@ -198,7 +198,6 @@ def test_stamp_rows_by_hand():
     assert y == pytest.approx(1.0 + (0.1 - 0.01) / 2)
 
 
-@settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 400), st.booleans(), st.booleans(),
                           st.integers(0, 2)), min_size=1, max_size=60))
 def test_stamp_clock_puts_each_step_in_its_second(spec):

@@ -1,14 +1,13 @@
-"""Driver run INSIDE a vLLM 0.33.0 venv (not a test module: it defines no tests, and it
-imports vLLM only when run as a script).
+"""Driver run INSIDE a vLLM 0.33.0 venv (a script: it imports vLLM only when run as one).
 
 It drives vLLM's real V1 Scheduler / AsyncScheduler on CPU with a fake model, as the oracle
 harness (tools/oracle_harness/run_oracle.py) does, with kvreplay's step-trace plugin as the
 scheduler class, and writes vLLM's log (vLLM's own logger and formatter) to a file.
 
-    python tests/test_vllm_plugin_driver.py JOBS.json
+    python tests/helpers/vllm_driver.py JOBS.json
         JOBS.json: [{"workload": W, "log": L, "trace": T, "summary": S, "meta": M,
                      "plugin": true}, ...]   -> one "@@JOB {...}" line per job on stdout
-    python tests/test_vllm_plugin_driver.py --check-entry-points DIR
+    python tests/helpers/vllm_driver.py --check-entry-points DIR
         -> "@@EP {...}": what get_scheduler_cls() gives with KVREPLAY_STEP_TRACE=1 and a
            `vllm.general_plugins` entry point (a dist-info written to DIR), and what
            --scheduler-cls resolves to.
@@ -23,7 +22,7 @@ import sys
 import time
 import types
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HARNESS = os.path.join(REPO, "tools", "oracle_harness", "run_oracle.py")
 
 
