@@ -1,4 +1,4 @@
-"""Randomised and hand-made workloads run through vLLM's own schedulers (tools/oracle.py,
+"""Randomised and hand-made workloads run through vLLM's own schedulers (tools/oracle/oracle.py,
 tests/data/oracle/README.md), reproduced by kvreplay on every field of every step."""
 
 from __future__ import annotations

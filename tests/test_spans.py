@@ -1,6 +1,6 @@
 """Request spans (vLLM's `llm_request` spans, issue 21): reading OTLP/JSON and Jaeger JSON,
 the join to the log by request id, the clock offset, sampling, and what the spans do to the
-p1 log case's victims. The Jaeger file is tools/otlp_to_jaeger.py's conversion of the
+p1 log case's victims. The Jaeger file is tools/oracle/otlp_to_jaeger.py's conversion of the
 published OTLP spans; nothing here is hand-written span material."""
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ TESTS = Path(__file__).resolve().parent
 CASES = TESTS / "data" / "logcases"
 P1 = CASES / "p1_poisson_fcfs_200"
 B = CASES / "b_fcfs_heavy"
-sys.path.insert(0, str(TESTS.parent / "tools"))
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +43,7 @@ def test_otlp_first_span_as_written(p1_spans):
 
 
 def test_jaeger_conversion_reads_the_same_spans(tmp_path):
-    from otlp_to_jaeger import convert
+    from tools.oracle.otlp_to_jaeger import convert
 
     src = B / "spans.otlp.jsonl"
     with open(src, encoding="utf-8") as f:
@@ -155,8 +154,8 @@ def test_sampled_spans_join_what_there_is(p1_spans):
 
 
 def _span_variant(out: Path, *options: str) -> Path:
-    """p1's spans through tools/span_variants.py (sampled, shifted) into `out`."""
-    from span_variants import main as variants
+    """p1's spans through tools/oracle/span_variants.py (sampled, shifted) into `out`."""
+    from tools.oracle.span_variants import main as variants
 
     argv = sys.argv
     sys.argv = ["span_variants", str(P1 / "spans.otlp.jsonl"), str(out), *options]
@@ -216,7 +215,7 @@ def test_replay_with_spans_reports_them_and_what_they_contradict(tmp_path):
 
 
 def _p1_hits(spans_path, log="server.log"):
-    from matching import match_preemptions
+    from tools.research.matching import match_preemptions
 
     truth = json.loads((P1 / "truth.json").read_text())["preemptions"]
     rep = open_replay([str(P1 / log), str(spans_path)])
@@ -313,7 +312,7 @@ def test_tui_opens_a_log_with_its_spans():
 
 
 def _victims_found(rep, case):
-    from matching import match_preemptions
+    from tools.research.matching import match_preemptions
 
     truth = json.loads((case / "truth.json").read_text())["preemptions"]
     return len(match_preemptions([(p["step"], p["victim_log_id"]) for p in truth],

@@ -2,7 +2,7 @@
 
 Cases: the four published ones (tests/data/conformance/v0/, copied from
 ../shared/conformance/v0/) and the ones generated from vLLM 0.6.6.post1's own scheduler by
-tools/make_v0_cases.py (tests/data/v0_oracle/). Each step is compared on the fields the
+tools/oracle/make_v0_cases.py (tests/data/v0_oracle/). Each step is compared on the fields the
 oracle README lists; the whole trace must also be byte-identical to the oracle's file.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ equal. A deliberately altered line must be reported as a divergence at that step
 
 vLLM runs in its own venv (`.ci/install_vllm.sh` makes it): $KVREPLAY_VLLM_PYTHON, else
 ${XDG_CACHE_HOME:-~/.cache}/kvreplay/vllm-0.33/bin/python, else the oracle venv of
-tools/oracle.py. Absent, these tests are skipped, except under CI=true where that fails.
+tools/oracle/oracle.py. Absent, these tests are skipped, except under CI=true where that fails.
 All workloads run in ONE vLLM process (the import costs ~6 s).
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -198,13 +197,12 @@ SYNC_CASES = [c.name for c in CASES if not c.name.startswith("x_async")]
 
 @pytest.mark.parametrize("case", SYNC_CASES)
 def test_rendered_step_trace_is_what_the_plugin_writes(vllm_runs, case):
-    """tools/render_step_trace.py (the step-trace variant of a rendered log) writes, from
+    """tools/oracle/render_step_trace.py (the step-trace variant of a rendered log) writes, from
     our scheduler's run, the lines vLLM with the plugin wrote: message and `[file:line]`,
     in order (block hashes compared by first appearance: ours are not vLLM's bytes)."""
     import re
 
-    sys.path.insert(0, str(TESTS.parent / "tools"))
-    import render_step_trace as R
+    from tools.oracle import render_step_trace as R
 
     from kvreplay.replay import parse_workload
 

@@ -1,6 +1,6 @@
 """`kvreplay whatif` against vLLM's own scheduler: the published p1 answer key
 (tests/data/logcases/p1_poisson_fcfs_200/whatif.jsonl, made as ../shared/logcases/README.md
-says; tools/whatif_keys.py reproduces its five rows), and the step-time model's terms
+says; tools/oracle/whatif_keys.py reproduces its five rows), and the step-time model's terms
 against the case's truth.json."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ step-time model (inference/step_model.py stamp_rows) and the Replay's clock
 (inference/trace_clock.py); the arrival steps are the log's own.
 
 The log is the step-trace variant of the p1 log case (tests/data/logcases/
-p1_poisson_fcfs_200/server.trace.log.gz, written by tools/render_step_trace.py: the case's
+p1_poisson_fcfs_200/server.trace.log.gz, written by tools/oracle/render_step_trace.py: the case's
 workload run by our scheduler, which is vLLM 0.33's step for step, each step's line stamped
 with the case's clock). Its what-if rows are checked against the case's whatif.jsonl (vLLM
 0.33.0's own scheduler under the changed setting) and against our scheduler run directly at
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -46,12 +45,11 @@ def ctx():
 
 
 def test_the_data_file_is_the_tools_render_of_the_case():
-    """tools/render_step_trace.py writes these bytes again (deterministic), and each step's
+    """tools/oracle/render_step_trace.py writes these bytes again (deterministic), and each step's
     line is stamped with the whole second in which the case's clock ends that step."""
-    sys.path.insert(0, str(TESTS.parent / "tools"))
     import gzip
 
-    import render_step_trace as R
+    from tools.oracle import render_step_trace as R
 
     from kvreplay.replay import parse_workload
 
@@ -228,16 +226,15 @@ def test_audit_of_a_step_trace_has_latencies(capsys):
 
 
 def test_an_engine_that_ran_dry_restarts_at_the_wall_clock(tmp_path):
-    """Two bursts 14 s apart (tools/render_step_trace.py: the idle iterations between them
+    """Two bursts 14 s apart (tools/oracle/render_step_trace.py: the idle iterations between them
     get no line and no number, as in vLLM). The step after the gap is a restart: its start
     is the clock's, whatever the model, so the second burst arrives when it did (the model
     alone would put it straight after the first burst)."""
     import dataclasses
 
-    sys.path.insert(0, str(TESTS.parent / "tools"))
-    import render_step_trace as R
-    from calib_corpus import poisson_workload
-    from whatif_corpus import step_dt
+    from tools.oracle import render_step_trace as R
+    from tools.oracle.calib_corpus import poisson_workload
+    from tools.oracle.whatif_corpus import step_dt
 
     from kvreplay.audit.whatif_inputs import timed_arrivals
     from kvreplay.replay import parse_workload

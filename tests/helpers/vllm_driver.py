@@ -1,7 +1,7 @@
 """Driver run INSIDE a vLLM 0.33.0 venv (a script: it imports vLLM only when run as one).
 
 It drives vLLM's real V1 Scheduler / AsyncScheduler on CPU with a fake model, as the oracle
-harness (tools/oracle_harness/run_oracle.py) does, with kvreplay's step-trace plugin as the
+harness (tools/oracle/harness/run_oracle.py) does, with kvreplay's step-trace plugin as the
 scheduler class, and writes vLLM's log (vLLM's own logger and formatter) to a file.
 
     python tests/helpers/vllm_driver.py JOBS.json

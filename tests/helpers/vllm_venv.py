@@ -18,7 +18,7 @@ def vllm_python() -> Path | None:
     env = os.environ.get("KVREPLAY_VLLM_PYTHON")
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvreplay"
     candidates = [Path(env)] if env else []
-    candidates += [cache / "vllm-0.33" / "bin" / "python", Path("/root/.cache/kvreplay/oracle-0.33/bin/python")]
+    candidates += [cache / "vllm-0.33" / "bin" / "python", cache / "oracle-0.33" / "bin" / "python"]
     for py in candidates:
         if py.exists():
             venv = py.parent.parent

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Write a corpus of vLLM 0.33 logs with known truth, for calibrating the log replay's
-uncertainty (dev tool; tools/calibrate.py scores the replay on it).
+uncertainty (dev tool; tools/research/calib_members.py dumps and scores the replay's
+ensemble on it).
 
-    python tools/calib_corpus.py [--out /tmp/calib/corpus] [--only bank|poisson|logcases]
+    python -m tools.oracle.calib_corpus [--out /tmp/calib/corpus] [--only bank|poisson|logcases]
 
 One folder per log, `server.log` and `truth.json`, and `index.json` listing them. Three
 groups, each deterministic (running it twice gives identical files):
@@ -47,10 +48,10 @@ from kvreplay.replay.records import preemption_records
 from kvreplay.replay.render import formula_step_time, render_log, step_starts
 from kvreplay.replay.trace import conformance_record
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BANK = os.path.join(ROOT, "tests", "data", "oracle", "0.33")
 LOGCASES = os.path.join(ROOT, "tests", "data", "logcases")
-START = 1778148060.05  # as tools/eval_poisson.py
+START = 1778148060.05  # as tools/research/eval_poisson.py
 BANK_STEP_S = 0.008
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write a heavy benchmark workload: 2,000 requests on a 2,000-block pool.
 
-    python tools/heavy_workload.py [-o heavy.json] [--seed 0] [--requests 2000]
+    python -m tools.oracle.heavy_workload [-o heavy.json] [--seed 0] [--requests 2000]
 
 Prefix caching on, block size 16, max_num_seqs 128, budget 2048 (chunked
 prefill). Requests come in groups of 10-40 that share a 48-320-token prefix

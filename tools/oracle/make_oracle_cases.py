@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Generate the oracle case bank: seeded nasty workloads run through vLLM itself.
 
-    python tools/make_oracle_cases.py --release 0.33 [--out tests/data/oracle]
-    python tools/make_oracle_cases.py --release all
-    python tools/make_oracle_cases.py --release 0.33 --dry-run   # workloads only
+    python -m tools.oracle.make_oracle_cases --release 0.33 [--out tests/data/oracle]
+    python -m tools.oracle.make_oracle_cases --release all
+    python -m tools.oracle.make_oracle_cases --release 0.33 --dry-run   # workloads only
 
 Every workload comes from a family function below, seeded by (family, seed),
 so a run regenerates the same workloads; the traces are then produced by the
-release's real vLLM scheduler (tools/oracle.py, one process per release) and
+release's real vLLM scheduler (tools/oracle/oracle.py, one process per release) and
 written to OUT/<release>/<case>/{workload.json, trace.jsonl.gz, summary.json}.
 Workloads on which vLLM does not finish every request within max_steps are
 kept apart under OUT/incomplete/<release>/<case>/ (same files) and listed in
@@ -55,11 +55,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import oracle  # noqa: E402
+from tools.oracle import oracle  # noqa: E402
 
 RELEASES = ["0.33", "0.19.0", "0.11.0"]
-DEFAULT_OUT = HERE.parent / "tests" / "data" / "oracle"
+DEFAULT_OUT = HERE.parents[1] / "tests" / "data" / "oracle"
 
 
 def cdiv(a, b):

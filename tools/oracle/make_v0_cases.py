@@ -14,7 +14,7 @@ the stored files). Build the oracle venv first, as its README says, e.g.
     ~/.cache/kvreplay/oracle-v0/bin/pip install --no-deps -r <shared>/conformance/oracle/v0/requirements-v0.txt
     ~/.cache/kvreplay/oracle-v0/bin/pip install --no-deps vllm==0.6.6.post1
 
-Usage: tools/make_v0_cases.py [--venv DIR] [--shared DIR] [--random N] [--only NAME...]
+Usage: tools/oracle/make_v0_cases.py [--venv DIR] [--shared DIR] [--random N] [--only NAME...]
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "tests", "data", "v0_oracle")
 MAX_CASE_BYTES = 300_000
 # Seeds kept from scratch runs (1000-1299, 2000-2199; all reproduced step for step) because

@@ -1,32 +1,32 @@
 #!/usr/bin/env python3
 """Run vLLM's own V1 scheduler (the "oracle") on a workload: a dev tool.
 
-The oracle harness scripts under tools/oracle_harness/ (copies of
-/work/shared/conformance/oracle, our own material, not vLLM code) drive the
+The oracle harness scripts under tools/oracle/harness/ (copies of the conformance
+material's oracle harness, our own code, not vLLM's: harness/PROVENANCE.md) drive the
 real vLLM Scheduler / KVCacheManager on CPU with a fake model and write the
 conformance trace format. Each release needs its own venv with vLLM
 installed --no-deps (see tests/data/oracle/README.md, or run
-`python tools/oracle.py --install RELEASE`).
+`python -m tools.oracle.oracle --install RELEASE`).
 
 Command line:
 
-    python tools/oracle.py --release 0.33 WORKLOAD.json -o TRACE.jsonl [--summary S.json]
-    python tools/oracle.py --release 0.19.0 --batch DIR [--out-dir OUT]
+    python -m tools.oracle.oracle --release 0.33 WORKLOAD.json -o TRACE.jsonl [--summary S.json]
+    python -m tools.oracle.oracle --release 0.19.0 --batch DIR [--out-dir OUT]
         # every DIR/**/workload.json in ONE process (vLLM import paid once);
         # writes OUT/<rel>/{trace.jsonl,summary.json,meta.json} (default OUT=DIR)
-    python tools/oracle.py --check
+    python -m tools.oracle.oracle --check
         # which oracles are installed
 
 Python:
 
-    from tools.oracle import run_oracle, run_oracle_many, oracle_available
+    from tools.oracle.oracle import run_oracle, run_oracle_many, oracle_available
     if oracle_available("0.33"):
         trace = run_oracle("0.33", workload_dict)        # list of step records
         res = run_oracle_many("0.33", {"a": wl1, "b": wl2})  # one process
         res["a"].trace, res["a"].summary, res["a"].status
 
 Venv locations: $KVREPLAY_ORACLE_VENV_<REL> (e.g. KVREPLAY_ORACLE_VENV_0_33)
-or /root/.cache/kvreplay/oracle-<rel> (0.33 -> oracle-0.33,
+or ${XDG_CACHE_HOME:-~/.cache}/kvreplay/oracle-<rel> (0.33 -> oracle-0.33,
 0.19.0 -> oracle-0.19.0, 0.11.0 -> oracle-0.11.0); the cache root can be moved
 with $KVREPLAY_ORACLE_ROOT.
 """
@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-HARNESS_DIR = HERE / "oracle_harness"
+HARNESS_DIR = HERE / "harness"
 
 # release -> (venv dir name, harness script, requirements file, vllm version)
 RELEASES = {
@@ -73,7 +73,8 @@ def canon_release(release: str) -> str:
 
 
 def oracle_root() -> Path:
-    return Path(os.environ.get("KVREPLAY_ORACLE_ROOT", "/root/.cache/kvreplay"))
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("KVREPLAY_ORACLE_ROOT") or cache / "kvreplay")
 
 
 def venv_dir(release: str) -> Path:

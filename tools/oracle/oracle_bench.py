@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Throughput of vLLM's own scheduler on a workload (request-steps per second).
 
-    python tools/oracle_bench.py WORKLOAD.json [--release 0.33] [--repeat 3] [--json]
+    python -m tools.oracle.oracle_bench WORKLOAD.json [--release 0.33] [--repeat 3] [--json]
 
 Only vLLM's Scheduler.schedule() and update_from_output() calls are timed
 (import, config setup, request creation, the fake model and the harness's
@@ -23,8 +23,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import oracle  # noqa: E402
+from tools.oracle import oracle  # noqa: E402
 
 
 def bench_oracle(workload_path: str | Path, release: str = "0.33", repeat: int = 1) -> dict:

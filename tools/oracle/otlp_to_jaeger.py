@@ -7,7 +7,7 @@ names: {"data": [{"traceID", "spans": [{"traceID", "spanID", "operationName",
 "logs", "processID", "warnings"}], "processes": {"p1": {"serviceName", "tags"}},
 "warnings"}]}. Dev tool: makes test material from spans vLLM wrote; never hand-write spans.
 
-    python tools/otlp_to_jaeger.py spans.otlp.jsonl > spans.jaeger.json
+    python -m tools.oracle.otlp_to_jaeger spans.otlp.jsonl > spans.jaeger.json
 """
 from __future__ import annotations
 

@@ -2,10 +2,10 @@
 """The step-trace variant of a rendered vLLM 0.33 log (dev tool): the same run with the
 lines kvreplay's plugin (src/kvreplay/vllm_plugin) writes, stamped with the run's clock.
 
-    python tools/render_step_trace.py --root /tmp/whatif_corpus [--name server.trace.log]
-    python tools/render_step_trace.py --workload W.json --out LOG [--stats-interval 2] [--no-prompts]
+    python -m tools.oracle.render_step_trace --root /tmp/whatif_corpus [--name server.trace.log]
+    python -m tools.oracle.render_step_trace --workload W.json --out LOG [--stats-interval 2] [--no-prompts]
 
---root: every case folder of tools/whatif_corpus.py (its workload, its step times, the
+--root: every case folder of tools/oracle/whatif_corpus.py (its workload, its step times, the
 stats-line phase of its server.log) gets LOG beside server.log. --workload: one workload
 JSON, timed by the log cases' formula (p1's truth.json `step_time_model`).
 
@@ -29,10 +29,9 @@ import sys
 import time as _time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
-from calib_corpus import LOGCASES, START  # noqa: E402
-from whatif_corpus import FILES, case_setup, step_dt  # noqa: E402
+from tools.oracle.calib_corpus import LOGCASES, START  # noqa: E402
+from tools.oracle.whatif_corpus import FILES, case_setup, step_dt  # noqa: E402
 
 from kvreplay.replay import parse_workload  # noqa: E402
 from kvreplay.replay.engine import Engine  # noqa: E402
@@ -208,7 +207,7 @@ def _write(path: str, lines: list[str]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--root", help="a tools/whatif_corpus.py folder: every case in it")
+    ap.add_argument("--root", help="a tools/oracle/whatif_corpus.py folder: every case in it")
     ap.add_argument("--name", default="server.trace.log")
     ap.add_argument("--workload", help="one workload JSON")
     ap.add_argument("--out", help="the log to write (with --workload)")

@@ -4,7 +4,7 @@
 and/or only every --every-th span kept (file order). Dev tool: edits vLLM's own spans, it
 does not make new ones.
 
-    python tools/span_variants.py IN.otlp.jsonl OUT.otlp.jsonl [--shift 3.2] [--every 2]
+    python -m tools.oracle.span_variants IN.otlp.jsonl OUT.otlp.jsonl [--shift 3.2] [--every 2]
 """
 from __future__ import annotations
 

@@ -5,9 +5,9 @@ outputs, its `llm_request` spans caught by an in-memory exporter and written as 
 OpenTelemetry Collector's file exporter writes OTLP/JSON (one `ExportTraceServiceRequest`
 a line, hex ids). Nothing here writes a span attribute: `do_tracing` does.
 
-    python tools/vllm_do_tracing.py RUN.json OUT.otlp.jsonl
+    python -m tools.oracle.vllm_do_tracing RUN.json OUT.otlp.jsonl
 
-RUN.json (tools/render_poisson_spans.py writes it): {"requests": [{"id", "internal_id",
+RUN.json (tools/research/render_poisson_spans.py writes it): {"requests": [{"id", "internal_id",
 "prompt_len", "max_tokens", "arrival"}], "steps": [{"start", "end", "queued", "scheduled",
 "preempted", "sampled", "finished"}]}: wall-clock seconds; the engine's monotonic clock is
 the wall clock minus a constant, and the frontend sees a step's output `ipc_s` after it.

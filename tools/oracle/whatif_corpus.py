@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Rendered vLLM 0.33 logs with known truth, for scoring `kvreplay whatif` (dev tool).
 
-    python tools/whatif_corpus.py --out /tmp/whatif_corpus [--n 20]
-    $VLLM_PY tools/whatif_keys.py --jobs /tmp/whatif_corpus/jobs.json -o /tmp/whatif_corpus/keys.jsonl
-    python tools/score_whatif.py /tmp/whatif_corpus/keys.jsonl
-    python tools/render_step_trace.py --root /tmp/whatif_corpus   # + server.trace.log
+    python -m tools.oracle.whatif_corpus --out /tmp/whatif_corpus [--n 20]
+    $VLLM_PY tools/oracle/whatif_keys.py --jobs /tmp/whatif_corpus/jobs.json -o /tmp/whatif_corpus/keys.jsonl
+    python -m tools.research.score_whatif /tmp/whatif_corpus/keys.jsonl
+    python -m tools.oracle.render_step_trace --root /tmp/whatif_corpus   # + server.trace.log
 
 Each log is made as p1_poisson_fcfs_200 was (../shared/logcases/README.md): 200 requests
 (tools/calib_corpus.poisson_workload: prompts 100-2000 tokens, or shared 100-800-token
@@ -13,7 +13,7 @@ Poisson arrivals over steps), run by our scheduler (== vLLM's step for step,
 tests/test_oracle_bank.py), each step timed by the log cases' step-time formula (p1's
 truth.json `step_time_model`, context = num_computed_tokens after scheduling), rendered
 (replay/render.py) with prompts (`server.log`), with iteration lines as well
-(`server.iter.log`) and without prompts (`server.noprompts.log`), stats lines every 2 s. truth.json has what tools/whatif_keys.py reads:
+(`server.iter.log`) and without prompts (`server.noprompts.log`), stats lines every 2 s. truth.json has what tools/oracle/whatif_keys.py reads:
 `step_time_model`, `step_start_sim_time`, `requests[id].arrival_sim_time` (the start of
 the step the request entered at, less `arrival_lead_s` and 20 us per later request of
 that step, as in p1). jobs.json asks for the sweeps: max-num-seqs, KV blocks, batched tokens.
@@ -28,9 +28,8 @@ import random
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
-from calib_corpus import LOGCASES, START, poisson_workload  # noqa: E402
+from tools.oracle.calib_corpus import LOGCASES, START, poisson_workload  # noqa: E402
 
 from kvreplay.replay import parse_workload, simulate  # noqa: E402
 from kvreplay.replay.render import render_log, step_starts  # noqa: E402

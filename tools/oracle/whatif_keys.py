@@ -3,9 +3,9 @@
 
 Run with the Python of the vLLM venv the plugin tests use (a dev tool, not part of kvreplay):
 
-    $VLLM_PY tools/whatif_keys.py CASE_DIR --set max_num_seqs=16 --set num_gpu_blocks=1500 \
+    $VLLM_PY tools/oracle/whatif_keys.py CASE_DIR --set max_num_seqs=16 --set num_gpu_blocks=1500 \
         [-o whatif.jsonl]
-    $VLLM_PY tools/whatif_keys.py --jobs JOBS.json -o keys.jsonl
+    $VLLM_PY tools/oracle/whatif_keys.py --jobs JOBS.json -o keys.jsonl
         # JOBS.json: [{"case", "workload", "truth", "sets": [["max_num_seqs=16"], ...]}, ...]
 
 The method of ../shared/logcases/README.md (`whatif.jsonl`): the case's requests
@@ -19,7 +19,7 @@ is the one the run reaches when each step's arrivals are read off the clock as i
 which is what this does (one pass; `iterations` counts the arrival steps that moved against
 the case's own, the README's iteration count is not reproduced).
 
-Only the model and the engine loop are fake (tools/oracle_harness/run_oracle.py, whose
+Only the model and the engine loop are fake (tools/oracle/harness/run_oracle.py, whose
 scheduler set-up this copies): Scheduler.schedule, update_from_output, the KV cache
 manager and preemption are vLLM's own code. Synchronous scheduling only.
 
@@ -34,7 +34,9 @@ import json
 import os
 import sys
 
-if os.environ.get("PYTHONHASHSEED") != "0":
+# run as a script: vLLM's block hashes are Python hashes, so the seed is fixed first
+# (imported for parse_set, nothing is re-run)
+if __name__ == "__main__" and os.environ.get("PYTHONHASHSEED") != "0":
     os.environ["PYTHONHASHSEED"] = "0"
     os.execv(sys.executable, [sys.executable] + sys.argv)
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -45,7 +47,7 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FAKE_MODEL_DIR = os.path.join(HERE, "oracle_harness", "fake_model")
+FAKE_MODEL_DIR = os.path.join(HERE, "harness", "fake_model")
 # truth.json times are rounded to the microsecond: an arrival logged at a step's start
 # minus arrival_lead_s is that step's, to the rounding
 TOL = 1e-6

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Dump each corpus log's uncertainty ensemble, member by member (dev tool), so that the
-weighting's temperature can be chosen offline (tools/calib_members.py score).
+weighting's temperature can be chosen offline (tools/research/calib_members.py score).
 
-    python tools/calib_members.py dump [--corpus /tmp/calib/corpus] [--out /tmp/calib/members]
-    python tools/calib_members.py score [--out ...] [--temperatures 1 2 4 8 16]
+    python -m tools.research.calib_members dump [--corpus /tmp/calib/corpus] [--out /tmp/calib/members]
+    python -m tools.research.calib_members score [--out ...] [--temperatures 1 2 4 8 16]
 
 Members: the stats lines' SSE (ensemble._sse, without the temperature), the preemption
 count, recomputed tokens and processed tokens, victim -> steps; the representative
-replay's rows; the truth (tools/calib_corpus.py's truth.json).
+replay's rows; the truth (tools/oracle/calib_corpus.py's truth.json).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ substring search, independent of the parser. It is *typed* when the event that c
 a typed kind (not unparsed, log or noise). Lines cut before anything identifying (such as
 `(EngineCore_7 pid=2095681) I`) are not known lines.
 
-    python tools/corpus_typed.py [DIR_OR_FILE ...]   # default: tests/data/corpus tests/data/corpus_mangled
+    python -m tools.research.corpus_typed [DIR_OR_FILE ...]   # default: tests/data/corpus tests/data/corpus_mangled
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KNOWN = ("Avg prompt throughput", "Running: ", "Received request", "Added request", "Finished request",
          "Aborted request", "is preempted by", "Iteration(", "GPU KV cache size", "GPU blocks:",
          "Maximum concurrency for", "cache_config_info", "Available KV cache memory", "LLM engine",

@@ -2,7 +2,7 @@
 """Score `kvreplay replay` against a log case's truth.json (dev tool: the product never
 reads truth.json).
 
-    python tools/eval_logcases.py tests/data/logcases/*/ [--log server.reqbody.log]
+    python -m tools.research.eval_logcases tests/data/logcases/*/ [--log server.reqbody.log]
         [--spans spans.otlp.jsonl]
 
 Prints, per case: true vs found preemptions, how many true ones were found with the right
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from matching import match_preemptions
+from tools.research.matching import match_preemptions
 
 
 def score(case: Path, log_name: str, tol: int = 5, spans: str | None = None) -> dict:

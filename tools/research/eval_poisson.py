@@ -2,7 +2,7 @@
 """Poisson-arrival logs rendered from a workload (dev tool): score the log replay and the
 calibration of each preemption's `probability` (the uncertainty ensemble).
 
-    python tools/eval_poisson.py WORKLOAD.json [--seeds 0 1 2] [--step-ms 12] [--stats-s 2]
+    python -m tools.research.eval_poisson WORKLOAD.json [--seeds 0 1 2] [--step-ms 12] [--stats-s 2]
 
 For each seed, the workload's arrivals are redrawn as a Poisson process over steps with the
 workload's own mean gap, the run is simulated (our scheduler == vLLM's, tests/test_oracle_bank),
@@ -25,7 +25,7 @@ from kvreplay.replay import parse_workload, simulate
 from kvreplay.inference import replay_facts
 from kvreplay.replay.render import formula_step_time, render_log
 from kvreplay.sources import read_facts
-from matching import match_preemptions
+from tools.research.matching import match_preemptions
 
 
 def mean_gap(wl) -> float:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Score the log replay on workloads rendered as 0.33 logs (dev tool).
 
-    python tools/eval_rendered.py STEP_S CASE_DIR...   e.g. 0.008 tests/data/oracle/0.33/*/
+    python -m tools.research.eval_rendered STEP_S CASE_DIR...   e.g. 0.008 tests/data/oracle/0.33/*/
 
 Each workload is simulated, rendered as a vLLM 0.33 log (replay/render.py: 1 s stats
 lines, prompts logged, a fixed step time), replayed from the log, and the replayed
@@ -18,7 +18,7 @@ from kvreplay.replay import parse_workload, simulate
 from kvreplay.inference import replay_facts
 from kvreplay.replay.render import render_log
 from kvreplay.sources import read_facts
-from matching import match_preemptions
+from tools.research.matching import match_preemptions
 
 
 def main() -> int:

@@ -2,7 +2,7 @@
 """How much does a 0.33 INFO log say about when each request arrived? (dev tool; reads a
 log case's truth.json and workload.json, which the product never does)
 
-    python tools/log_information.py tests/data/logcases/p1_poisson_fcfs_200 [--every K]
+    python -m tools.research.log_information tests/data/logcases/p1_poisson_fcfs_200 [--every K]
 
 1. Windows: with vLLM's own trace and clock (a perfect replay), how wide is the range of
    steps each arrival could have entered at, given its second and the order of the
@@ -27,7 +27,7 @@ from kvreplay.replay.engine import Engine
 from kvreplay.replay.render import formula_step_time, step_starts
 from kvreplay.replay.profile import get_profile
 from kvreplay.replay.workload import RequestSpec, Workload, parse_workload
-from matching import match_preemptions
+from tools.research.matching import match_preemptions
 
 
 def main() -> int:

@@ -2,15 +2,15 @@
 """Poisson renders of a workload with their request spans made by vLLM's own code, and the
 replay scored with and without them (dev tool; docs/accuracy.md, "Request spans").
 
-    python tools/render_poisson_spans.py WORKLOAD.json --clock-from TRUTH.json
+    python -m tools.research.render_poisson_spans WORKLOAD.json --clock-from TRUTH.json
         [--seeds 0 1 2] [--vllm-python PY] [--otel-path DIR] [--keep DIR] [--jitter-ms 0]
 
-For each seed, as tools/eval_poisson.py: arrivals redrawn as a Poisson process over steps,
+For each seed, as tools/research/eval_poisson.py: arrivals redrawn as a Poisson process over steps,
 the run simulated (our scheduler == vLLM's), rendered as a plain 0.33 `server.log` (no
 prompts) with the truth's step-time formula. Then its engine outputs (QUEUED, SCHEDULED,
 PREEMPTED events at step starts, one token per sampled request at step ends) go through
 vLLM 0.33's `OutputProcessor(tracing_enabled=True)` in the vLLM venv
-(tools/vllm_do_tracing.py), whose `do_tracing` writes the spans. `--jitter-ms J`: each
+(tools/oracle/vllm_do_tracing.py), whose `do_tracing` writes the spans. `--jitter-ms J`: each
 span's arrival up to J ms (and at most 80% of the step before) ahead of the step that took
 it in, instead of at that step's start less 0.5 ms as the log's Received line is (the
 arrivals taken in at one step keep their queue order). Prints,
@@ -31,8 +31,8 @@ from pathlib import Path
 from kvreplay.replay import parse_workload, simulate
 from kvreplay.replay.render import formula_step_time, render_log, step_starts
 from kvreplay.sources import open_replay
-from eval_poisson import mean_gap, poisson_redraw
-from matching import match_preemptions
+from tools.research.eval_poisson import mean_gap, poisson_redraw
+from tools.research.matching import match_preemptions
 
 START = 1778148060.05
 HERE = Path(__file__).resolve().parent
@@ -99,7 +99,7 @@ def main() -> int:
         (d / "run.json").write_text(json.dumps(run_json(wl, recs, starts,
                                                         args.jitter_ms / 1000.0, rng)))
         env = dict(os.environ, PYTHONPATH=args.otel_path)
-        subprocess.run([args.vllm_python, str(HERE / "vllm_do_tracing.py"), str(d / "run.json"),
+        subprocess.run([args.vllm_python, str(HERE.parent / "oracle" / "vllm_do_tracing.py"), str(d / "run.json"),
                         str(d / "spans.otlp.jsonl")], check=True, env=env)
         (d / "truth.json").write_text(json.dumps({"preemptions": [
             {"step": s, "victim_log_id": v} for s, v in true]}))

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Score `kvreplay whatif` against answer keys made with vLLM's scheduler (dev tool).
 
-    python tools/score_whatif.py KEYS.jsonl --root DIR --log server.log [--spans FILE] [-j 2] [-o SCORES.json]
+    python -m tools.research.score_whatif KEYS.jsonl --root DIR --log server.log [--spans FILE] [-j 2] [-o SCORES.json]
 
-KEYS.jsonl: rows of tools/whatif_keys.py (or a log case's published whatif.jsonl); the log
+KEYS.jsonl: rows of tools/oracle/whatif_keys.py (or a log case's published whatif.jsonl); the log
 of case C is DIR/C/LOG. Each key row's setting is replayed by kvreplay.audit.whatif (as
 `kvreplay whatif LOG --<knob> V` does) and compared: a row is right when the preemptions
 are within max(3, 10%) of vLLM's count and the output throughput within 10% of vLLM's
@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-from whatif_keys import parse_set
+from tools.oracle.whatif_keys import parse_set
 
 
 def right(pred: dict, key: dict) -> tuple[bool, bool]:
@@ -29,7 +29,7 @@ def right(pred: dict, key: dict) -> tuple[bool, bool]:
 
 
 def keys_by_case(path: str) -> dict[str, list[dict]]:
-    """The answer keys' rows (tools/whatif_keys.py, or a published whatif.jsonl) by case."""
+    """The answer keys' rows (tools/oracle/whatif_keys.py, or a published whatif.jsonl) by case."""
     by_case: dict[str, list[dict]] = collections.defaultdict(list)
     for line in open(path):
         if line.strip():

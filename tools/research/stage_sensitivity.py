@@ -2,7 +2,7 @@
 """Which arrivals decide a Poisson log's preemptions? (dev tool; reads a log case's
 truth.json, which the product never does)
 
-    python tools/stage_sensitivity.py tests/data/logcases/p1_poisson_fcfs_200 [--jitter 1 2 4]
+    python -m tools.research.stage_sensitivity tests/data/logcases/p1_poisson_fcfs_200 [--jitter 1 2 4]
 
 Requests are grouped by *stage*: how many stats lines the log prints before their
 "Received request" line. Then:
@@ -35,7 +35,7 @@ from kvreplay.inference.rebuild import rebuild_workload
 from kvreplay.inference.runs import step_replay
 from kvreplay.inference.verify import verify
 from kvreplay.sources import read_facts
-from matching import match_preemptions
+from tools.research.matching import match_preemptions
 
 
 def main() -> int:
@@ -96,5 +96,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
     raise SystemExit(main())

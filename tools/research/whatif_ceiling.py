@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """How well can a what-if do when the base replay is nearly exact? (dev tool)
 
-    python tools/whatif_ceiling.py /tmp/whatif_corpus/keys.jsonl --root /tmp/whatif_corpus \
+    python -m tools.research.whatif_ceiling /tmp/whatif_corpus/keys.jsonl --root /tmp/whatif_corpus \
         [--jitter 0 1 2] [--seeds 3] [--placement] [-o CEILING.json]
 
 For each case, the what-if context of its Iteration-line log (`server.iter.log`, whose base
 replay is exact: its arrival steps are truth.json's, checked) is taken, and each arrival is
 moved by a random -J..+J steps (J = --jitter; file order kept, the first request at step 0).
 The answer keys' settings are then run as `kvreplay whatif` runs them (audit.whatif.run_one,
-central run only) and scored as tools/score_whatif.py scores them. J = 0 is the exact base;
+central run only) and scored as tools/research/score_whatif.py scores them. J = 0 is the exact base;
 J = 1 is a base replay off by at most one step per arrival, far closer than any placement a
 stats-line log allows. `--placement` also replays each case's stats-line log (`server.log`)
 and prints how far its arrival steps are from the truth's.
@@ -24,8 +24,8 @@ import random
 import statistics
 import sys
 
-from score_whatif import keys_by_case, right, settings_of
-from whatif_keys import parse_set
+from tools.research.score_whatif import keys_by_case, right, settings_of
+from tools.oracle.whatif_keys import parse_set
 
 
 def jittered(steps: list[int], j: int, rng: random.Random) -> list[int]:

@@ -7,7 +7,7 @@ versions/run_oracle_0.19.0.py, versions/run_oracle_0.11.0.py: unchanged
 copies of /work/shared/conformance/oracle) as a module and calls its main()
 once per workload, with the same arguments the command line would get.
 
-Usage (inside the release's oracle venv; tools/oracle.py does this for you):
+Usage (inside the release's oracle venv; tools/oracle/oracle.py does this for you):
 
     python batch.py HARNESS.py --list JOBS.json [--timeout S]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time vLLM's own Scheduler.schedule() + update_from_output() on a workload.
 
-Runs inside a release's oracle venv (tools/oracle_bench.py does that). The
+Runs inside a release's oracle venv (tools/oracle/oracle_bench.py does that). The
 workload is driven by the unchanged harness script (same step loop, same fake
 model); only vLLM's two scheduler entry points are wrapped with a timer, so
 import, config setup, request creation, fake-model output building and the
