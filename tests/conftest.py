@@ -32,3 +32,11 @@ DATA = Path(__file__).parent / "data"
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     return DATA
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that drives vLLM's own scheduler is slow too (vLLM's import alone takes ~6 s):
+    `-m "not slow"` is the quick run."""
+    for item in items:
+        if item.get_closest_marker("needs_vllm") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)

@@ -47,6 +47,7 @@ def synth(tmp_path_factory):
 
 
 # ---------------------------------------------------------------- pure computations
+@pytest.mark.slow
 def test_audit_figures_are_the_replays_totals(synth):
     """The audit prints the Replay's own totals (kvreplay.replay.records), no figure of its
     own: the same log replayed gives the same preemptions, tokens and ratio."""

@@ -97,6 +97,7 @@ def _tree(root: str) -> dict[str, bytes]:
 
 
 # ---------------------------------------------------------------- the dataset
+@pytest.mark.slow
 def test_dataset_one_file_per_log_partitioned_by_day_and_deployment(fleet, local_ds):
     files = ds.files(local_ds)
     assert len(files) == len(fleet) == 50
@@ -157,6 +158,7 @@ def test_dask_gives_the_local_rows_and_a_rerun_writes_nothing(fleet, local_ds, c
     assert {p: os.stat(p).st_mtime_ns for p in ds.files(out)} == stamps
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_run_loses_and_doubles_nothing(fleet, local_ds, client, tmp_path):
     """SIGKILL a worker while it audits a log: the scheduler re-runs its tasks elsewhere
     (its nanny starts a new worker); every log still gets exactly one file."""
@@ -417,6 +419,7 @@ def test_cli_dataset_rerun_and_fail_on(fleet, tmp_path, capsys):
     assert "no file matches" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_progress_counts(fleet, tmp_path):
     from kvreplay import progress
 

@@ -77,6 +77,7 @@ def _rounds(monkeypatch: pytest.MonkeyPatch, large: int) -> tuple[list[float], o
     return losses, rep
 
 
+@pytest.mark.slow
 def test_a_large_log_runs_one_anchoring_round_after_its_first_replay(
         monkeypatch: pytest.MonkeyPatch) -> None:
     full, rep_full = _rounds(monkeypatch, 10**9)
@@ -90,6 +91,7 @@ def test_a_large_log_runs_one_anchoring_round_after_its_first_replay(
     assert not any("a large log" in n for n in rep_full.facts.notes)
 
 
+@pytest.mark.slow
 def test_a_stopped_timed_replay_is_a_prefix_of_the_whole_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """A large log's first fit round replays only its first stretch (fit.prefix_end) for a
     model: that stretch must be the whole run's, step for step."""
@@ -111,6 +113,7 @@ def test_a_stopped_timed_replay_is_a_prefix_of_the_whole_one(monkeypatch: pytest
     assert part.clock[-1] <= head < whole.clock[len(part.steps)]
 
 
+@pytest.mark.slow
 def test_a_large_log_fits_its_first_model_on_a_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
     """Forced large, p1's fit replays a prefix first (stopped at prefix_end), then whole
     runs only; a small log never stops early."""

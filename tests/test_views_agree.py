@@ -28,13 +28,25 @@ SAMPLES = sample_path("vllm033_fcfs_heavy.log").parent
 YEAR = 2026
 
 
+# inputs whose replay (and its ensemble) takes several CPU seconds: p1's 200 requests without
+# Iteration lines with prompts, and the long V0 log
+SLOW = ("p1_poisson_fcfs_200/server.log", "p1_poisson_fcfs_200/server.otlp.log",
+        "p1_poisson_fcfs_200/server.reqbody.log", "p1_poisson_fcfs_200/server.iter.log",
+        "v0/v066_realistic_recompute.log")
+
+
+def _param(p: Path, variant: str, name: str):
+    marks = [pytest.mark.slow] if name in SLOW else []
+    return pytest.param(p, variant, id=name + (f"+{variant}" if variant else ""), marks=marks)
+
+
 def _inputs() -> list:
-    out = [pytest.param(p, "", id=f"samples/{p.name}") for p in sorted(SAMPLES.iterdir())
+    out = [_param(p, "", f"samples/{p.name}") for p in sorted(SAMPLES.iterdir())
            if p.suffix in (".log", ".json")]
     for p in sorted(DATA.glob("logcases/*/server*.log")):
-        out.append(pytest.param(p, "", id=f"{p.parent.name}/{p.name}"))
-        out.append(pytest.param(p, "abort+cut", id=f"{p.parent.name}/{p.name}+abort+cut"))
-    out += [pytest.param(p, "", id=f"v0/{p.name}") for p in sorted(DATA.glob("v0_logs/*.log"))]
+        out.append(_param(p, "", f"{p.parent.name}/{p.name}"))
+        out.append(_param(p, "abort+cut", f"{p.parent.name}/{p.name}"))
+    out += [_param(p, "", f"v0/{p.name}") for p in sorted(DATA.glob("v0_logs/*.log"))]
     return out
 
 
