@@ -10,7 +10,7 @@ import pytest
 from kvreplay.replay import get_profile, parse_workload, simulate
 from helpers.tracecmp import case_dirs, first_difference, read_trace, read_workload
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 SUITES = [
     ("0.33", DATA / "conformance" / "cases"),
     ("0.33", DATA / "logcases"),

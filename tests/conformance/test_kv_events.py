@@ -21,7 +21,7 @@ from kvreplay.parsers import parse_files
 
 from helpers.vllm_venv import DRIVER, need_vllm, vllm_env
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 
 

@@ -10,7 +10,7 @@ import pytest
 from kvreplay.replay import get_profile, parse_workload, simulate
 from helpers.tracecmp import case_dirs, first_difference, read_trace, read_workload
 
-ROOT = Path(__file__).parent / "data" / "oracle"
+ROOT = Path(__file__).parents[1] / "data" / "oracle"
 RELEASES = {"0.33": "0.33", "0.19.0": "0.19", "0.11.0": "0.11"}
 CASES = [
     pytest.param(RELEASES[rel], d, False, id=f"{rel}/{d.name}")

@@ -13,7 +13,7 @@ from kvreplay.errors import UserError
 from kvreplay.replay import PROFILES, Engine, get_profile, parse_workload, simulate
 from helpers.tracecmp import first_difference, read_trace, read_workload
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 @pytest.mark.parametrize(

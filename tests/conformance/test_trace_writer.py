@@ -18,7 +18,7 @@ from kvreplay.replay import Engine, get_profile, parse_workload
 from kvreplay.replay.records import EngineInputs
 from kvreplay.replay.trace import TraceWriter, conformance_record
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 encode = msgspec.json.Encoder().encode
 # the conformance cases, the log cases and every fourth workload of the oracle bank, each
 # under the release that made its trace

@@ -14,7 +14,7 @@ import pytest
 
 from kvreplay.replay.v0 import run_workload, summarize, trace_text
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 CASE_DIRS = sorted((DATA / "conformance" / "v0").glob("*/workload.json")) + sorted(
     (DATA / "v0_oracle").glob("*/workload.json"))
 CASES = [p.parent for p in CASE_DIRS]

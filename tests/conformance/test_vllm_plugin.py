@@ -24,7 +24,7 @@ from kvreplay.inference.step_trace import has_step_trace, replay_step_trace
 from helpers.tracecmp import CONFORMANCE_FIELDS, first_difference, read_trace
 from helpers.vllm_venv import DRIVER, VLLM_VERSION, need_vllm, vllm_env
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.needs_vllm
 CASES = sorted(p for p in (TESTS / "data" / "conformance" / "cases").iterdir() if (p / "workload.json").exists())
 

@@ -12,7 +12,7 @@ from helpers.trace_read import read_trace
 from kvreplay.cli import main
 from kvreplay.samples import sample_path
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 LOG = DATA / "logcases/b_fcfs_heavy/server.iter.reqbody.log"
 
 

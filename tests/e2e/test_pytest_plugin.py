@@ -19,7 +19,7 @@ from kvreplay.samples import DEFAULT_LOG, sample_path
 
 pytest_plugins = ["pytester"]
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 WORKLOAD = DATA / "conformance/cases/b_fcfs_heavy/workload.json"
 
 TEST_LOG = """

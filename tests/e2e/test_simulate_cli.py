@@ -12,7 +12,7 @@ import pytest
 from kvreplay.cli import main
 from helpers.tracecmp import first_difference, read_trace
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 CASE = DATA / "conformance" / "cases" / "g_self_preempt_fcfs"
 
 

@@ -15,7 +15,7 @@ from kvreplay.tui import render
 from kvreplay.tui.app import KEYS, ReplayApp, parse_goto, parse_step
 from kvreplay.cli.tui import default_paths
 
-CASES = Path(__file__).parent / "data" / "conformance" / "cases"
+CASES = Path(__file__).parents[1] / "data" / "conformance" / "cases"
 SIZE = (150, 48)
 
 
@@ -320,7 +320,7 @@ def test_cli_data_parallel_log_one_line_and_exit_2(monkeypatch, capsys) -> None:
 def test_v0_log_opens_on_the_replays_preemptions() -> None:
     """A V0-engine log (swap and recompute): the timeline, the why panel and the step view
     show the replay's own records (the same as `kvreplay replay`)."""
-    log = Path(__file__).parent / "data" / "v0_logs" / "v066_swap_1s.log"
+    log = Path(__file__).parents[1] / "data" / "v0_logs" / "v066_swap_1s.log"
     rep = open_source([str(log)], year=2025)
 
     async def body():

@@ -23,7 +23,7 @@ import kvreplay.sources as sources
 from kvreplay.errors import UserError
 from kvreplay.samples import sample_path
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 SAMPLES = sample_path("vllm033_fcfs_heavy.log").parent
 YEAR = 2026
 

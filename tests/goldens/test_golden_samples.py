@@ -1,11 +1,11 @@
-"""Golden files for the logs and workloads kvreplay ships and tests with (tests/golden/).
+"""Golden files for the logs and workloads kvreplay ships and tests with (tests/goldens/golden/).
 
 They go through kvreplay's own pytest plugin (kvreplay.pytest_plugin, `kvreplay_golden`):
 after a change that moves a replay on purpose, run
 
-    pytest tests/test_golden_samples.py --kvreplay-update
+    pytest tests/goldens/test_golden_samples.py --kvreplay-update
 
-and review the diff of tests/golden/. Goldens of log sources carry a NOTE at the top: they
+and review the diff of tests/goldens/golden/. Goldens of log sources carry a NOTE at the top: they
 depend on log-replay heuristics (rebuilt workload, fitted step times) and are expected to
 move when that fit improves.
 """
@@ -18,7 +18,7 @@ import pytest
 
 from kvreplay.samples import DEFAULT_LOG, sample_path
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 SAMPLES = sample_path(DEFAULT_LOG).parent
 # 200 requests without logged prompts: ~5 s of prompt-length fitting for little the other
 # no-prompt logs (b_fcfs_heavy, f_prefix_caching server.log) do not already cover.

@@ -4,7 +4,7 @@
 Expected counts were checked by hand: `grep -c` for 'Avg prompt throughput',
 'Received request' and 'is preempted by' per file, then each hit read to see whether the
 excerpt cut it (TRUNC-END / mangled lines in SOURCES.md): a cut line is a typed event marked
-`truncated` with the fields before the cut (issue 18; tests/test_parse_mangled.py). Columns: (stats, received, preemption, unparsed, physical lines).
+`truncated` with the fields before the cut (issue 18; tests/unit/parsers/test_parse_mangled.py). Columns: (stats, received, preemption, unparsed, physical lines).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 from kvreplay.events import encode_jsonl
 from kvreplay.parsers import detect_version, merge_config, parse_files
 
-CORPUS = Path(__file__).parent / "data" / "corpus"
-SAMPLES = Path(__file__).parent.parent / "src" / "kvreplay" / "samples"
+CORPUS = Path(__file__).parents[1] / "data" / "corpus"
+SAMPLES = Path(__file__).parents[2] / "src" / "kvreplay" / "samples"
 
 EXPECTED = {
     # file: (stats, received, preemption, unparsed, lines)

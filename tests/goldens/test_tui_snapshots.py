@@ -2,7 +2,7 @@
 
 Stable by construction: the replay is deterministic, every screenshot is taken after the
 load finished (no progress bar, no timing text), no toast is on screen, no input cursor.
-Update with `python -m pytest tests/test_tui_snapshots.py --snapshot-update` and look at
+Update with `python -m pytest tests/goldens/test_tui_snapshots.py --snapshot-update` and look at
 the SVGs before committing them.
 """
 
@@ -14,7 +14,7 @@ from kvreplay.tui.app import ReplayApp
 from kvreplay.cli.tui import default_paths
 
 SIZE = (130, 40)
-PREFIX = Path(__file__).parent / "data" / "conformance" / "cases" / "f_prefix_caching" / "workload.json"
+PREFIX = Path(__file__).parents[1] / "data" / "conformance" / "cases" / "f_prefix_caching" / "workload.json"
 
 
 def after_load(*keys: str):

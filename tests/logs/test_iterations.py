@@ -20,7 +20,7 @@ from kvreplay.replay import Engine, get_profile, parse_workload
 from kvreplay.replay.render import formula_step_time, iteration_lines_of, render_log, step_starts
 from kvreplay.sources import read_facts, replay_logs
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 CASES = DATA / "logcases"
 ORACLE = DATA / "oracle" / "0.33"
 ITER = re.compile(r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) "

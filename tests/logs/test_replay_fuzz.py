@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from kvreplay.errors import UserError
 from kvreplay.sources import replay_logs
 
-LOG = Path(__file__).parent / "data" / "logcases" / "f_prefix_caching" / "server.reqbody.log"
+LOG = Path(__file__).parents[1] / "data" / "logcases" / "f_prefix_caching" / "server.reqbody.log"
 LINES = LOG.read_text().splitlines()
 
 

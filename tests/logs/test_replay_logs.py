@@ -19,7 +19,7 @@ from kvreplay.inference.formats import log_format
 from kvreplay.replay.render import formula_step_time, render_log, step_starts
 from kvreplay.sources import read_facts, replay_logs
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 CASES = DATA / "logcases"
 
 
@@ -677,7 +677,7 @@ def test_data_parallel_log_is_refused_and_one_rank_replays(tmp_path: Path) -> No
     own log under external load balancing (only `Engine 001:` lines) replays as usual."""
     from kvreplay.errors import ReplayError
 
-    facts = read_facts([str(Path(__file__).parent.parent / "src" / "kvreplay" / "samples" / "synthetic_v022_dp2_iterations.log")],
+    facts = read_facts([str(Path(__file__).parents[2] / "src" / "kvreplay" / "samples" / "synthetic_v022_dp2_iterations.log")],
                        year=2025)
     assert facts.engines == (0, 1)
     with pytest.raises(ReplayError, match="data-parallel log .2 engines"):

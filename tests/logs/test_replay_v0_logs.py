@@ -25,7 +25,7 @@ from kvreplay.replay.render_v0 import render_v0_log
 from kvreplay.replay.v0 import run_workload, summarize
 from kvreplay.sources import read_facts
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 V0_LOGS = DATA / "v0_logs"
 YEAR = 2025
 

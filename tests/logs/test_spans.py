@@ -18,7 +18,7 @@ from kvreplay.inference.spans import LINE_DELAY_S, clock_offset, join_spans
 from kvreplay.parsers.spans import read_spans, spans_format
 from kvreplay.sources import open_replay, read_log
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 CASES = TESTS / "data" / "logcases"
 P1 = CASES / "p1_poisson_fcfs_200"
 B = CASES / "b_fcfs_heavy"
@@ -169,7 +169,7 @@ def _span_variant(out: Path, *options: str) -> Path:
 def test_sampled_spans_place_the_arrivals_with_prompts_logged(tmp_path):
     """Every other span, p1 with prompts: 38 of 54 (37 when such spans were left to the
     seconds-based placement; 39 without spans; 39 before the snap tolerance was capped at
-    half the shortest step, which exact marks need: tests/test_span_clock.py); a quarter
+    half the shortest step, which exact marks need: tests/unit/inference/test_span_clock.py); a quarter
     of the spans: by seconds."""
     out = _span_variant(tmp_path / "half.otlp.jsonl", "--every", "2")
     rep, hits = _p1_hits(out, log="server.reqbody.log")

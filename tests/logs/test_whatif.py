@@ -29,7 +29,7 @@ def logged(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ctx(logged):
-    return W.load([logged[0]], samples=0)  # (ranges: tests/test_whatif_keys.py)
+    return W.load([logged[0]], samples=0)  # (ranges: tests/logs/test_whatif_keys.py)
 
 
 def test_plan_one_at_a_time_and_grid():

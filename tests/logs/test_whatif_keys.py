@@ -22,7 +22,7 @@ from kvreplay.inference.formats import V1_FORMAT
 from kvreplay.inference.step_model import fit_step_model
 from kvreplay.replay.records import StepRecord
 
-P1 = Path(__file__).parent / "data" / "logcases" / "p1_poisson_fcfs_200"
+P1 = Path(__file__).parents[1] / "data" / "logcases" / "p1_poisson_fcfs_200"
 ITER_LOG = P1 / "server.iter.reqbody.log"
 KEYS = P1 / "whatif.jsonl"
 

@@ -28,7 +28,7 @@ from kvreplay.inference.trace_clock import stamp_clock
 from kvreplay.replay.records import StepRecord
 from kvreplay.sources import open_replay
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 P1 = TESTS / "data" / "logcases" / "p1_poisson_fcfs_200"
 LOG = P1 / "server.trace.log.gz"
 TRUTH = json.loads((P1 / "truth.json").read_text())

@@ -9,7 +9,7 @@ lines kvreplay's plugin (src/kvreplay/vllm_plugin) writes, stamped with the run'
 stats-line phase of its server.log) gets LOG beside server.log. --workload: one workload
 JSON, timed by the log cases' formula (p1's truth.json `step_time_model`).
 
-Our scheduler is vLLM 0.33's step for step (tests/test_oracle_bank.py), so the run is the
+Our scheduler is vLLM 0.33's step for step (tests/conformance/test_oracle_bank.py), so the run is the
 one vLLM with the plugin would log. Lines as the plugin writes them (lineformat.py; the
 `%`-formats of _scheduler.py): `kvtrace config` at engine start, `kvtrace req` as the
 engine core adds a request (the start of its step), `kvtrace step` as each iteration ends

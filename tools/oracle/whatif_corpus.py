@@ -10,7 +10,7 @@ Each log is made as p1_poisson_fcfs_200 was (../shared/logcases/README.md): 200 
 (tools/calib_corpus.poisson_workload: prompts 100-2000 tokens, or shared 100-800-token
 prefixes with prefix caching; outputs 50-500; priorities 0-4 under the priority policy;
 Poisson arrivals over steps), run by our scheduler (== vLLM's step for step,
-tests/test_oracle_bank.py), each step timed by the log cases' step-time formula (p1's
+tests/conformance/test_oracle_bank.py), each step timed by the log cases' step-time formula (p1's
 truth.json `step_time_model`, context = num_computed_tokens after scheduling), rendered
 (replay/render.py) with prompts (`server.log`), with iteration lines as well
 (`server.iter.log`) and without prompts (`server.noprompts.log`), stats lines every 2 s. truth.json has what tools/oracle/whatif_keys.py reads:

@@ -27,7 +27,7 @@ from kvreplay.audit.fleet.task import input_key
 from kvreplay.cli import main
 from kvreplay.errors import UserError
 
-ORACLE = Path(__file__).parent / "data" / "oracle"
+ORACLE = Path(__file__).parents[2] / "data" / "oracle"
 THIN = "tests/data/corpus/29-v016-queue-drain-full-isl.log"  # stats lines only
 OPTS = Options(year=2026)  # the logs' year, not their files' mtime
 DAY = 86400.0

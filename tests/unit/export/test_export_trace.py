@@ -25,7 +25,7 @@ from kvreplay.replay.result import replay_workload
 from kvreplay.samples import sample_path
 from kvreplay.sources import open_replay
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[2] / "data"
 INPUTS = {
     "sample-log": sample_path("vllm033_fcfs_heavy.log"),
     "logcase-f-iter": DATA / "logcases/f_prefix_caching/server.iter.reqbody.log",

@@ -19,7 +19,7 @@ from kvreplay.inference import replay_facts
 from kvreplay.inference.ensemble import LEAD_BELOW, TOL_STEPS, _quantiles
 from kvreplay.sources import read_facts
 
-CASES = Path(__file__).parent / "data" / "logcases"
+CASES = Path(__file__).parents[2] / "data" / "logcases"
 
 
 def _replay(case: str, name: str, **kw):

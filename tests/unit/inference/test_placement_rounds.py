@@ -18,7 +18,7 @@ from kvreplay.inference.runs import as_step_replay, step_replay, timed_replay
 from kvreplay.replay.profile import get_profile
 from kvreplay.sources import read_facts, replay_logs
 
-CASES = Path(__file__).parent / "data" / "logcases"
+CASES = Path(__file__).parents[2] / "data" / "logcases"
 P1 = str(CASES / "p1_poisson_fcfs_200" / "server.log")
 
 

@@ -27,8 +27,8 @@ from helpers.examples import many
 from kvreplay.events import encode_jsonl
 from kvreplay.parsers import build, fast, grammar, matchers, parse_files, pipeline
 
-ROOT = Path(__file__).parent.parent
-DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).parents[3]
+DATA = Path(__file__).parents[2] / "data"
 LOGS = sorted([*DATA.glob("corpus/*.log"), *(ROOT / "src" / "kvreplay" / "samples").glob("*.log"), *DATA.glob("logcases/*/server*.log")])
 REAL_LINES = sorted({ln for p in LOGS for ln in p.read_text(encoding="utf-8").splitlines() if len(ln) < 4000})
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::SyntaxWarning")  # literal_eval of "\\ "

@@ -11,8 +11,8 @@ from helpers.examples import many
 
 from kvreplay.parsers import pipeline
 
-CORPUS = Path(__file__).parent / "data" / "corpus"
-SAMPLES = Path(__file__).parent.parent / "src" / "kvreplay" / "samples"
+CORPUS = Path(__file__).parents[2] / "data" / "corpus"
+SAMPLES = Path(__file__).parents[3] / "src" / "kvreplay" / "samples"
 REAL_LINES = sorted(
     {ln for p in [*CORPUS.glob("*.log"), *SAMPLES.glob("*.log")] for ln in p.read_text(encoding="utf-8").splitlines() if len(ln) < 3000}
 )

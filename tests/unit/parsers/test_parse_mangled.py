@@ -18,7 +18,7 @@ from kvreplay import events as ev
 from kvreplay.events import encode_jsonl
 from kvreplay.parsers import grammar, parse_files, parse_lines, pipeline
 
-MANGLED = Path(__file__).parent / "data" / "corpus_mangled"
+MANGLED = Path(__file__).parents[2] / "data" / "corpus_mangled"
 
 
 def _events(name: str, engine: str = "fast") -> list:

@@ -18,7 +18,7 @@ from kvreplay.events import decode_jsonl, encode_jsonl
 from kvreplay.parsers import parse_files, parse_lines, pipeline
 
 STATS = "(APIServer pid=1) INFO {d} [loggers.py:335] Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 2.0 tokens/s, Running: {r} reqs, Waiting: 0 reqs, GPU KV cache usage: 5.0%"
-SAMPLES = Path(__file__).parent.parent / "src" / "kvreplay" / "samples"
+SAMPLES = Path(__file__).parents[3] / "src" / "kvreplay" / "samples"
 
 
 def _write(tmp_path: Path, name: str, data: bytes) -> str:

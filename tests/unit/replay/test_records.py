@@ -25,7 +25,7 @@ from kvreplay.replay.records import (Admission, EngineInputs, PreemptionEvent, S
 from kvreplay.replay.result import replay_workload
 from helpers.tracecmp import case_dirs, read_trace, read_workload
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[2] / "data"
 
 
 def _event(victim: str, trigger: str, computed: int, num_tokens: int, mode: str = "recompute"):

@@ -92,7 +92,7 @@ def test_collecting_block_hashes_bounds_the_table() -> None:
     import json
     from pathlib import Path
 
-    case = Path(__file__).parent / "data" / "oracle" / "0.33" / "fcfs_pressure_bs4_burst_pc_s10"
+    case = Path(__file__).parents[2] / "data" / "oracle" / "0.33" / "fcfs_pressure_bs4_burst_pc_s10"
     data = json.loads((case / "workload.json").read_text())
     want, kept_all = _trace(data, 0)
     got, kept = _trace(data, 1)

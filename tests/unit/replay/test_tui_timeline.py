@@ -22,7 +22,7 @@ from kvreplay.sources import open_replay as _open
 def open_source(paths):
     return _open([str(p) for p in paths], year=2026)
 
-CASES = Path(__file__).parent / "data" / "conformance" / "cases"
+CASES = Path(__file__).parents[2] / "data" / "conformance" / "cases"
 SOURCES = [
     sample_path("fcfs_heavy.workload.json"),
     CASES / "d_priority" / "workload.json",

@@ -93,7 +93,7 @@ def test_log_replay_says_the_server_would_have_failed(tmp_path):
 
     from kvreplay.sources import open_replay
 
-    w = json.loads((Path(__file__).parent / "data" / "v0_oracle" / "v0h_swap_too_little_cpu" / "workload.json").read_text())
+    w = json.loads((Path(__file__).parents[2] / "data" / "v0_oracle" / "v0h_swap_too_little_cpu" / "workload.json").read_text())
     tr = run_workload(w)
     log = tmp_path / "server.log"
     log.write_text("\n".join(render_v0_log(w, tr, step_time_s=1.0)) + "\n")
