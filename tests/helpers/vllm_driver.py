@@ -23,7 +23,7 @@ import time
 import types
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HARNESS = os.path.join(REPO, "tools", "oracle_harness", "run_oracle.py")
+HARNESS = os.path.join(REPO, "tools", "oracle", "harness", "run_oracle.py")
 
 
 def install_kvreplay_shim() -> None:
@@ -198,7 +198,7 @@ def check_entry_points(tmpdir: str) -> None:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
-    fake_model = os.path.join(REPO, "tools", "oracle_harness", "fake_model")
+    fake_model = os.path.join(REPO, "tools", "oracle", "harness", "fake_model")
     args = parser.parse_args(["--model", fake_model, "--scheduler-cls", "kvreplay.vllm_plugin.StepTraceScheduler"])
     out["cli_scheduler_cls"] = EngineArgs.from_cli_args(args).scheduler_cls
     print("@@EP " + json.dumps(out), flush=True)
