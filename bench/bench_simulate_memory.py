@@ -44,8 +44,8 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         wl = os.path.join(d, "heavy.json")
-        subprocess.run([sys.executable, str(ROOT / "tools" / "heavy_workload.py"), "-o", wl,
-                        "--requests", str(args.requests)], check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "tools.oracle.heavy_workload", "-o", wl,
+                        "--requests", str(args.requests)], check=True, capture_output=True, cwd=ROOT)
         summary = os.path.join(d, "summary.json")
         base_s, base_kb = peak([sys.executable, "-c", LOAD, wl])
         runs = [("simulate --format summary", [sys.executable, "-m", "kvreplay", "simulate", wl,
