@@ -67,3 +67,18 @@ def test_no_test_skips() -> None:
                     and isinstance(node.value, (ast.Name, ast.Attribute)):
                 bad.append(f"{p.relative_to(TESTS)}:{node.lineno} {node.attr}")
     assert not bad, bad
+
+
+def test_hypothesis_profiles() -> None:
+    """`ci` (the default: a fixed set) and `thorough` (ten times as many, fresh draws); the
+    cost tiers of helpers/examples.py scale with the active one."""
+    from hypothesis import settings
+
+    from helpers.examples import few, many
+
+    ci, thorough = settings.get_profile("ci"), settings.get_profile("thorough")
+    assert ci.derandomize and not thorough.derandomize
+    assert thorough.max_examples == 10 * ci.max_examples and ci.deadline is None
+    n = settings.default.max_examples
+    assert n in (ci.max_examples, thorough.max_examples)
+    assert few().max_examples < n < many().max_examples
