@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from kvreplay.errors import UserError
 from kvreplay.sources import replay_logs
 
+from helpers.examples import few
+
 LOG = Path(__file__).parents[1] / "data" / "logcases" / "f_prefix_caching" / "server.reqbody.log"
 LINES = LOG.read_text().splitlines()
 
@@ -37,7 +39,10 @@ def damaged(draw) -> list[str]:
 
 
 # An ensemble of 4 members instead of 32: the same code paths (a damaged log's estimates
-# once overflowed the ensemble's arrays), a quarter of the cost per example.
+# once overflowed the ensemble's arrays), a quarter of the cost per example. Still, a damaged
+# log can take seconds to place (0.2-3.4 s CPU an example): few examples in CI, 100 under
+# the thorough profile.
+@settings(few())
 @given(damaged())
 def test_damaged_log_replays_or_explains(tmp_path_factory, lines: list[str]) -> None:
     path = tmp_path_factory.mktemp("fuzz") / "server.log"
