@@ -126,6 +126,7 @@ def test_the_clock_puts_each_preemption_at_its_time() -> None:
     assert max(off) < 0.05, off
 
 
+@pytest.mark.slow
 def test_without_prompts_the_report_says_how_sure_it_is() -> None:
     """No prompts: lengths come from the lines' context tokens. The burst case pins all
     of them (5 of 5 exact); the Poisson case cannot split two prompts admitted in one step,
@@ -177,6 +178,7 @@ def test_a_log_that_starts_mid_run_does_not_use_the_lines(tmp_path: Path) -> Non
     assert not any(p.confidence == "exact-by-log" for p in rep.preemptions)
 
 
+@pytest.mark.slow
 def test_the_report_names_the_flag_first_when_the_lines_are_missing() -> None:
     rep = _replay("p1_poisson_fcfs_200", "server.log")
     assert any("--enable-logging-iteration-details" in m for m in rep.missing)
