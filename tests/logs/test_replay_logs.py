@@ -74,6 +74,7 @@ def test_reqbody_log_finds_every_preemption(case: str) -> None:
         assert p.prefix_hit_at_readmission == t["prefix_hit_tokens_at_readmission"]
 
 
+@pytest.mark.slow
 def test_poisson_log_count_within_5_percent() -> None:
     """Poisson arrivals known to the second only: the count is right, individual
     preemptions are found with the right victim within +-5 steps about 72% of the time

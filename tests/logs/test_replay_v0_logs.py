@@ -154,6 +154,7 @@ def test_realistic_sample_is_current():
     assert REALISTIC_LOG.read_text() == "\n".join(lines) + "\n"
 
 
+@pytest.mark.slow
 def test_realistic_step_times_accuracy():
     w = realistic_workload()
     trace = run_workload(w)
@@ -249,6 +250,7 @@ def test_corpus_v0_excerpts_say_what_is_missing(name):
         assert want in msg, msg
 
 
+@pytest.mark.slow
 def test_streaming_access_lines_are_not_finishes(tmp_path):
     """V0 too: with every request streaming, uvicorn's access line comes right after the
     request line (corpus 11 shows it), not at the finish. Read as finishes they serialised

@@ -124,6 +124,7 @@ def test_exactly_timed_steps_give_the_model_back(seed, floor):
         assert m.token_floor == floor
 
 
+@pytest.mark.slow
 def test_without_prompts_the_replays_model_and_an_uncertain_row():
     """No prompts in the log: the rows' token counts are estimates, so the what-if keeps the
     step-time model the replay fitted with them, and says no row is sure. Without an
@@ -143,6 +144,7 @@ def test_without_prompts_the_replays_model_and_an_uncertain_row():
     assert lo <= row["output_tput"] <= hi and hi > lo
 
 
+@pytest.mark.slow
 def test_without_prompts_the_ranges_rerun_members_with_their_own_prompts():
     """No prompts: each ensemble member drew its own prompt lengths; a row's range re-runs
     the member with them (ensemble.member_workload, the ensemble's own recipe), so the

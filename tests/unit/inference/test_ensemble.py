@@ -59,6 +59,7 @@ def test_quantiles_are_ordered_members(pairs) -> None:
     assert {lo, med, hi} <= set(vals)
 
 
+@pytest.mark.slow
 def test_poisson_report_leads_with_the_headline(poisson) -> None:
     """p1 with prompts, no Iteration lines: the report's first line after the title is the
     headline, naming what to trust, what not, and the flag that makes it exact."""
@@ -106,6 +107,7 @@ def test_windows_add_up_to_the_count(poisson) -> None:
     assert starts == sorted(starts)
 
 
+@pytest.mark.slow
 def test_same_seed_same_report_other_seed_other_draws() -> None:
     a = _replay("p1_poisson_fcfs_200", "server.reqbody.log", samples=8, seed=3)
     b = _replay("p1_poisson_fcfs_200", "server.reqbody.log", samples=8, seed=3)
