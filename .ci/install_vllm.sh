@@ -7,12 +7,12 @@
 # Venv: $KVREPLAY_VLLM_VENV, default ${XDG_CACHE_HOME:-$HOME/.cache}/kvreplay/vllm-0.33.
 # torch is the CPU build 2.13.0 that pip finds on this machine's disk (never a CUDA build:
 # checked below); vLLM itself goes in with --no-deps, its dependencies pinned by
-# tools/oracle_harness/requirements-oracle.txt (vLLM 0.33.0 pins torch 2.14.0; the scheduler
+# tools/oracle/harness/requirements-oracle.txt (vLLM 0.33.0 pins torch 2.14.0; the scheduler
 # uses torch only as a dtype label, so 2.13 works).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${KVREPLAY_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kvreplay/vllm-0.33}
-REQ=$REPO/tools/oracle_harness/requirements-oracle.txt
+REQ=$REPO/tools/oracle/harness/requirements-oracle.txt
 VLLM_VERSION=0.33.0
 TORCH_VERSION=2.13.0
 STAMP=$VENV/.kvreplay-install

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Speed of the uncertainty ensemble on a production-size stock log (no Iteration lines).
 
-    python bench/bench_ensemble.py [--requests 600] [--samples 32] [--no-prompts]
+    python -m bench.bench_ensemble [--requests 600] [--samples 32] [--no-prompts]
 
 Builds the Poisson workload of bench_iterations.py (600 requests over about 10,000 engine
 steps, up to 256 running, a pool small enough to preempt), renders it as a stock vLLM
@@ -18,8 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_iterations import make_workload  # noqa: E402
+from bench.bench_iterations import make_workload  # noqa: E402
 
 
 def main() -> int:

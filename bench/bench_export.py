@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`kvreplay export` on a 10k-step, 200-request replay.
 
-    python bench/bench_export.py [--requests 200] [--repeat 3]
+    python -m bench.bench_export [--requests 200] [--repeat 3]
 
 Builds a workload of 200 requests (prompts 300-1,500 tokens, outputs 150-900, arriving over
 the first ~5,000 steps) on an 896-block pool with chunked prefill (512-token budget), so

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fleet audit: N vLLM 0.33 logs of ~200 requests, local processes vs a Dask LocalCluster.
 
-    python bench/bench_fleet.py [--logs 1000] [--distinct 50] [--workers 2] [--no-replay]
+    python -m bench.bench_fleet [--logs 1000] [--distinct 50] [--workers 2] [--no-replay]
 
 Renders `--distinct` different serving runs (kvreplay.audit.synth: 200 requests each,
 Poisson arrivals at 8-20/s, prompts 200-1,200 tokens, outputs 50-400, 600-1,500 blocks:

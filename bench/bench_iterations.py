@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Replay speed of a log written with --enable-logging-iteration-details.
 
-    python bench/bench_iterations.py [--requests 600] [--no-prompts]
+    python -m bench.bench_iterations [--requests 600] [--no-prompts]
 
 Builds a Poisson workload of production size (600 requests over about 10,000 engine steps,
 up to 256 running, a pool small enough to preempt), runs it through the scheduler,

@@ -22,7 +22,7 @@ figure is the best of --repeat runs, with the range; `grep -c` runs on the same 
 same run, its output written to a file (GNU grep stops at the first match when its output is
 /dev/null).
 
-    python bench/bench_parse.py [--lines 1000000] [--lark-lines 20000] [--repeat 3] [--mixes bench,typical,iter,kinds]
+    python -m bench.bench_parse [--lines 1000000] [--lark-lines 20000] [--repeat 3] [--mixes bench,typical,iter,kinds]
 """
 
 from __future__ import annotations

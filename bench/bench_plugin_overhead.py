@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """What the step trace costs: vLLM 0.33.0's own schedule() + update_from_output() with and
 without kvreplay.vllm_plugin, on the conformance workloads and the heavy workload
-(tools/heavy_workload.py: 2,000 requests, prefix caching, up to 128 running).
+(tools/oracle/heavy_workload.py: 2,000 requests, prefix caching, up to 128 running).
 
-    python bench/bench_plugin_overhead.py [--repeat 5] [--json] [--workload W.json ...]
+    python -m bench.bench_plugin_overhead [--repeat 5] [--json] [--workload W.json ...]
 
 Runs vLLM in its venv ($KVREPLAY_VLLM_PYTHON, or .ci/install_vllm.sh's default path, or
 the oracle venv). Only the scheduler's two entry points are timed (the outermost call:
@@ -32,8 +32,7 @@ TESTS = REPO / "tests"
 
 
 def _vllm_python() -> Path:
-    sys.path.insert(0, str(TESTS))
-    from test_vllm_plugin import vllm_python
+    from tests.helpers.vllm_venv import vllm_python
 
     py = vllm_python()
     if py is None:
@@ -47,8 +46,8 @@ def _vllm_python() -> Path:
 def _inside(jobs: list[dict], repeat: int) -> None:
     import logging
 
-    sys.path.insert(0, str(TESTS))
-    from test_vllm_plugin_driver import HARNESS, _load_harness, install_kvreplay_shim
+    sys.path.insert(0, str(REPO))  # run by path in vLLM's venv (below), not as a module
+    from tests.helpers.vllm_driver import HARNESS, _load_harness, install_kvreplay_shim
 
     install_kvreplay_shim()
     harness = _load_harness()
@@ -179,8 +178,7 @@ def main() -> None:
                 if (d / "workload.json").exists():
                     jobs.append({"name": d.name, "workload": str(d / "workload.json")})
             if not args.no_heavy:
-                sys.path.insert(0, str(REPO / "tools"))
-                from heavy_workload import make
+                from tools.oracle.heavy_workload import make
 
                 p = Path(tmp) / "heavy.json"
                 p.write_text(json.dumps(make()))

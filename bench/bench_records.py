@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """What a replay keeps per step: memory and time of the step records at production size.
 
-    python bench/bench_records.py [--seqs 64 128 256]
+    python -m bench.bench_records [--seqs 64 128 256]
 
-For workloads whose running set reaches max_num_seqs (64, 128, 256: tools/heavy_workload.py
+For workloads whose running set reaches max_num_seqs (64, 128, 256: tools/oracle/heavy_workload.py
 scaled up), the same engine run is made three ways, measured in the same process:
 
 * floor: the engine with no record kept (the baseline of every ratio);
@@ -25,7 +25,6 @@ import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
 
 from kvreplay.replay import Engine, get_profile, parse_workload  # noqa: E402
 from kvreplay.replay.trace import conformance_record  # noqa: E402
@@ -57,7 +56,7 @@ def run(data: dict, mode: str, memory: bool) -> tuple[float, float, int, float]:
 
 
 def main() -> int:
-    from heavy_workload import make
+    from tools.oracle.heavy_workload import make
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqs", type=int, nargs="+", default=[64, 128, 256])

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Log replay at production size: parse + facts + fit + replay of a large vLLM 0.33 log.
 
-    python bench/bench_replay.py [--requests 10000 100000] [--iterations] [--step-ms 8]
+    python -m bench.bench_replay [--requests 10000 100000] [--iterations] [--step-ms 8]
 
 For each size, builds a workload (Poisson arrivals at 0.9 a step, shared prefixes, 128
 seqs on a 1,500-block pool that preempts), runs it through the scheduler, renders the log

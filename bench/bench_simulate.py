@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Simulation speed: kvreplay's scheduler model vs vLLM's own schedule()+update loop.
 
-    python bench/bench_simulate.py [--requests 2000] [--repeat 3] [--no-oracle]
+    python -m bench.bench_simulate [--requests 2000] [--repeat 3] [--no-oracle]
 
-Builds the heavy workload of tools/heavy_workload.py (2,000 requests, 2,000 blocks of 16,
+Builds the heavy workload of tools/oracle/heavy_workload.py (2,000 requests, 2,000 blocks of 16,
 prefix caching on, max_num_seqs 64), runs it through kvreplay without writing a trace, and
 prints request-steps per second (sum over steps of the requests scheduled). When vLLM's
-oracle venv is installed (tools/oracle.py install 0.33) the same workload is timed through
+oracle venv is installed (tools/oracle/oracle.py install 0.33) the same workload is timed through
 vLLM 0.33's Scheduler in the same run and the ratio is printed; otherwise the baseline is
 a plain Python loop doing the minimum per request-step (a dict update), measured here.
 """
@@ -21,7 +21,6 @@ import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
 
 from kvreplay.replay import Engine, get_profile, parse_workload  # noqa: E402
 
@@ -64,7 +63,7 @@ def main() -> int:
     ap.add_argument("--no-oracle", action="store_true")
     ap.add_argument("--memory", action="store_true", help="also measure peak memory vs requests")
     args = ap.parse_args()
-    from heavy_workload import make
+    from tools.oracle.heavy_workload import make
 
     data = make(seed=0, n_requests=args.requests)
     ours = run_kvreplay(data, args.repeat)
@@ -75,8 +74,8 @@ def main() -> int:
     baseline = None
     if not args.no_oracle:
         try:
-            import oracle
-            from oracle_bench import bench_oracle
+            from tools.oracle import oracle
+            from tools.oracle.oracle_bench import bench_oracle
 
             if oracle.oracle_available("0.33"):
                 with tempfile.TemporaryDirectory() as tmp:

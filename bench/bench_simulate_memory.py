@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Peak memory of `kvreplay simulate` on a production-size workload.
 
-    python bench/bench_simulate_memory.py [--requests 20000] [--no-trace]
+    python -m bench.bench_simulate_memory [--requests 20000] [--no-trace]
 
-Writes the heavy workload of tools/heavy_workload.py (20,000 requests on a 2,000-block pool,
+Writes the heavy workload of tools/oracle/heavy_workload.py (20,000 requests on a 2,000-block pool,
 about 30,000 steps, up to 128 running, thousands of preemptions) and runs, each in its own
 process, `kvreplay simulate W --format summary` and `kvreplay simulate W -o /dev/null` (the
 whole conformance trace, written as the engine runs). Baseline, in the same run: a process
@@ -44,8 +44,8 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         wl = os.path.join(d, "heavy.json")
-        subprocess.run([sys.executable, str(ROOT / "tools" / "heavy_workload.py"), "-o", wl,
-                        "--requests", str(args.requests)], check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "tools.oracle.heavy_workload", "-o", wl,
+                        "--requests", str(args.requests)], check=True, capture_output=True, cwd=ROOT)
         summary = os.path.join(d, "summary.json")
         base_s, base_kb = peak([sys.executable, "-c", LOAD, wl])
         runs = [("simulate --format summary", [sys.executable, "-m", "kvreplay", "simulate", wl,
@@ -53,7 +53,7 @@ def main() -> int:
         if not args.no_trace:
             runs.append(("simulate -o TRACE (to /dev/null)",
                          [sys.executable, "-m", "kvreplay", "simulate", wl, "-o", os.devnull]))
-        print(f"workload: {args.requests} requests (tools/heavy_workload.py)")
+        print(f"workload: {args.requests} requests (tools/oracle/heavy_workload.py)")
         print(f"baseline (load and parse the workload): {base_kb / 1024:.0f} MiB, {base_s:.1f} s")
         results = [(name, *peak(cmd)) for name, cmd in runs]
         s = json.load(open(summary))

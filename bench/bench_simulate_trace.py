@@ -2,12 +2,12 @@
 """`kvreplay simulate W -o TRACE.jsonl` (whole process) against vLLM 0.33's own loop writing
 the same trace, at production batch sizes.
 
-    python bench/bench_simulate_trace.py [--seqs 64 128 256] [--requests-per-seq 6] [--repeat 2]
+    python -m bench.bench_simulate_trace [--seqs 64 128 256] [--requests-per-seq 6] [--repeat 2]
 
-For each max_num_seqs, a workload whose running set reaches it (tools/heavy_workload.py
+For each max_num_seqs, a workload whose running set reaches it (tools/oracle/heavy_workload.py
 scaled: the pool and the arrival rate grow with the batch) is run through
 
-* vLLM 0.33.0's Scheduler in the oracle harness (tools/oracle_harness/run_oracle.py): the
+* vLLM 0.33.0's Scheduler in the oracle harness (tools/oracle/harness/run_oracle.py): the
   baseline is the harness's own step loop, `timing_s.run` in its meta file (schedule,
   update_from_output and the trace record of every step; vLLM's import and setup excluded);
 * `kvreplay simulate W -o T.jsonl`, the whole process (interpreter start, import, parse,
@@ -15,7 +15,7 @@ scaled: the pool and the arrival rate grow with the batch) is run through
 
 The two traces are compared step by step (every field the conformance cases compare, and
 the state fields); the ratio printed is vLLM's loop over kvreplay's process, best of
-`--repeat`. Needs the 0.33 oracle venv (`python tools/oracle.py --install --release 0.33`).
+`--repeat`. Needs the 0.33 oracle venv (`python -m tools.oracle.oracle --install --release 0.33`).
 """
 from __future__ import annotations
 
@@ -30,11 +30,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tests"))
-
-import oracle  # noqa: E402
-from heavy_workload import make  # noqa: E402
+from tools.oracle import oracle  # noqa: E402
+from tools.oracle.heavy_workload import make  # noqa: E402
 
 # every key of vLLM's record that kvreplay's trace carries with the same meaning
 COMPARED = ("step", "arrivals", "scheduled", "num_scheduled_tokens", "new", "resumed",
@@ -87,7 +84,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
     if not oracle.oracle_available("0.33"):
-        print("vLLM 0.33 oracle venv missing: python tools/oracle.py --install --release 0.33")
+        print("vLLM 0.33 oracle venv missing: python -m tools.oracle.oracle --install --release 0.33")
         return 1
     print(f"{'running':>8} {'requests':>8} {'steps':>6} {'peak run':>8} {'vLLM loop s':>11} "
           f"{'kvreplay s':>10} {'ratio':>6}  trace")

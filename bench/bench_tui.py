@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The terminal debugger's hot paths on long replays, at production batch sizes.
 
-    python bench/bench_tui.py [--busy-requests 12500] [--requests 2200] [--samples 200]
+    python -m bench.bench_tui [--busy-requests 12500] [--requests 2200] [--samples 200]
 
 Two replays, each loaded into replay/timeline.py's Timeline as `kvreplay tui` does:
 

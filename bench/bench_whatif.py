@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What-if sweep speed: 5 settings of a 1,000-request log vs one plain run of it.
 
-    python bench/bench_whatif.py [--requests 1000] [--jobs 2]
+    python -m bench.bench_whatif [--requests 1000] [--jobs 2]
 
 Writes a 1,000-request vLLM 0.33 log with known answers (kvreplay.audit.synth: Poisson
 arrivals at 15/s, prompts 200-1,200 tokens, outputs 50-400, 1,500 blocks of 16,

@@ -131,7 +131,7 @@ def test_every_module_imports_and_the_core_loads_no_ui() -> None:
         "print('core-loaded:' + ','.join(loaded))\n"
         "for n in names:\n"
         "    if n == 'kvreplay.vllm_plugin._scheduler' or n.endswith('__main__'):\n"
-        "        continue  # imports vllm: loaded inside vLLM only (tests/test_vllm_plugin.py)\n"
+        "        continue  # imports vllm: loaded inside vLLM only (tests/conformance/test_vllm_plugin.py)\n"
         "    importlib.import_module(n)\n"
         "print('modules:%d' % len(names))\n"
     )

@@ -8,7 +8,7 @@
   request runs to completion. Each row is re-run under the runs the log allows (drawn
   models, ensemble members, the arrivals' other end of their steps) for its ranges, and
   says whether to act on it (whatif_ranges.trust). Checked against vLLM's own scheduler
-  under the changed setting: tools/whatif_keys.py, docs/accuracy.md.
+  under the changed setting: tools/oracle/whatif_keys.py, docs/accuracy.md.
 * Closed loop (`concurrency`): N clients, each sends the next request of the log as soon
   as its previous one finished, as `vllm bench serve --max-concurrency N` does; the
   engine is driven step by step and the clock advances by the fitted step time.

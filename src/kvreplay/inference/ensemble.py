@@ -23,7 +23,7 @@ of the stats lines under Gaussian read noise, exp(-SSE / 2T), SSE the anchored l
 over lines (running, waiting in requests; KV usage in points of 5%), plus INEXACT_COST per
 line the member misses by the exact check; T from the best member's residual
 (noise_weights()), its factor calibrated on rendered logs with known truth
-(tools/calib_members.py; docs/accuracy.md). A member that fits far better than the placed
+(tools/research/calib_members.py; docs/accuracy.md). A member that fits far better than the placed
 run (under BETTER x its SSE) becomes the replay shown. Seeded: the same log and seed give the same
 ensemble.
 """
@@ -149,7 +149,7 @@ def _ess(w: Sequence[float]) -> float:
 
 # Poisson logs: the ensemble's members share the replay's errors, so its raw shares are too
 # sure and its intervals too narrow. Measured on 48 rendered Poisson logs (200-600
-# requests; tools/calib_members.py fit), the shares are mapped to the observed frequencies
+# requests; tools/research/calib_members.py fit), the shares are mapped to the observed frequencies
 # (pooled adjacent violators, linear between knots, flat beyond; checked on 48 held-out
 # logs), and the intervals widened by WIDEN x the median on each side, by whether prompts
 # are logged and how well the best member fits (chosen on both sets: 0.05 fitted on the

@@ -164,7 +164,7 @@ def _exact_agreement(rows: list[dict[str, Any]], run: Any, facts: LogFacts, fmt:
     step where the cumulative generated tokens reach the logged count (its anchor). On
     vLLM's own runs of the log cases every line agrees there without tolerance: the count
     is hit, running and waiting are equal, KV usage equal to its printed 0.1%, the
-    cumulative prompt tokens equal (tests/test_replay_logs.py). A replay one step off
+    cumulative prompt tokens equal (tests/logs/test_replay_logs.py). A replay one step off
     somewhere usually misses one of these. The slack is for real logs: an interval is not
     exactly the nominal one, so counts may drift by a fraction of a per mille."""
     interval_rows = [r for r in rows if "differences" in r]

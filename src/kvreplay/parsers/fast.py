@@ -10,7 +10,7 @@ instead of field lists and `**base` dicts.
 
 A fast path returns None whenever it is not certain to agree with the general route (other
 variant, cut line, odd value, any exception); the caller then takes the general route. So a
-fast path may only *narrow* what it accepts, never widen it. tests/test_parse_fast.py
+fast path may only *narrow* what it accepts, never widen it. tests/unit/parsers/test_parse_fast.py
 checks fast == general on every grammar sample, the corpus and mutated lines.
 
 Signature of every handler: (msg, file, line, time, time_text, level, process, pid, engine,

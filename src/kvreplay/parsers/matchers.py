@@ -2,7 +2,7 @@
 
 Each matcher is the regex twin of a start symbol in `messages.lark` (or of `envelope.lark`):
 it returns the same ordered list of `(field, source text)` pairs that the Lark parse yields
-(tests/test_parse_grammar.py checks this on every grammar sample). The grammar is the
+(tests/unit/parsers/test_parse_grammar.py checks this on every grammar sample). The grammar is the
 specification and the reference parser (`engine="lark"`); these regexes exist because a Lark
 parse per line is ~50x slower than one compiled regex.
 

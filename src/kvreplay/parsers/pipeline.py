@@ -10,7 +10,7 @@ Speed (bench/bench_parse.py): files are read in 64 KiB binary reads, decoded and
 per read (`line_chunks`); `parse_chunks` runs a hot loop for the common record (memoised
 envelope and time stamp, the fused handlers of fast.py, uvicorn access lines) and hands
 every other line to `FileParser.feed`, the general route. `FAST_PATHS = False` forces the
-general route everywhere; tests/test_parse_fast.py checks both give the same JSON Lines.
+general route everywhere; tests/unit/parsers/test_parse_fast.py checks both give the same JSON Lines.
 """
 
 from __future__ import annotations

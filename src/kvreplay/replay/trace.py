@@ -129,7 +129,7 @@ class TraceWriter:
     applied (sampled or not), and the finished. Invariants: each fragment map holds exactly
     the live requests (checked by length every step; a miss rebuilds it) in index order
     (an arrival with a lower index than a live one rebuilds it in order); a request's
-    fragment changes only when the scheduler touches it (tests/test_trace_writer.py checks
+    fragment changes only when the scheduler touches it (tests/conformance/test_trace_writer.py checks
     every step of the conformance cases and random workloads against conformance_record).
     """
 

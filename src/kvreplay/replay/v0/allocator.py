@@ -39,7 +39,7 @@ def hash_block_tokens(prev_hash: Optional[int], token_ids: Iterable[int]) -> int
     Any collision-free function of (is-first, parent hash, tokens) reproduces hits and
     misses (spec A4). We use Python's builtin tuple hash over ints and bools only: before
     Python 3.12, hash(None) is the object's address, different in every process, and some
-    runs (prefix caching + swap, tests/test_v0_properties.py) then ended differently from
+    runs (prefix caching + swap, tests/unit/replay/test_v0_properties.py) then ended differently from
     run to run.
     """
     return hash((prev_hash is None, 0 if prev_hash is None else prev_hash, *token_ids, 0))

@@ -117,7 +117,7 @@ class PrefixCachingAllocator(NaiveAllocator):
         if self.cached.get(h) != b or self.refcount[b] != 0:
             # 0.6.6 asserts this too (_maybe_allocate_evicted_block_id) and stops. Reached
             # with prefix caching + swap when a swapped-in block's content is cached on
-            # another block that is in use (found by tests/test_v0_properties.py; vLLM
+            # another block that is in use (found by tests/unit/replay/test_v0_properties.py; vLLM
             # 0.6.6.post1's own scheduler fails the same assertion on that workload).
             raise TerminalError(
                 "AssertionError", "assert self._refcounter.get(_block_id) == 0 "

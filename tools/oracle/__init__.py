@@ -1,0 +1,1 @@
+"""vLLM's own scheduler and the generators that made the test data (README.md)."""

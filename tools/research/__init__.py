@@ -1,0 +1,1 @@
+"""Calibration, evaluation and ceilings behind docs/accuracy.md (README.md)."""
