@@ -1,25 +1,26 @@
 """The step-trace plugin never takes vLLM down: a fault injected into kvreplay's own code
-inside REAL vLLM 0.33.0's scheduler (CPU, fake model; tests/test_vllm_plugin_driver.py)
+inside REAL vLLM 0.33.0's scheduler (CPU, fake model; tests/helpers/vllm_driver.py)
 leaves vLLM's run identical to a run without the plugin, with one WARNING saying why the
 trace stopped.
 
-vLLM runs in its own venv (`.ci/install_vllm.sh`): $KVREPLAY_VLLM_PYTHON, else
-${XDG_CACHE_HOME:-~/.cache}/kvreplay/vllm-0.33/bin/python; absent, skipped (failed under CI).
+vLLM runs in its own venv (`.ci/install_vllm.sh`; helpers.vllm_venv finds it): absent,
+skipped (failed under CI).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
+from helpers.vllm_venv import DRIVER, need_vllm, vllm_env
+
+pytestmark = pytest.mark.needs_vllm
+
+TESTS = Path(__file__).resolve().parents[1]
 CASES = TESTS / "data" / "conformance" / "cases"
-DRIVER = TESTS / "test_vllm_plugin_driver.py"
-VLLM_VERSION = "0.33.0"
 
 # (case, kvreplay function that fails, on which call): every wrapper's bookkeeping, sync and async
 FAULTS = [
@@ -33,23 +34,10 @@ FAULTS = [
 ]
 
 
-def _vllm_python() -> Path | None:
-    env = os.environ.get("KVREPLAY_VLLM_PYTHON")
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvreplay"
-    for py in ([Path(env)] if env else []) + [cache / "vllm-0.33" / "bin" / "python"]:
-        if py.exists() and any(py.parent.parent.glob(f"lib/python3*/site-packages/vllm-{VLLM_VERSION}.dist-info")):
-            return py
-    return None
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    py = _vllm_python()
-    if py is None:
-        msg = f"vLLM {VLLM_VERSION} venv not found (set KVREPLAY_VLLM_PYTHON or run .ci/install_vllm.sh)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
+    py = need_vllm()
     out = tmp_path_factory.mktemp("plugin_faults")
     jobs = []
     names = sorted({c for c, _, _ in FAULTS})
@@ -59,8 +47,8 @@ def runs(tmp_path_factory):
         jobs.append({"workload": str(CASES / name / "workload.json"), "log": str(d / "vllm.log"), "trace": str(d / "trace.jsonl"),
                      "summary": str(d / "summary.json"), "meta": str(d / "meta.json"), "plugin": fault is not None, "fault": fault})
     (out / "jobs.json").write_text(json.dumps(jobs))
-    env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "VLLM_LOGGING_COLOR": "0"}
-    proc = subprocess.run([str(py), str(DRIVER), str(out / "jobs.json")], capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run([str(py), str(DRIVER), str(out / "jobs.json")], capture_output=True, text=True,
+                          env=vllm_env(), timeout=900)
     recs = [json.loads(s[6:]) for s in proc.stdout.splitlines() if s.startswith("@@JOB ")]
     assert len(recs) == len(jobs), proc.stderr[-3000:]
     return out, recs

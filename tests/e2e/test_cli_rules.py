@@ -18,8 +18,8 @@ import pytest
 
 from kvreplay.cli import main
 
-DATA = Path(__file__).parent / "data"
-SAMPLES = Path(__file__).parent.parent / "src" / "kvreplay" / "samples"
+DATA = Path(__file__).parents[1] / "data"
+SAMPLES = Path(__file__).parents[2] / "src" / "kvreplay" / "samples"
 SAMPLE_LOG = SAMPLES / "vllm033_fcfs_heavy.reqbody.log"
 NGINX = ('192.168.1.10 - - [02/Dec/2026:09:00:01 +0000] "GET / HTTP/1.1" 200 612 "-" "curl/8"\n'
          '192.168.1.11 - - [02/Dec/2026:09:00:02 +0000] "POST /v1/completions HTTP/1.1" 200 9\n')

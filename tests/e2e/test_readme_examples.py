@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 README = ROOT / "README.md"
 SAMPLES = ROOT / "src" / "kvreplay" / "samples"
 TIMING = re.compile(r"\bin \d+(\.\d+)? s\b")

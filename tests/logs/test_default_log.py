@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 import random
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 from kvreplay.inference import evidence_metrics as EM
 from kvreplay.replay.records import StepRecord
 
-CASE = "/work/shared/logcases/p1_poisson_fcfs_200"
+CASE = str(Path(__file__).resolve().parents[1] / "data" / "logcases" / "p1_poisson_fcfs_200")
 needs_case = pytest.mark.skipif(not os.path.exists(os.path.join(CASE, "metrics.prom.gz")),
                                 reason="p1 log case not present")
 

@@ -16,7 +16,7 @@ from kvreplay.replay import parse_workload, simulate
 from kvreplay.replay.render import render_log
 from kvreplay.sources import replay_logs
 
-DATA = Path(__file__).parent / "data" / "logcases"
+DATA = Path(__file__).parents[1] / "data" / "logcases"
 
 
 def _lengths(lens: list[int], budget: int = 8192) -> LineLengths:

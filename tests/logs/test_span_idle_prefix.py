@@ -13,7 +13,7 @@ import pytest
 from kvreplay.inference.span_clock import SpanMarks, idle_period
 from kvreplay.sources import open_replay
 
-F = Path(__file__).parent / "data" / "logcases" / "f_prefix_caching"
+F = Path(__file__).parents[1] / "data" / "logcases" / "f_prefix_caching"
 
 
 def _marks(gaps: list[float], busy: float = 0.3) -> SpanMarks:

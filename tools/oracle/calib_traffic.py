@@ -2,20 +2,20 @@
 """Write a corpus of stats-line vLLM 0.33 logs driven by production-like traffic, with known
 truth, for calibrating and testing the stats-line replay's uncertainty (dev tool).
 
-    python tools/calib_traffic.py [--out /tmp/calib/traffic] [--requests 150]
-    python tools/calib_members.py dump --corpus /tmp/calib/traffic --out /tmp/calib/traffic.members
-    python tools/calib_members.py product --out /tmp/calib/traffic.members --split heldout
+    python -m tools.oracle.calib_traffic [--out /tmp/calib/traffic] [--requests 150]
+    python -m tools.research.calib_members dump --corpus /tmp/calib/traffic --out /tmp/calib/traffic.members
+    python -m tools.research.calib_members product --out /tmp/calib/traffic.members --split heldout
 
 Each log: request lines (`Received request`/`Added request`, with the JSON body or
 without), stats lines, no Iteration lines; rendered (replay/render.py) from our scheduler's
-run (== vLLM's step for step) with the layout of tools/calib_corpus.py (server.log,
+run (== vLLM's step for step) with the layout of tools/oracle/calib_corpus.py (server.log,
 truth.json, index.json). What varies:
 
 * arrivals: Poisson; on-off bursts (a burst of requests a step or two apart, then an idle
   gap of 4-15 s in which the engine runs dry); a rate ramp (the mean gap falls from 3x to
   1/2x); a closed loop (C clients, each sending its next request a think time after its
   last one finished, run by the engine's own `submit`); and a public production trace:
-  Mooncake's conversation trace (tools/data/mooncake_conversation_head.csv, its first 132
+  Mooncake's conversation trace (tools/oracle/data/mooncake_conversation_head.csv, its first 132
   requests; its 3-second clumps resampled with replacement, lengths / 8, the shared first
   block as a 64-token common prefix);
 * lengths: uniform (prompts 100-2000, outputs 50-500), log-normal (prompt median 500,
@@ -43,10 +43,9 @@ import sys
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from tools.oracle.calib_corpus import LOGCASES, render_case, simulate_both
 
-from calib_corpus import LOGCASES, render_case, simulate_both  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 from kvreplay.replay import DEFAULT_PROFILE, parse_workload  # noqa: E402
 from kvreplay.replay.engine import Engine  # noqa: E402

@@ -9,8 +9,8 @@ what a Prometheus server scraping `/metrics` every 15 s would have kept, rendere
 run's per-step records by kvreplay.inference.evidence_metrics.render (PrometheusStatLogger's
 semantics). The truth is the run's own totals.
 
-    python tools/render_default_log.py eval --cases 0:24 [--samples 32]     # coverage, widths
-    python tools/render_default_log.py write --case 3 -o /tmp/case3/         # the files
+    python -m tools.oracle.render_default_log eval --cases 0:24 [--samples 32]     # coverage, widths
+    python -m tools.oracle.render_default_log write --case 3 -o /tmp/case3/         # the files
 """
 
 from __future__ import annotations

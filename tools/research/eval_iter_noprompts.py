@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Score the Iteration-line replay of logs WITHOUT prompt bodies (dev tool).
 
-    python tools/eval_iter_noprompts.py [--out /tmp/iternp] [--only logcases|renders]
+    python -m tools.research.eval_iter_noprompts [--out /tmp/iternp] [--only logcases|renders]
         [--cases NAME,...] [--samples N]
 
 Two sets of inputs, each replayed twice, without and with prompt bodies (the same run):
 
-* logcases: ../shared/logcases/*/ (or tests/data/logcases), `server.iter.log` (no
+* logcases: tests/data/logcases/*/, `server.iter.log` (no
   prompts) against `server.iter.reqbody.log`; truth.json has every preemption;
 * renders (written to --out once, deterministic): 200-request workloads run by our
   scheduler (step-exact against vLLM 0.33, tests/test_oracle_bank.py), timed by the log
@@ -29,18 +29,16 @@ import random
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from tools.oracle.calib_corpus import START, poisson_workload
+from tools.oracle.whatif_corpus import case_run
+from tools.research.matching import match_preemptions
 
-from calib_corpus import START, poisson_workload  # noqa: E402
-from matching import match_preemptions  # noqa: E402
-from whatif_corpus import case_run  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 from kvreplay.replay.render import render_log  # noqa: E402
 
-ROOT = os.path.dirname(HERE)
-SHARED = "/work/shared/logcases"
-LOGCASES = SHARED if os.path.isdir(SHARED) else os.path.join(ROOT, "tests", "data", "logcases")
+ROOT = os.path.dirname(os.path.dirname(HERE))
+LOGCASES = os.path.join(ROOT, "tests", "data", "logcases")
 
 
 def bursty(wl: dict, rng: random.Random) -> dict:

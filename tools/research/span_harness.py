@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Plain log + request spans, scored against the truth (dev tool; docs/accuracy.md,
 "Request spans"): the published cases' `server.otlp.log` + `spans.otlp.jsonl`, and renders
-of our own whose spans vLLM 0.33.0's `do_tracing` writes (tools/vllm_do_tracing.py, in the
-vLLM venv with the OpenTelemetry SDK on PYTHONPATH, as tools/render_poisson_spans.py).
+of our own whose spans vLLM 0.33.0's `do_tracing` writes (tools/oracle/vllm_do_tracing.py, in the
+vLLM venv with the OpenTelemetry SDK on PYTHONPATH, as tools/research/render_poisson_spans.py).
 
-    python tools/span_harness.py render OUT [--seeds 0 1] [--n 150]
+    python -m tools.research.span_harness render OUT [--seeds 0 1] [--n 150]
         [--vllm-python PY] [--otel-path DIR]
-    python tools/span_harness.py score OUT [CASE_DIR ...] [--logs server.log ...] [--json F]
+    python -m tools.research.span_harness score OUT [CASE_DIR ...] [--logs server.log ...] [--json F]
 
 Renders: every combination of prefix caching off / on (on: prompts share a few
-100-800-token prefixes, as tools/calib_corpus.py), sync / async scheduling, and arrivals
+100-800-token prefixes, as tools/oracle/calib_corpus.py), sync / async scheduling, and arrivals
 Poisson over steps or on-off bursts (5-30 requests within a few steps, then an idle gap the
 engine runs dry in); prompts 100-2000 tokens, outputs 50-500; the KV pool sized until the
 run has tens of preemptions. Each case gets `server.log` (no prompts) and
@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+ROOT = HERE.parent.parent
 
 START = 1778148060.05
-P1 = HERE.parent / "tests/data/logcases/p1_poisson_fcfs_200"
+P1 = ROOT / "tests/data/logcases/p1_poisson_fcfs_200"
 
 
 def workload(seed: int, n: int, pc: bool, asyn: bool, bursty: bool, blocks: int) -> dict:
@@ -79,7 +79,7 @@ def workload(seed: int, n: int, pc: bool, asyn: bool, bursty: bool, blocks: int)
 def render(args: argparse.Namespace) -> int:
     from kvreplay.replay import parse_workload, simulate
     from kvreplay.replay.render import formula_step_time, render_log, step_starts
-    from render_poisson_spans import run_json
+    from tools.research.render_poisson_spans import run_json
 
     model = json.load(open(P1 / "truth.json"))["step_time_model"]
     dt = formula_step_time(model)
@@ -125,7 +125,7 @@ def render(args: argparse.Namespace) -> int:
                     print(f"{name}: {len(wl.requests)} requests, {len(recs)} steps ({b} busy), "
                           f"{len(true)} preemptions, {blocks} blocks", flush=True)
     env = dict(os.environ, PYTHONPATH=args.otel_path)
-    subprocess.run([args.vllm_python, str(HERE / "vllm_do_tracing.py"), *pairs], check=True,
+    subprocess.run([args.vllm_python, str(ROOT / "tools" / "oracle" / "vllm_do_tracing.py"), *pairs], check=True,
                    env=env)
     return 0
 
@@ -140,7 +140,7 @@ def truth_of(case: Path) -> tuple[list[tuple[int, int, str]], bool]:
 
 def score_one(case: Path, log: str) -> dict[str, Any]:
     from kvreplay.sources import open_replay
-    from matching import match_preemptions
+    from tools.research.matching import match_preemptions
 
     true, _ = truth_of(case)
     t0 = time.perf_counter()
@@ -183,7 +183,7 @@ CASES = ("p1_poisson_fcfs_200", "f_prefix_caching", "b_fcfs_heavy")
 def score(args: argparse.Namespace) -> int:
     cases = [Path(c) for c in args.cases]
     if not cases:
-        pub = HERE.parent / "tests/data/logcases"
+        pub = ROOT / "tests/data/logcases"
         cases = [pub / c for c in CASES]
         if args.out:
             cases += sorted(p for p in Path(args.out).iterdir() if (p / "truth.json").exists())

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import gzip
 import os
+from pathlib import Path
 import re
 
 import pytest
 
 from kvreplay.audit.record import audit_records
 
-CASE = "/work/shared/logcases/p1_poisson_fcfs_200"
+CASE = str(Path(__file__).resolve().parents[2] / "data" / "logcases" / "p1_poisson_fcfs_200")
 LOG = os.path.join(CASE, "server.default.log")
 PROM = os.path.join(CASE, "metrics.prom.gz")
 pytestmark = pytest.mark.skipif(not os.path.exists(PROM), reason="p1 log case not present")

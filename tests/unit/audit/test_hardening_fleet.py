@@ -19,7 +19,7 @@ from kvreplay.audit.fleet import dataset as ds
 from kvreplay.audit.fleet.executors import LocalExecutor
 from kvreplay.audit.fleet.task import Skipped, log_id
 
-SAMPLE = Path(__file__).parent.parent / "src" / "kvreplay" / "samples" / "vllm033_fcfs_heavy.log"
+SAMPLE = Path(__file__).parents[3] / "src" / "kvreplay" / "samples" / "vllm033_fcfs_heavy.log"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 OPTS = Options(replay=False, year=2026)
 

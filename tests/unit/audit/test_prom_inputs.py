@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from pathlib import Path
 import re
 
 import pytest
@@ -15,7 +16,7 @@ from kvreplay import events as ev
 from kvreplay.audit.record import audit_records
 from kvreplay.parsers import parse_lines
 
-CASE = "/work/shared/logcases/p1_poisson_fcfs_200"
+CASE = str(Path(__file__).resolve().parents[2] / "data" / "logcases" / "p1_poisson_fcfs_200")
 PROM = os.path.join(CASE, "metrics.prom.gz")
 needs_case = pytest.mark.skipif(not os.path.exists(PROM), reason="p1 log case not present")
 

@@ -1,4 +1,4 @@
-"""The stats-line calibration corpus of production-like traffic (tools/calib_traffic.py)
+"""The stats-line calibration corpus of production-like traffic (tools/oracle/calib_traffic.py)
 and what it made us fix: the step-time regression leaves the engine's sleeps out, and the
 ensemble's length draws reach heavy tails."""
 
@@ -7,18 +7,12 @@ from __future__ import annotations
 import collections
 import random
 import statistics
-import sys
-from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS.parent / "tools"))
-
-import calib_traffic as ct  # noqa: E402
-
-from kvreplay.inference import ensemble  # noqa: E402
-from kvreplay.inference.clock import StepTimeModel, sleep_before  # noqa: E402
-from kvreplay.replay import parse_workload, simulate  # noqa: E402
-from kvreplay.replay.records import StepRecord  # noqa: E402
+from kvreplay.inference import ensemble
+from kvreplay.inference.clock import StepTimeModel, sleep_before
+from kvreplay.replay import parse_workload, simulate
+from kvreplay.replay.records import StepRecord
+from tools.oracle import calib_traffic as ct
 
 
 def test_split_is_fixed_and_names_unique():

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))
 import fuzz_inputs  # noqa: E402
 
 from kvreplay.parsers import pipeline  # noqa: E402

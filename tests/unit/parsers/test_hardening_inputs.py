@@ -16,7 +16,7 @@ import pytest
 from kvreplay.errors import UserError
 from kvreplay.parsers import parse_files, parse_lines
 
-SAMPLES = Path(__file__).parent.parent / "src" / "kvreplay" / "samples"
+SAMPLES = Path(__file__).parents[3] / "src" / "kvreplay" / "samples"
 ENV = "(APIServer pid=2801) INFO 05-07 10:01:00 [request_logger.py:66] "
 STATS = "Engine 000: Avg prompt throughput: 800.0 tokens/s, Avg generation throughput: 332.0 tokens/s, Running: 3 reqs, Waiting: 9 reqs, GPU KV cache usage: 90.5%"
 

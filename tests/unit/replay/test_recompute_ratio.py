@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from kvreplay.replay import Engine, get_profile, parse_workload
 from kvreplay.replay.records import EngineInputs, preemption_records, totals
 from kvreplay.replay.result import replay_workload
-from tracecmp import read_workload
+from helpers.tracecmp import read_workload
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[2] / "data"
 
 
 @st.composite
@@ -130,7 +130,7 @@ def test_every_oracle_case_recomputes_what_vllms_trace_scheduled() -> None:
     """The whole 0.33 oracle bank: the run's tokens recomputed are what vLLM's own trace
     scheduled for readmitted victims, and the ratio is <= 1. Under the former figure three
     of these cases had a ratio above 1 (noisl_priority_bs8_s10: 1.68)."""
-    from tracecmp import read_trace
+    from helpers.tracecmp import read_trace
 
     above_one = []
     for case in ORACLE:
