@@ -20,8 +20,7 @@ from kvreplay.inference import evidence_metrics as EM
 from kvreplay.replay.records import StepRecord
 
 CASE = str(Path(__file__).resolve().parents[1] / "data" / "logcases" / "p1_poisson_fcfs_200")
-needs_case = pytest.mark.skipif(not os.path.exists(os.path.join(CASE, "metrics.prom.gz")),
-                                reason="p1 log case not present")
+assert os.path.exists(os.path.join(CASE, "metrics.prom.gz")), "p1's scrapes missing from tests/data"
 
 
 def _stats(t, running, waiting, prompt=0.0, gen=0.0, kv=0.0):
@@ -82,7 +81,7 @@ def test_length_buckets_are_vllms():
     assert EM.length_buckets(4096)[-2:] == [2000.0, math.inf]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=8), st.integers(0, 2**31))
 def test_lengths_drawn_from_a_histogram_stay_in_their_buckets(counts, seed):
     les = EM.length_buckets(4096)[: len(counts)]
@@ -99,7 +98,6 @@ def test_lengths_drawn_from_a_histogram_stay_in_their_buckets(counts, seed):
     assert all(any(max(1, lo) <= x <= hi for lo, hi in allowed) for x in xs)
 
 
-@needs_case
 def test_p1_default_log_evidence_against_truth():
     from kvreplay.inference.default_log import evidence_of
     from kvreplay.inference.formats import log_format
@@ -123,7 +121,6 @@ def exact_replay():
     return open_replay([os.path.join(CASE, "server.iter.reqbody.log")], samples=0)
 
 
-@needs_case
 def test_exact_replay_reproduces_vllms_own_counters_per_scrape(exact_replay):
     from kvreplay.audit import join, prom
 
@@ -138,7 +135,6 @@ def test_exact_replay_reproduces_vllms_own_counters_per_scrape(exact_replay):
     assert chk["verdict"].startswith("the preemption counter agrees with the replay in 3 of 3")
 
 
-@needs_case
 def test_a_replay_that_disagrees_with_the_counter_says_so(exact_replay):
     from kvreplay.audit import join, prom
 
@@ -155,7 +151,6 @@ def test_a_replay_that_disagrees_with_the_counter_says_so(exact_replay):
     assert "scrape 10:01:27: preemptions replayed 31 / counted 36" in text
 
 
-@needs_case
 def test_p1_default_log_with_scrapes_answer():
     from kvreplay.audit.default_report import answer_for
     from kvreplay.sources import read_facts
@@ -173,7 +168,6 @@ def test_p1_default_log_with_scrapes_answer():
     assert "VLLM_REQUEST_BODY_LOG_LEVEL=INFO" in ans.headline
 
 
-@needs_case
 def test_cli_replay_of_a_default_log_answers_instead_of_refusing(tmp_path):
     out = subprocess.run([sys.executable, "-m", "kvreplay", "replay", os.path.join(CASE, "server.default.log"),
                           "--samples", "3", "--format", "json"], capture_output=True, text=True, timeout=120)
@@ -184,7 +178,6 @@ def test_cli_replay_of_a_default_log_answers_instead_of_refusing(tmp_path):
 
 
 
-@needs_case
 def test_default_log_answer_is_deterministic():
     from kvreplay.audit.default_report import answer_for, to_dict
     from kvreplay.sources import read_facts

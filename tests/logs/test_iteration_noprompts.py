@@ -56,7 +56,7 @@ def test_a_recomputed_victim_shows_its_prompt() -> None:
     assert fix.lengths == {0: 500} and fix.restore_step == 248
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(st.lists(st.integers(1, 3000), min_size=2, max_size=12), st.integers(0, 2**31))
 def test_drawn_lengths_keep_what_the_lines_pinned(lens: list[int], seed: int) -> None:
     """An ensemble member's prompts: exact ones kept, a sum's total kept, a block's moved

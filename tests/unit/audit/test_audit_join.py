@@ -14,7 +14,7 @@ from kvreplay.audit.record import audit_records
 CASE = str(Path(__file__).resolve().parents[2] / "data" / "logcases" / "p1_poisson_fcfs_200")
 LOG = os.path.join(CASE, "server.default.log")
 PROM = os.path.join(CASE, "metrics.prom.gz")
-pytestmark = pytest.mark.skipif(not os.path.exists(PROM), reason="p1 log case not present")
+assert os.path.exists(PROM), "p1's scrapes missing from tests/data"
 
 
 def _scrapes(tmp_path, *, model=None, shift=0.0):

@@ -28,7 +28,6 @@ def _rows(out: Path) -> pl.DataFrame:
     return ds.scan_dataset(str(out)).collect()
 
 
-@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX FIFOs")
 def test_fifo_device_and_outside_link_are_skipped_with_a_reason(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -55,8 +54,6 @@ def test_fifo_device_and_outside_link_are_skipped_with_a_reason(tmp_path):
 
 
 def test_explicit_fifo_is_an_error_row_not_a_hang(tmp_path):
-    if not hasattr(os, "mkfifo"):
-        pytest.skip("POSIX FIFOs")
     os.mkfifo(tmp_path / "p.log")
     ex = LocalExecutor(1)
     try:
@@ -151,7 +148,6 @@ def test_one_row_per_log_and_engine(tmp_path):
     assert recs[0]["kv_usage_p95"] == ref[0]["kv_usage_p95"]
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="/proc")
 def test_workers_die_with_their_parent(tmp_path):
     code = (
         "import os, sys, time\n"

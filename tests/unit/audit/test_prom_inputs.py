@@ -18,7 +18,7 @@ from kvreplay.parsers import parse_lines
 
 CASE = str(Path(__file__).resolve().parents[2] / "data" / "logcases" / "p1_poisson_fcfs_200")
 PROM = os.path.join(CASE, "metrics.prom.gz")
-needs_case = pytest.mark.skipif(not os.path.exists(PROM), reason="p1 log case not present")
+assert os.path.exists(PROM), "p1's scrapes missing from tests/data"
 
 
 def _scrape_text() -> str:
@@ -48,7 +48,6 @@ def _same(a: dict, b: dict) -> None:
     assert not diff
 
 
-@needs_case
 def test_gzipped_scrapes_give_the_record_of_the_plain_file(tmp_path):
     plain = tmp_path / "metrics.prom"
     plain.write_text(_scrape_text())
@@ -60,7 +59,6 @@ def test_gzipped_scrapes_give_the_record_of_the_plain_file(tmp_path):
     assert gz_rec["source"] == "prometheus"
 
 
-@needs_case
 def test_query_range_json_gives_the_record_of_the_scrape_file(tmp_path):
     # what Prometheus' /api/v1/query_range returns for the vllm series it scraped: one
     # matrix per query; here one file per metric family, all of them
@@ -91,7 +89,6 @@ def test_query_range_json_gives_the_record_of_the_scrape_file(tmp_path):
     _same(one_rec, scrape_rec)
 
 
-@needs_case
 def test_instant_query_files_one_per_scrape_time(tmp_path):
     by_time: dict[float, list] = {}
     for t, name, labels, value in _samples(_scrape_text()):

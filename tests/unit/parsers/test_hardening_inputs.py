@@ -271,7 +271,6 @@ def test_fail_on_documented_forms_still_work():
 
 # the Dask executor's own cluster: nothing another local user can connect to
 def test_dask_local_cluster_listens_nowhere():
-    pytest.importorskip("distributed")
     import psutil
 
     from kvreplay.audit.fleet.executors import DaskExecutor

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX owners and modes")
 
 BUILD = "from kvreplay.parsers import grammar; grammar.envelope_parser(); print(grammar._cache_path(grammar.ENVELOPE_GRAMMAR, grammar.ENVELOPE_GRAMMAR.read_text(encoding='utf-8') + repr([])))"
 

@@ -55,7 +55,7 @@ def _former(steps) -> int:
                if a.resumed and not a.swapped_in)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(deadline=None)
 @given(pressured(), st.integers(0, 400), st.booleans())
 def test_ratio_at_most_one_and_the_former_figure_when_nothing_is_cut(data, cut, use_cut) -> None:
     wl = parse_workload(data, check_capacity=False)
