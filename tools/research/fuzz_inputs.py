@@ -1,10 +1,10 @@
 """Fuzz kvreplay with mutated real inputs: no traceback, bounded CPU and memory.
 
-    python tools/fuzz_inputs.py parse    --n 1000000 [--seconds S] [--seed 1] [--out report.json]
-    python tools/fuzz_inputs.py commands --n 10000   [--seconds S] [--seed 1] [--out report.json]
-    python tools/fuzz_inputs.py ... --profile ci      # a quick run (what tests/test_hardening_fuzz.py runs)
+    python -m tools.research.fuzz_inputs parse    --n 1000000 [--seconds S] [--seed 1] [--out report.json]
+    python -m tools.research.fuzz_inputs commands --n 10000   [--seconds S] [--seed 1] [--out report.json]
+    python -m tools.research.fuzz_inputs ... --profile ci      # a quick run (what tests/unit/parsers/test_hardening_fuzz.py runs)
 
-Seeds: the lines of the real corpus (/work/shared/corpus/real, tests/data/corpus), the
+Seeds: the lines of the real corpus (tests/data/corpus), the
 samples and the log cases' logs (whatever of these exists). Byte mutators (`mutate`):
 bit flips, inserted / deleted / repeated bytes and chunks, spliced lines, numbers replaced
 by extremes (0, -1, 2**63, 5,000 digits, 1e309, nan, inf), tokens repeated thousands of
@@ -35,9 +35,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-SEED_DIRS = [Path("/work/shared/corpus/real"), REPO / "tests" / "data" / "corpus", REPO / "src" / "kvreplay" / "samples"]
-SEED_FILES = [Path("/work/shared/logcases") / c / f for c in ("b_fcfs_heavy", "f_prefix_caching", "p1_poisson_fcfs_200")
+REPO = Path(__file__).resolve().parents[2]
+SEED_DIRS = [REPO / "tests" / "data" / "corpus", REPO / "src" / "kvreplay" / "samples"]
+SEED_FILES = [REPO / "tests" / "data" / "logcases" / c / f for c in ("b_fcfs_heavy", "f_prefix_caching", "p1_poisson_fcfs_200")
               for f in ("server.log", "server.iter.log", "server.reqbody.log", "server.default.log")]
 EXTREMES = [b"0", b"-1", b"9223372036854775808", b"18446744073709551616", b"9" * 5000, b"1e309", b"-1e309", b"nan", b"inf",
             b"-inf", b"1e-400", b"0.0", b"99999999999999999999", b"-0", b"0x10", b"1_000"]

@@ -1,4 +1,4 @@
-"""The fuzz harness's quick profile (tools/fuzz_inputs.py; the long run is in its docstring):
+"""The fuzz harness's quick profile (tools/research/fuzz_inputs.py; the long run is in its docstring):
 mutated real lines parse without a traceback, account for every physical line, and stay
 fast; mutated whole logs through replay / audit / export end with exit 0 or 2."""
 
@@ -7,20 +7,17 @@ from __future__ import annotations
 import io
 import random
 import resource
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))
-import fuzz_inputs  # noqa: E402
-
-from kvreplay.parsers import pipeline  # noqa: E402
+from helpers.examples import many
+from kvreplay.parsers import pipeline
+from tools.research import fuzz_inputs
 
 LINES = fuzz_inputs.seed_lines()
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+FUZZ = settings(many(), deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
 
 def _cpu() -> float:
@@ -45,7 +42,6 @@ def test_quick_parse_profile():
     assert rep["inputs"] > 0 and rep["failures"] == 0 and rep["slow"] == 0, rep["examples"][:3]
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="fork")
 def test_quick_commands_profile(tmp_path):
     rep = fuzz_inputs.run_commands(6, seed=3, seconds=90, max_rss_mb=2048, keep=None, tmp=tmp_path, log=lambda s: None)
     assert rep["runs"] > 0 and rep["failures"] == 0, rep["examples"][:3]
