@@ -232,6 +232,7 @@ def _run_cli(argv: list[str]) -> dict:
 
     from kvreplay.cli import main
 
+    os.environ["KVREPLAY_PROGRESS"] = "0"  # (no heartbeat thread: it may not start under RLIMIT_AS)
     err = io.StringIO()
     out = io.StringIO()
     code = None

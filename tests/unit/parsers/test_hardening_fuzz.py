@@ -5,8 +5,12 @@ fast; mutated whole logs through replay / audit / export end with exit 0 or 2.""
 from __future__ import annotations
 
 import io
+import json
 import random
 import resource
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +20,7 @@ from helpers.examples import many
 from kvreplay.parsers import pipeline
 from tools.research import fuzz_inputs
 
+ROOT = Path(__file__).resolve().parents[3]
 LINES = fuzz_inputs.seed_lines()
 FUZZ = settings(many(), deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
@@ -37,12 +42,22 @@ def test_mutated_documents_parse(rnd):
     assert sum(e.lines for e in evs) == data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
 
 
-def test_quick_parse_profile():
-    rep = fuzz_inputs.run_parse(400, seed=7, seconds=60, batch=200, max_cpu=5.0, keep=None, log=lambda s: None)
+def _harness(tmp_path, *args: str) -> dict:
+    """The harness in a fresh interpreter: it forks a child per batch or run, and forking
+    this process (threads of earlier tests: Dask, progress heartbeats) can deadlock."""
+    out = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, "-m", "tools.research.fuzz_inputs", *args, "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+def test_quick_parse_profile(tmp_path):
+    rep = _harness(tmp_path, "parse", "--n", "400", "--seed", "7", "--batch", "200", "--max-cpu", "5")
     assert rep["inputs"] > 0 and rep["failures"] == 0 and rep["slow"] == 0, rep["examples"][:3]
 
 
 def test_quick_commands_profile(tmp_path):
-    rep = fuzz_inputs.run_commands(6, seed=3, seconds=90, max_rss_mb=2048, keep=None, tmp=tmp_path, log=lambda s: None)
+    rep = _harness(tmp_path, "commands", "--n", "6", "--seed", "3", "--max-rss-mb", "2048")
     assert rep["runs"] > 0 and rep["failures"] == 0, rep["examples"][:3]
     assert rep["max_rss_kb"] < 2 << 20
