@@ -363,7 +363,9 @@ def _could_begin(term: Any, rest: str) -> bool:
     if m is None:
         return re.fullmatch(rx, rest) is not None
     main, ahead = m.group(1), re.sub(r"\\(.)", r"\1", m.group(2))
-    for k in range(len(rest), -1, -1):
+    # (rest[k:] longer than `ahead` cannot be its prefix: only the last len(ahead) + 1 cuts are
+    # tried, so the time is linear in len(rest), not quadratic)
+    for k in range(len(rest), max(0, len(rest) - len(ahead)) - 1, -1):
         if ahead.startswith(rest[k:]) and re.fullmatch(main, rest[:k]):
             return True
     return False

@@ -158,13 +158,18 @@ def message_event(msg: str, base: dict[str, Any], level: str | None, lark: bool 
         if truncated:
             e.truncated = True
         return e
-    e = build.config_line(msg, base)
-    if e is not None:
-        return e
-    if level in _TB_LEVELS or level is None:
-        e = build.error_event(msg, base)
+    try:
+        e = build.config_line(msg, base)
         if e is not None:
+            _check_ints(e)
             return e
+        if level in _TB_LEVELS or level is None:
+            e = build.error_event(msg, base)
+            if e is not None:
+                _check_ints(e)
+                return e
+    except Exception as exc:  # odd values in a config or error line must not stop the parse
+        return ev.Unparsed(reason=f"bad line: {type(exc).__name__}: {str(exc)[:80]}", text=msg, **base)
     return ev.Log(message=msg, **base)
 
 
@@ -470,7 +475,12 @@ class FileParser:
             base["note"] = "vLLM message after a foreign prefix" + (f"; {note}" if note else "")
             out.append(message_event(msg[mm.start():], base, level, self.lark))
             return
-        e = build.error_event(msg, base) if ("Error" in msg or "error" in msg) else None
+        try:
+            e = build.error_event(msg, base) if ("Error" in msg or "error" in msg) else None
+            if e is not None:
+                _check_ints(e)
+        except Exception as exc:  # (odd numbers in an error message)
+            e = ev.Unparsed(reason=f"bad error line: {type(exc).__name__}: {str(exc)[:80]}", text=s, **base)
         if e is not None:
             out.append(e)
             return
@@ -496,10 +506,10 @@ class FileParser:
             base["process"] = proc
             em = _ENGINE_NUM.match(proc)
             if em:
-                base["engine"] = int(em.group(1))
-        if isinstance(rec.get("process"), int):
+                base["engine"] = _small_int(em.group(1))
+        if isinstance(rec.get("process"), int) and -_I64 <= rec["process"] < _I64:
             base["pid"] = rec["process"]
-        if isinstance(rec.get("filename"), str) and isinstance(rec.get("lineno"), int):
+        if isinstance(rec.get("filename"), str) and isinstance(rec.get("lineno"), int) and 0 <= rec["lineno"] < _I64:
             base["source"] = f"{rec['filename']}:{rec['lineno']}"
         msg = rec["message"]
         if "\n" in msg:

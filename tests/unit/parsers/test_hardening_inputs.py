@@ -301,3 +301,25 @@ def test_fast_paths_still_take_the_common_lines():
                 "Iteration(7): 1 context requests, 200 context tokens, 3 generation requests, 3 generation tokens, iteration elapsed time: 23.45 ms"]:
         assert fast_message(msg, *args) is not None, msg
     assert fast_message(STATS.replace("Running: 3", "Running: " + "9" * 19), *args) is None
+
+
+# found by tools/fuzz_inputs.py (long run): each a traceback or seconds of CPU before
+def test_fuzz_finds():
+    from kvreplay.parsers import grammar
+
+    grammar.messages_parser()
+    lines = [
+        "(EngineCore pid=1) INFO 05-07 10:00:05 [config.py:1] Using max model len " + "9" * 4995,  # config_line int()
+        '{"message": "Running: 1 reqs", "processName": "EngineCore_DP' + "9" * 5000 + '", "filename": "a.py", "lineno": 1}',
+        "ERROR 05-07 10:00:05 [serving.py:1] This model's maximum context length is " + "9" * 5000
+        + " tokens. However, you requested " + "9" * 5000 + " tokens",
+    ]
+    evs = list(parse_lines(lines, year=2026))
+    assert [e.line for e in evs] == [1, 2, 3]
+    assert type(evs[0]).__name__ == "Unparsed"
+    # cut-line recovery tried every cut of the text after the parse stopped: quadratic
+    t0 = _cpu()
+    it = ("Engine 000: Iteration(17): 0 context requests, 0 context tokens, 9 generation requests, 9 generation tokens, "
+          "iteration elapsed time: 6.83 ms, GPU KV cach" + "Engine 000: " * 90_000 + "e usage: 98.4%")
+    evs = list(parse_lines([ENV + it], year=2026))
+    assert _cpu() - t0 < 2.0 and len(evs) == 1
