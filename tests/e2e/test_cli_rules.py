@@ -222,16 +222,16 @@ def test_ctrl_c_during_the_ensemble_one_line_exit_130():
     runs: one line, exit 130, no worker traceback."""
     log = DATA / "logcases" / "p1_poisson_fcfs_200" / "server.log"
     env = dict(os.environ, KVREPLAY_PROGRESS="1")
-    p = subprocess.Popen([sys.executable, "-m", "kvreplay", "replay", str(log)],
+    # 512 members: the ensemble runs long enough to be interrupted in it on any machine
+    p = subprocess.Popen([sys.executable, "-m", "kvreplay", "replay", str(log), "--samples", "512"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          start_new_session=True, env=env)
     seen = []
     t0 = time.monotonic()
     for line in p.stderr:  # type: ignore[union-attr]
         seen.append(line)
-        if "place 200 arrivals: done" in line or time.monotonic() - t0 > 60:
-            break  # the ensemble starts next
-    time.sleep(1.5)
+        if "uncertainty ensemble" in line or time.monotonic() - t0 > 120:
+            break  # the ensemble's pool is running
     os.killpg(p.pid, signal.SIGINT)
     rest = p.stderr.read()  # type: ignore[union-attr]
     rc = p.wait(timeout=60)

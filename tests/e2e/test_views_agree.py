@@ -45,7 +45,8 @@ def _inputs() -> list:
            if p.suffix in (".log", ".json")]
     for p in sorted(DATA.glob("logcases/*/server*.log")):
         out.append(_param(p, "", f"{p.parent.name}/{p.name}"))
-        out.append(_param(p, "abort+cut", f"{p.parent.name}/{p.name}"))
+        if p.name != "server.default.log":  # (no request to abort: no request lines)
+            out.append(_param(p, "abort+cut", f"{p.parent.name}/{p.name}"))
     out += [_param(p, "", f"v0/{p.name}") for p in sorted(DATA.glob("v0_logs/*.log"))]
     return out
 
@@ -231,6 +232,15 @@ def test_every_view_renders_the_one_replay(path: Path, variant: str, tmp_path: P
     assert tui_exc is None, tui_exc
     join.check_one_call("tui")
 
+    if error is not None and rc == 0:  # no request lines: replay answers as a default log
+        report = json.loads(out.read_text())
+        assert report["kind"] == "default log (no request lines)"
+        assert "victims" not in report and "preemptions" in report
+        reason = str(error)
+        assert audit["replay"] == "inferred (default log)", audit["replay"]
+        assert doc["replay"]["error"] == reason and doc["preemptions"] == []
+        assert tui is None and tui_error.startswith(reason)
+        return
     if error is not None:  # a log that cannot be replayed: every view says the same why
         assert rc == 2
         reason = err.split("error: ", 1)[1].split(" | ")[0].strip()

@@ -90,6 +90,10 @@ def test_without_prompts_the_count_carries_an_interval_that_holds() -> None:
     assert all(p.confidence == "inferred" and p.probability is not None for p in rep.preemptions)
     assert any(n.startswith("prompt lengths from the Iteration lines") for n in rep.notes)
     assert any("uncertainty ensemble" in n for n in rep.notes)
+    # the report says what weighed the members: these logs' Iteration lines, not stats lines
+    assert u.weighted_by == "the Iteration lines"
+    from kvreplay.cli.report import to_json, uncertainty_lines
+    assert "reproduces the Iteration lines" in uncertainty_lines(to_json(rep)["uncertainty"])[0]
 
 
 def test_with_prompts_no_ensemble() -> None:

@@ -31,6 +31,7 @@ import json
 import math
 import os
 import re
+import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -113,7 +114,7 @@ def _head(path: str) -> str:
         with gzip.open(path, "rb") as g:
             try:
                 raw = g.read(4096)
-            except (OSError, EOFError):
+            except (OSError, EOFError, zlib.error):  # a corrupt .gz: not a scrape file
                 raw = b""
     return raw.decode("utf-8", "replace")
 

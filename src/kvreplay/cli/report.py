@@ -162,7 +162,7 @@ def uncertainty_lines(u: dict[str, Any]) -> list[str]:
     """The ensemble's figures: each an interval over the replays the log allows."""
     c, r, q = u["preemptions"], u["recomputed_tokens"], u["recompute_ratio"]
     out = [f"  uncertainty: {u['samples'] + 1} replays the log allows (seed {u['seed']}), "
-           f"weighted by how well each reproduces the stats lines "
+           f"weighted by how well each reproduces {u.get('weighted_by', 'the stats lines')} "
            f"(effective {u['effective_samples']}); 90% intervals:",
            f"    preemptions: median {c['median']}, {c['low']}-{c['high']} (interval)",
            f"    tokens recomputed: median {r['median']:,}, {r['low']:,}-{r['high']:,} (interval)",

@@ -108,6 +108,7 @@ class Uncertainty:
     representative: Run | None = field(default=None, repr=False)
     row_map: Sequence[tuple[float, float]] | None = field(default=None, repr=False)
     shared_prefix: int = 0  # the tokens every estimated prompt shares (member_workload)
+    weighted_by: str = "the stats lines"  # the evidence each member's weight measures
 
     def assign(self, pre: Sequence[PreemptionRecord]) -> None:
         """Each row's probability: the weighted share of members that preempt its victim
@@ -127,7 +128,7 @@ class Uncertainty:
                 "effective_samples": round(self.effective_samples, 1),
                 "preemptions": self.preemptions, "recomputed_tokens": self.recomputed_tokens,
                 "recompute_ratio": self.recompute_ratio, "windows": self.windows,
-                "requests": self.requests}
+                "requests": self.requests, "weighted_by": self.weighted_by}
 
     def p_preempted(self, request: str) -> float:
         return next((r["p_preempted"] for r in self.requests if r["id"] == request), 0.0)

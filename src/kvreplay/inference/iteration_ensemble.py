@@ -172,7 +172,7 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
         recompute_ratio=_interval(ratios, w, digits=4, widen=WIDEN),
         windows=[],  # (no storm timeline: the members are not counted per stats line)
         requests=reqs, members=members, fit_per_line=min(x.sse for x in members)
-        / max(1, len(facts.iterations)))
+        / max(1, len(facts.iterations)), weighted_by="the Iteration lines")
 
 
 def iteration_headline(unc: Uncertainty, pre: Sequence[PreemptionRecord], make_exact: str,
