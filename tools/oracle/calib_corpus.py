@@ -184,6 +184,18 @@ def bank(out: str) -> list[dict[str, Any]]:
     return rows
 
 
+def draw_prompt(rng: random.Random, groups: list[list[int]], prefix_caching: bool) -> list[int]:
+    """A prompt's token ids: with prefix caching a 100-800-token prefix shared by a group of
+    requests (a new group one time in ten; the last 5 groups live, `groups` kept in place)
+    plus a 50-1200-token suffix, else 100-2000 tokens of its own."""
+    if prefix_caching:
+        if not groups or rng.random() < 0.1:
+            groups.append([rng.randrange(10, 50000) for _ in range(rng.randrange(100, 800))])
+            del groups[:-5]
+        return rng.choice(groups) + [rng.randrange(10, 50000) for _ in range(rng.randrange(50, 1200))]
+    return [rng.randrange(10, 50000) for _ in range(rng.randrange(100, 2000))]
+
+
 def poisson_workload(seed: int, n: int, policy: str, pc: bool, asyn: bool, blocks: int,
                      gap: float, seqs: int) -> dict[str, Any]:
     """Prompts 100-2000 tokens (with prefix caching: a 100-800-token prefix shared by a
@@ -195,14 +207,7 @@ def poisson_workload(seed: int, n: int, policy: str, pc: bool, asyn: bool, block
     reqs = []
     t = 0.0
     for i in range(n):
-        if pc:
-            if not groups or rng.random() < 0.1:
-                groups.append([rng.randrange(10, 50000) for _ in range(rng.randrange(100, 800))])
-                groups = groups[-5:]
-            prompt = rng.choice(groups) + [rng.randrange(10, 50000)
-                                           for _ in range(rng.randrange(50, 1200))]
-        else:
-            prompt = [rng.randrange(10, 50000) for _ in range(rng.randrange(100, 2000))]
+        prompt = draw_prompt(rng, groups, pc)
         r: dict[str, Any] = {"id": f"r{i}", "arrival_step": int(t), "prompt_token_ids": prompt,
                              "max_tokens": rng.randrange(50, 500)}
         if policy == "priority":

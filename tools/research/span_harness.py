@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tools.oracle.calib_corpus import draw_prompt
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 
@@ -50,14 +52,7 @@ def workload(seed: int, n: int, pc: bool, asyn: bool, bursty: bool, blocks: int)
     t = 0.0
     left = 0  # requests left in the current burst
     for i in range(n):
-        if pc:
-            if not groups or rng.random() < 0.1:
-                groups.append([rng.randrange(10, 50000) for _ in range(rng.randrange(100, 800))])
-                groups = groups[-5:]
-            prompt = rng.choice(groups) + [rng.randrange(10, 50000)
-                                           for _ in range(rng.randrange(50, 1200))]
-        else:
-            prompt = [rng.randrange(10, 50000) for _ in range(rng.randrange(100, 2000))]
+        prompt = draw_prompt(rng, groups, pc)
         reqs.append({"id": f"req-{seed}-{i}", "arrival_step": int(t), "prompt_token_ids": prompt,
                      "max_tokens": rng.randrange(50, 500)})
         if bursty:
