@@ -42,7 +42,7 @@ SEED_FILES = [REPO / "tests" / "data" / "logcases" / c / f for c in ("b_fcfs_hea
 EXTREMES = [b"0", b"-1", b"9223372036854775808", b"18446744073709551616", b"9" * 5000, b"1e309", b"-1e309", b"nan", b"inf",
             b"-inf", b"1e-400", b"0.0", b"99999999999999999999", b"-0", b"0x10", b"1_000"]
 REPEATS = [b"1%|", b"(", b"[", b"{", b'"a", ', b"'", b"\\", b"Engine 000: ", b"] ", b"pid=1) ", b", ", b"a", b"%", b" "]
-SPECIAL = [b"\r", b"\x1b[31m", b"\x00", b"\xff\xfe", b"\xc3", b"\t", b"\u2028".decode("unicode_escape").encode(), b"\n", b"\x85"]
+SPECIAL = [b"\r", b"\x1b[31m", b"\x00", b"\xff\xfe", b"\xc3", b"\t", "\u2028".encode(), b"\n", b"\x85"]
 
 
 def seed_lines() -> list[bytes]:
