@@ -8,7 +8,6 @@ again, aborted or the run ends: a part of the processed tokens, so the ratio is 
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -17,36 +16,18 @@ from hypothesis import strategies as st
 from kvreplay.replay import Engine, get_profile, parse_workload
 from kvreplay.replay.records import EngineInputs, preemption_records, totals
 from kvreplay.replay.result import replay_workload
+from helpers.strategies import pool_workloads
 from helpers.tracecmp import read_workload
 
 DATA = Path(__file__).parents[2] / "data"
 
 
-@st.composite
-def pressured(draw):
+def pressured():
     """Small pools, chunked prefill, long prompts and decodes, with and without the full-ISL
     reservation: many preemptions, some of victims still prefilling again."""
-    rng = random.Random(draw(st.integers(0, 10**6)))
-    caching = draw(st.booleans())
-    shared = [rng.randrange(10, 500) for _ in range(rng.randrange(0, 48))]
-    reqs, step = [], 0
-    for i in range(draw(st.integers(2, 10))):
-        step += rng.randrange(0, 4)
-        prompt = (shared if caching and rng.random() < 0.5 else []) + [
-            rng.randrange(10, 500) for _ in range(rng.randrange(1, 160))]
-        reqs.append({"id": f"q{i}", "arrival_step": step, "prompt_token_ids": prompt,
-                     "max_tokens": rng.randrange(1, 120), "priority": rng.randrange(0, 3)})
-    cfg = {"num_gpu_blocks": draw(st.integers(12, 40)), "block_size": 8,
-           "max_num_seqs": draw(st.integers(1, 6)),
-           "max_num_batched_tokens": draw(st.sampled_from([16, 32, 64])),
-           "max_model_len": 512, "enable_prefix_caching": caching,
-           "policy": draw(st.sampled_from(["fcfs", "priority"])),
-           "async_scheduling": draw(st.booleans()), "max_steps": 3000,
-           # without the full-ISL reservation a chunked prefill again is often cut short
-           "scheduler_reserve_full_isl": draw(st.booleans())}
-    if draw(st.booleans()):
-        cfg["long_prefill_token_threshold"] = draw(st.sampled_from([4, 8, 12]))
-    return {"name": "prop", "config": cfg, "requests": reqs}
+    return pool_workloads(requests=(2, 10), gap=4, prompt=160, shared=48, max_tokens=120,
+                          blocks=(12, 40), seqs=6, budgets=(16, 32, 64), max_model_len=512,
+                          pressure=True)
 
 
 def _former(steps) -> int:

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from kvreplay.replay import Engine, get_profile, parse_workload
 from kvreplay.replay.records import (Admission, EngineInputs, PreemptionEvent, StepRecord,
                                      preemption_records, totals)
 from kvreplay.replay.result import replay_workload
+from helpers.strategies import pool_workloads
 from helpers.tracecmp import case_dirs, read_trace, read_workload
 
 DATA = Path(__file__).parents[2] / "data"
@@ -131,26 +131,7 @@ def test_the_bank_has_preemptions_with_prefix_hits_and_async_tokens() -> None:
 
 
 # ---------------------------------------------------------------- properties
-@st.composite
-def workloads(draw):
-    rng = random.Random(draw(st.integers(0, 10**6)))
-    caching = draw(st.booleans())
-    n = draw(st.integers(2, 14))
-    reqs = []
-    step = 0
-    shared = [rng.randrange(10, 500) for _ in range(rng.randrange(0, 40))]
-    for i in range(n):
-        step += rng.randrange(0, 6)
-        prompt = (shared if caching and rng.random() < 0.5 else []) + [
-            rng.randrange(10, 500) for _ in range(rng.randrange(1, 90))]
-        reqs.append({"id": f"q{i}", "arrival_step": step, "prompt_token_ids": prompt,
-                     "max_tokens": rng.randrange(1, 60), "priority": rng.randrange(0, 3)})
-    cfg = {"num_gpu_blocks": draw(st.integers(14, 40)), "block_size": 8,
-           "max_num_seqs": draw(st.integers(1, 8)), "max_num_batched_tokens": draw(st.sampled_from([64, 128, 256])),
-           "max_model_len": 256, "enable_prefix_caching": caching,
-           "policy": draw(st.sampled_from(["fcfs", "priority"])),
-           "async_scheduling": draw(st.booleans()), "max_steps": 3000}
-    return {"name": "prop", "config": cfg, "requests": reqs}
+workloads = pool_workloads  # (requests a few steps apart on a small pool)
 
 
 @given(workloads(), st.data())
