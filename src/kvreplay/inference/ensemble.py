@@ -38,7 +38,7 @@ import os
 import random
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
@@ -142,6 +142,24 @@ def samples_wanted(samples: int | None, facts: LogFacts, fmt: LogFormat) -> int:
     if samples is not None:
         return max(0, samples)
     return SAMPLES if len(facts.requests) <= MAX_REQUESTS else 0
+
+
+def request_probabilities(members: Sequence[Member], total: float,
+                          p_of: Callable[[float], float] | None = None) -> list[dict[str, Any]]:
+    """Each request some member of weight preempts: `p_preempted`, the weighted share of
+    members that preempt it (mapped by `p_of`, e.g. calibrated, the expected count scaled
+    with it), and `expected_preemptions`; the most likely first."""
+    reqs = []
+    for rid in dict.fromkeys(v for m in members for v in m.by_victim):
+        raw = sum(m.weight for m in members if rid in m.by_victim) / total
+        if raw <= 0.0:
+            continue  # only members of no weight preempt it
+        e = sum(m.weight * len(m.by_victim.get(rid, ())) for m in members) / total
+        p = raw if p_of is None else p_of(raw)
+        reqs.append({"id": rid, "p_preempted": round(p, 3),
+                     "expected_preemptions": round(e if p_of is None else e * p / raw, 3)})
+    reqs.sort(key=lambda r: (-r["p_preempted"], -r["expected_preemptions"], r["id"]))
+    return reqs
 
 
 def _ess(w: Sequence[float]) -> float:
@@ -569,20 +587,13 @@ def ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, run: R
         if k == len(bounds) and iv["high"] == 0:
             continue
         win_rows.append({"start": round(starts[k], 3), "end": round(ends_[k], 3), **iv})
-    ids = list(dict.fromkeys(v for m in members for v in m.by_victim))
-    reqs = []
     maps = (CALIBRATION[("requests", known)], CALIBRATION[("rows", known)]) if cal else None
-    for rid in ids:
-        raw = sum(m.weight for m in members if rid in m.by_victim) / total
-        if raw <= 0.0:
-            continue  # only members of no weight preempt it
-        e = sum(m.weight * len(m.by_victim.get(rid, ())) for m in members) / total
+
+    def p_of(raw: float) -> float:
         p = calibrated(raw, maps[0]) if maps else raw
-        if cal and fit >= POOR_FIT:
-            p = min(p, POOR_FIT_P_MAX)
-        reqs.append({"id": rid, "p_preempted": round(p, 3),
-                     "expected_preemptions": round(e * p / raw, 3)})
-    reqs.sort(key=lambda r: (-r["p_preempted"], -r["expected_preemptions"], r["id"]))
+        return min(p, POOR_FIT_P_MAX) if cal and fit >= POOR_FIT else p
+
+    reqs = request_probabilities(members, total, p_of)
     return Uncertainty(
         samples=len(members) - 1, seed=seed, effective_samples=ess,
         preemptions=_interval(counts, w, widen=widen_n),

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from kvreplay.inference.engines import make_engine
 from kvreplay.inference.ensemble import (TOL_STEPS, Member, Uncertainty, _ess, _interval,
-                                         noise_weights)
+                                         noise_weights, request_probabilities)
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
 from kvreplay.replay.records import PreemptionRecord, preemption_records, totals
@@ -156,14 +156,7 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
         x.weight = y
     total = sum(w)
     ratios = [x.recomputed / x.processed if x.processed else 0.0 for x in members]
-    reqs = []
-    for rid in dict.fromkeys(v for x in members for v in x.by_victim):
-        p = sum(x.weight for x in members if rid in x.by_victim) / total
-        if p <= 0.0:
-            continue
-        e = sum(x.weight * len(x.by_victim.get(rid, ())) for x in members) / total
-        reqs.append({"id": rid, "p_preempted": round(p, 3), "expected_preemptions": round(e, 3)})
-    reqs.sort(key=lambda r: (-r["p_preempted"], -r["expected_preemptions"], r["id"]))
+    reqs = request_probabilities(members, total)
     count = _interval([x.count for x in members], w, widen=WIDEN)
     return Uncertainty(
         samples=len(members) - 1, seed=seed, effective_samples=_ess(w),

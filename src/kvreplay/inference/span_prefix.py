@@ -83,7 +83,7 @@ def prefix_ensemble(rebuilt: Any, facts: LogFacts, fmt: Any, profile: Any, marks
     """The ensemble over prefix sharings (module doc): an ensemble.Uncertainty, member 0
     the replay shown (`run`)."""
     from kvreplay.inference.ensemble import (POOR_FIT, Uncertainty, _ess, _interval, _member,
-                                             noise_weights)
+                                             noise_weights, request_probabilities)
     from kvreplay.inference.lines import line_time
 
     bounds = [line_time(s, phase) for s in facts.stats]
@@ -114,16 +114,7 @@ def prefix_ensemble(rebuilt: Any, facts: LogFacts, fmt: Any, profile: Any, marks
             continue
         win_rows.append({"start": round(starts[k], 3),
                          "end": round((bounds + [run.end])[k], 3), **iv})
-    ids = list(dict.fromkeys(v for m in members for v in m.by_victim))
-    reqs = []
-    for rid in ids:
-        p = sum(m.weight for m in members if rid in m.by_victim) / total
-        if p <= 0.0:
-            continue
-        e = sum(m.weight * len(m.by_victim.get(rid, ())) for m in members) / total
-        reqs.append({"id": rid, "p_preempted": round(p, 3),
-                     "expected_preemptions": round(e, 3)})
-    reqs.sort(key=lambda r: (-r["p_preempted"], -r["expected_preemptions"], r["id"]))
+    reqs = request_probabilities(members, total)
     ratios = [m.recomputed / m.processed if m.processed else 0.0 for m in members]
     # no member reproduces the stats lines: the headline calls the range rough, not a 90%
     # interval, and no row likely (driver.py caps the rows' p as ensemble.py does)
