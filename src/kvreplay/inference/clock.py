@@ -16,6 +16,7 @@ from typing import Any
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.lines import cum_generated, line_time, spans, token_anchors
+from kvreplay.inference.step_fit import FINE_FLOORS, best_fit, segments
 from kvreplay.replay.records import StepRecord
 
 IDLE_PICKUP_S = 0.05  # an idle engine starts a step this soon after a request arrives
@@ -100,7 +101,6 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat,
     tokens up to 256."""
     anchors = [(i, a) for i, a in enumerate(token_anchors(run, facts, fmt)) if a is not None]
     sp = spans(facts, fmt)
-    feats = [(r.num_scheduled_tokens, r.num_scheduled, r.context_tokens) for r in run.steps]
     with_spans = any(r.span is not None for r in facts.requests)
     all_spans = with_spans and all(r.span is not None for r in facts.requests)
     # request spans time whole stretches of steps: enough rows for the context term too
@@ -116,55 +116,27 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat,
     # a row keeps its interval less the sleep inside it (sleep_before; the lines at the
     # middle of their second). (A replay by arrival steps has no sleep on its clock.)
     sleep = [s for s in sleep_before(run) if s[2] - s[1] >= SLEEP_MIN_S]
-    pairs = [(i0, a, i1, b) for (i0, a), (i1, b) in zip(anchors, anchors[1:]) if b > a]
-    best = None
+    data: list[tuple[list[StepRecord], float]] = []
+    if not (windows and all_spans):  # spans for every request time the steps to the us
+        for (i0, a), (i1, b) in zip(anchors, anchors[1:]):
+            if b <= a:
+                continue
+            slept = sum(max(0.0, min(e, line_time(facts.stats[i1], 0.5))
+                            - max(s0, line_time(facts.stats[i0], 0.5))) for _, s0, e in sleep)
+            data.append((run.steps[a + 1: b + 1], sum(sp[i0 + 1: i1 + 1]) - slept))
+    data += [(run.steps[a: b + 1], dur) for a, b, dur in windows]  # steps a..b took dur
+    if len(data) < 2:
+        return None
     floors = fmt.token_floors
     if fine_floors and windows and fmt.token_floors != (0,):
         # spans time the steps to the microsecond: a finer grid of floors (a floor off by
         # a few tokens prices every decode step a few percent off, and the snapped clock
         # drifts a step where the spans' boundaries are sparse)
-        floors = tuple(sorted(set(floors) | set(range(0, 257, 8))))
-    for floor in floors:
-        rows = []
-        for i0, a, i1, b in pairs:
-            if windows and all_spans:
-                break  # spans for every request time the steps to the us: theirs alone
-            row = [0.0] * nvars
-            for k in range(a + 1, b + 1):
-                tok, req, ctx = feats[k]
-                row[0] += 1  # an empty step costs the overhead only
-                if req == 0:
-                    continue
-                row[1] += max(tok, floor)
-                row[2] += req
-                if nvars == 4:
-                    row[3] += ctx
-            slept = sum(max(0.0, min(e, line_time(facts.stats[i1], 0.5))
-                            - max(s0, line_time(facts.stats[i0], 0.5))) for _, s0, e in sleep)
-            rows.append(row + [sum(sp[i0 + 1: i1 + 1]) - slept])
-        for a, b, dur in windows:  # steps a..b took dur (a request span)
-            row = [0.0] * nvars
-            for k in range(a, b + 1):
-                tok, req, ctx = feats[k]
-                row[0] += 1
-                if req == 0:
-                    continue
-                row[1] += max(tok, floor)
-                row[2] += req
-                if nvars == 4:
-                    row[3] += ctx
-            rows.append(row + [dur])
-        if len(rows) < 2:
-            return None
-        fit_ = nnls(rows, nvars)
-        if fit_ is None:
-            continue
-        err, coef = fit_
-        if best is None or err < best[0] - 1e-12:
-            best = (err, coef, floor)
+        floors = tuple(sorted(set(floors) | set(FINE_FLOORS)))
+    best = best_fit(segments(data), floors, nvars)
     if best is None:
         return None
-    _, c, floor = best
+    _, floor, c = best
     if all(v <= 0 for v in c):
         return None
     return StepTimeModel(overhead_s=max(c[0], fmt.min_overhead_s), per_token_s=c[1],
@@ -188,71 +160,6 @@ def sleep_before(run: Any) -> list[tuple[int, float, float]]:
             if clock[k] > end_prev + 1e-9:
                 out.append((k, end_prev, clock[k]))
     return out
-
-
-def nnls(rows: list[list[float]], nvars: int) -> tuple[float, list[float]] | None:
-    """Least squares with non-negative coefficients, by trying every subset of free
-    variables (nvars <= 4: at most 15 small solves) and keeping the best feasible one."""
-    best = None
-    for mask in range(1, 1 << nvars):
-        idx = [i for i in range(nvars) if mask >> i & 1]
-        a = [[sum(r[i] * r[j] for r in rows) for j in idx] for i in idx]
-        y = [sum(r[i] * r[nvars] for r in rows) for i in idx]
-        sol = _solve(a, y)
-        if sol is None or any(v < 0 for v in sol):
-            continue
-        coef = [0.0] * nvars
-        for i, v in zip(idx, sol):
-            coef[i] = v
-        err = sum((sum(coef[i] * r[i] for i in range(nvars)) - r[nvars]) ** 2 for r in rows)
-        if best is None or err < best[0] - 1e-15:
-            best = (err, coef)
-    return best
-
-
-def nnls_gram(rows: list[tuple[float, ...]], nvars: int) -> tuple[float, list[float]] | None:
-    """`nnls` for many rows (one per step): the sums it needs are taken once."""
-    g = [[0.0] * (nvars + 1) for _ in range(nvars + 1)]
-    for r in rows:
-        for i in range(nvars + 1):
-            ri = r[i]
-            gi = g[i]
-            for j in range(i, nvars + 1):
-                gi[j] += ri * r[j]
-    for i in range(nvars + 1):
-        for j in range(i):
-            g[i][j] = g[j][i]
-    yy = g[nvars][nvars]
-    best = None
-    for mask in range(1, 1 << nvars):
-        idx = [i for i in range(nvars) if mask >> i & 1]
-        sol = _solve([[g[i][j] for j in idx] for i in idx], [g[i][nvars] for i in idx])
-        if sol is None or any(v < 0 for v in sol):
-            continue
-        coef = [0.0] * nvars
-        for i, v in zip(idx, sol):
-            coef[i] = v
-        err = yy - 2 * sum(coef[i] * g[i][nvars] for i in range(nvars)) + sum(
-            coef[i] * coef[j] * g[i][j] for i in range(nvars) for j in range(nvars))
-        if best is None or err < best[0] - 1e-15:
-            best = (err, coef)
-    return best
-
-
-def _solve(a: list[list[float]], y: list[float]) -> list[float] | None:
-    n = len(y)
-    m = [row[:] + [y[i]] for i, row in enumerate(a)]
-    for col in range(n):
-        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
-        if abs(m[piv][col]) < 1e-18:
-            return None
-        m[col], m[piv] = m[piv], m[col]
-        for r in range(n):
-            if r != col:
-                f = m[r][col] / m[col][col]
-                for k in range(col, n + 1):
-                    m[r][k] -= f * m[col][k]
-    return [m[i][n] / m[i][i] for i in range(n)]
 
 
 def wall_clock(run: Any, facts: LogFacts, anchors: list[int | None], phase: float) -> list[float]:

@@ -7,9 +7,10 @@ Produces: the start of every step, and a `StepTimeModel` fitted to the logged du
 
 from __future__ import annotations
 
-from kvreplay.inference.clock import StepTimeModel, nnls_gram
+from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
+from kvreplay.inference.step_fit import best_fit, segments
 from kvreplay.replay.records import StepRecord
 
 OVERHEADS_S = (0.0, 0.0002, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.008)
@@ -89,18 +90,10 @@ def _duration_model(steps: list[StepRecord], elapsed: list[float], c: float,
                     fmt: LogFormat) -> StepTimeModel:
     """Least squares (non-negative) of each logged step duration on the step-time
     model's terms, for each token floor the format tries."""
-    best = None
-    for floor in fmt.token_floors:
-        rows = [(1.0, float(max(r.num_scheduled_tokens, floor)), float(r.num_scheduled),
-                 float(r.context_tokens), e + c)
-                for r, e in zip(steps, elapsed) if r.num_scheduled_tokens > 0 and e > 0]
-        if len(rows) < 4:
-            break
-        fit_ = nnls_gram(rows, 4)
-        if fit_ is not None and (best is None or fit_[0] < best[0]):
-            best = (fit_[0], fit_[1], floor)
+    data = [([r], e + c) for r, e in zip(steps, elapsed) if r.num_scheduled_tokens > 0 and e > 0]
+    best = best_fit(segments(data), fmt.token_floors) if len(data) >= 4 else None
     if best is None:
         return StepTimeModel(overhead_s=c + 0.005)
-    _, k, floor = best
+    _, floor, k = best
     return StepTimeModel(overhead_s=k[0], per_token_s=k[1], per_request_s=k[2],
                          per_context_token_s=k[3], token_floor=floor if k[1] > 0 else 0)

@@ -24,17 +24,15 @@ non-negative. `members` are those models, for what-if intervals. Deterministic (
 
 from __future__ import annotations
 
-import bisect
 import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvreplay.inference.clock import StepTimeModel, nnls_gram
+from kvreplay.inference.clock import StepTimeModel
+from kvreplay.inference.step_fit import FINE_FLOORS, NVARS, best_of, fits_by_floor, segments
 from kvreplay.replay.records import StepRecord
 
-FLOORS = tuple(range(0, 257, 8)) + (320, 384, 448, 512)
-NVARS = 4  # overhead, per token (with floor), per request, per context token
 MAX_ROWS = 5000  # per-step rows fitted at most (a day's log has millions of steps)
 STAMPS = "step-trace lines' seconds"
 
@@ -161,46 +159,6 @@ def _stamp_rows(steps: list[StepRecord], stamps: list[float], model: Any
     return out
 
 
-@dataclass(slots=True)
-class _Segment:
-    """A row's steps, summed once: every term but the floored token count, and the busy
-    steps' token counts sorted (with prefix sums) for sum(max(tokens, floor)) at any floor."""
-
-    steps: float
-    requests: float
-    context: float
-    tokens: list[int]
-    prefix: list[int]
-    y: float
-    w: float = 1.0  # the row's weight (its features and seconds scaled by sqrt(w))
-
-    def token_sum(self, floor: int) -> float:
-        k = bisect.bisect_left(self.tokens, floor)  # steps below the floor count as floor
-        return float(floor * k + self.prefix[-1] - self.prefix[k])
-
-
-def _segments(data: list[tuple[list[StepRecord], float]],
-              weights: list[float] | None = None) -> list[_Segment]:
-    out = []
-    for j, (seg, y) in enumerate(data):
-        busy = [r for r in seg if r.num_scheduled > 0]
-        toks = sorted(r.num_scheduled_tokens for r in busy)
-        prefix = [0]
-        for t in toks:
-            prefix.append(prefix[-1] + t)
-        out.append(_Segment(float(len(seg)), float(sum(r.num_scheduled for r in busy)),
-                            float(sum(r.context_tokens for r in busy)), toks, prefix, y,
-                            math.sqrt(weights[j]) if weights is not None else 1.0))
-    return out
-
-
-def _rows(segs: list[_Segment], floor: int) -> list[tuple[float, ...]]:
-    """One row per segment: (steps, floored tokens, requests, context, seconds); an empty
-    step costs the fixed cost only."""
-    return [(g.w * g.steps, g.w * g.token_sum(floor), g.w * g.requests, g.w * g.context,
-             g.w * g.y) for g in segs]
-
-
 def _model(c: list[float], floor: int) -> StepTimeModel:
     return StepTimeModel(overhead_s=c[0], per_token_s=c[1], per_request_s=c[2],
                          per_context_token_s=c[3], token_floor=floor if c[1] > 0 else 0)
@@ -240,16 +198,12 @@ def _fit(data: list[tuple[list[StepRecord], float]], source: str, draws: int, se
         every = -(-len(data) // MAX_ROWS)
         data = data[::every]
         weights = weights[::every] if weights is not None else None
-    segs = _segments(data, weights)
-    fits = []
-    for floor in FLOORS:
-        f = nnls_gram(_rows(segs, floor), NVARS)
-        if f is not None:
-            fits.append((max(f[0], 0.0), floor, f[1]))
+    segs = segments(data, weights)
+    fits = fits_by_floor(segs, FINE_FLOORS)
     if not fits:
         return None
+    err, floor, coef = best_of(fits)  # type: ignore[misc]
     fits.sort(key=lambda x: (x[0], x[1]))
-    err, floor, coef = fits[0]
     m = len(segs)
     dof = max(1, m - NVARS)
     sigma2 = err / dof
@@ -266,7 +220,7 @@ def _fit(data: list[tuple[list[StepRecord], float]], source: str, draws: int, se
     members = []
     for k in range(draws):
         _, fl, c = near[k % len(near)]
-        members.append(_model(_draw(_rows(segs, fl), c, sigma2, rng), fl))
+        members.append(_model(_draw([g.row(fl) for g in segs], c, sigma2, rng), fl))
     fm.members = members
     return fm
 
