@@ -5,40 +5,24 @@ plugin) opens its input here, so that each computes the same replay from the sam
 
     open_replay(paths)   # a workload JSON, vLLM log file(s), a step-trace log (+ KV events)
 
+It reads the files (parsers) into the inference's `Evidence` and calls its one entry point,
+`inference.entry.infer`; a workload JSON goes to the model directly.
+
 The only module (with the CLIs) that imports both kvreplay.parsers and the inference:
 parsers -> events <- model <- inference <- front ends.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from kvreplay.errors import UserError
+from kvreplay.inference.entry import Evidence, LogEvidence, SpanEvidence, infer
 
 
-@dataclass(slots=True)
-class LogInput:
-    """Log files read once: their events, the release they come from, the merged config."""
-
-    paths: list[str]
-    events: list[Any]
-    dialect: Any
-    config: Any
-    _facts: Any = field(default=None, repr=False)
-    span_join: Any = field(default=None, repr=False)  # inference.spans.SpanJoin, once joined
-
-    @property
-    def facts(self):
-        """What the log says (kvreplay.inference.facts.LogFacts), collected on first use."""
-        if self._facts is None:
-            from kvreplay.inference.facts import collect
-
-            self._facts = collect(self.events, list(self.paths), config=self.config,
-                                  vllm_version=self.dialect.vllm_version,
-                                  engine_version=self.dialect.engine_version)
-        return self._facts
+# Log files read once (events, release, config; facts on first use): the inference's type.
+LogInput = LogEvidence
 
 
 def read_log(paths: Sequence[str], *, vllm_version: str | None = None,
@@ -226,8 +210,9 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
                             "the log too (kvreplay replay LOG SPANS.jsonl), or the engine "
                             "config to replay the spans alone (--config CONFIG.json)")
         if not paths:
-            return _spans_alone(span_paths, None, config, profile=profile,
-                                vllm_version=vllm_version, step_time=step_time, seed=seed)
+            return infer(Evidence(spans=_read_spans(span_paths), vllm_version=vllm_version,
+                                  config=_config(config) if config is not None else None),
+                         profile=profile, step_time=step_time, seed=seed)
     elif config is not None:
         raise UserError("--config gives the engine config of request spans replayed alone; "
                         "a log or workload carries its own")
@@ -246,108 +231,42 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
     logs = [p for p in paths if p not in kv_paths]
     if kv_paths and not logs:
         raise UserError("a KV-event file is checked against a server log: give the log too")
-    if log is None:
+    if log is None and logs:
         log = read_log(logs, vllm_version=vllm_version, year=year)
-    label = f"log {', '.join(Path(p).name for p in logs)}"
-    from kvreplay.inference.step_trace import has_step_trace, replay_step_trace
+    from kvreplay.inference.step_trace import has_step_trace
 
-    if has_step_trace(log.events):
-        kv = [r for p in kv_paths for r in read_kv_events(p)] if kv_paths else None
-        rep = replay_step_trace(log.events, profile=profile, kv_events=kv,
-                                label=label + " (step trace)")
-        rep.paths = logs
-        if span_paths:
-            rep.notes.append("request spans not used: a step-trace log gives every step "
-                             "exactly (" + ", ".join(span_paths) + ")")
-        return rep
-    if kv_paths:
-        raise UserError(
-            "KV-event files are checked against a log written with kvreplay's step-trace "
-            "scheduler (--scheduler-cls kvreplay.vllm_plugin.StepTraceScheduler); this log "
-            "has no kvtrace lines")
-    from kvreplay.inference import replay_log
-
-    if span_paths and not log.facts.requests:  # startup lines only: the spans are the workload
-        return _spans_alone(span_paths, log, config, profile=profile,
-                            vllm_version=vllm_version, step_time=step_time, seed=seed)
-    join = _join_spans(log, span_paths) if span_paths else None
-    rep = replay_log(log.facts, profile=profile, step_time=step_time, samples=samples,
-                     seed=seed)
-    rep.label = f"{label} (vLLM {rep.info.get('vllm_version') or '?'}, replayed)"
-    if join is not None:
-        rep.label += f" + {len(span_paths)} span file(s), {join.joined}/{join.requests} joined"
-        _span_checks(rep, join, span_paths)
-    return rep
+    evidence = Evidence(log=log, kv_paths=kv_paths, vllm_version=vllm_version,
+                        config=_config(config) if config is not None else None)
+    trace = log is not None and has_step_trace(log.events)
+    if span_paths and (trace or log is not None and log.span_join is not None):
+        # not read: a step trace leaves them unused; else joined already (the same files)
+        evidence.spans = SpanEvidence(span_paths, [], [])
+    elif span_paths:
+        evidence.spans = _read_spans(span_paths)
+    if kv_paths and trace:
+        evidence.kv_events = [r for p in kv_paths for r in read_kv_events(p)]
+    return infer(evidence, profile=profile, step_time=step_time, samples=samples, seed=seed)
 
 
-def _span_checks(rep: Any, join: Any, span_paths: list[str]) -> None:
-    """The spans' summary and what the replay contradicts, in the replay's info and notes."""
-    from kvreplay.inference.spans import check_spans
+def _config(path: str) -> Any:
+    """--config: the engine config of request spans replayed alone."""
+    from kvreplay.inference.span_workload import config_from_json
 
-    check = check_spans(rep, join)
-    rep.info["spans"] = {**join.summary(), **check,
-                         "arrivals": "spans" if rep.facts.span_placement else "seconds"}
-    rep.paths = list(rep.paths) + [p for p in span_paths if p not in rep.paths]
-    if check.get("first_token_late") or check.get("admitted_early"):
-        rep.notes.append(
-            f"request spans the replay contradicts: {check['first_token_late']} first "
-            f"token(s) later than the span's (e.g. {', '.join(check['first_token_late_ids'][:3]) or '-'}), "
-            f"{check['admitted_early']} admission(s) before the span's queue time ended "
-            f"(e.g. {', '.join(check['admitted_early_ids'][:3]) or '-'})")
+    return config_from_json(path)
 
 
-def _spans_alone(span_paths: list[str], log: LogInput | None, config: str | None, *,
-                 profile: str | None, vllm_version: str | None, step_time: Any, seed: int):
-    """The replay of request spans as the workload (inference.span_workload)."""
-    from kvreplay.inference import replay_log
-    from kvreplay.inference.span_workload import config_from_json, facts_from_spans
-    from kvreplay.inference.spans import SpanJoin
-    from kvreplay.parsers.spans import read_spans
-
-    spans, problems = [], []
-    for p in span_paths:
-        sp, pr = read_spans(p)
-        spans += sp
-        problems += pr
-    if config is not None:
-        cfg = config_from_json(config)
-        version = vllm_version or cfg.vllm_version
-    elif log is not None:
-        cfg, version = log.config, vllm_version or log.dialect.vllm_version
-    else:
-        cfg, version = None, vllm_version
-    version = version or "0.33.0"  # the release whose do_tracing writes these spans
-    facts = facts_from_spans(spans, cfg, list(span_paths), version)
-    if log is not None:
-        facts.notes.append(f"{', '.join(log.paths)}: no request lines; its startup lines give "
-                           "the engine config")
-    rep = replay_log(facts, profile=profile, step_time=step_time, samples=0, seed=seed)
-    src = f"{len(span_paths)} span file(s)" + ("" if log is None else
-                                               f" + the config of {', '.join(log.paths)}")
-    rep.label = f"request spans alone: {src} (vLLM {version} rules, replayed)"
-    join = SpanJoin(spans=len(spans), requests=len(facts.requests), joined=len(spans),
-                    offset_s=0.0, offset_interval=(0.0, 0.0), unjoined_spans=0,
-                    problems=problems, by_request={r.index: r.span for r in facts.requests})
-    _span_checks(rep, join, span_paths)
-    return rep
-
-
-def _join_spans(log: LogInput, span_paths: list[str]):
-    """Read the span files and join them to the log's requests (once per LogInput)."""
-    from kvreplay.inference.spans import join_spans
+def _read_spans(span_paths: list[str]) -> SpanEvidence:
+    """The request spans of their files, with the lines not read."""
     from kvreplay.parsers.spans import read_spans
     from kvreplay.progress import stage
 
-    if log.span_join is not None:
-        return log.span_join
     spans, problems = [], []
     with stage(f"read spans {', '.join(Path(p).name for p in span_paths)}"):
         for p in span_paths:
             s, pr = read_spans(p)
             spans += s
             problems += pr
-    log.span_join = join_spans(log.facts, spans, problems)
-    return log.span_join
+    return SpanEvidence(list(span_paths), spans, problems)
 
 
 def replay_logs(paths: Sequence[str], **kw: Any):

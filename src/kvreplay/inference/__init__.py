@@ -1,6 +1,7 @@
 """From what a vLLM log says to the run it does not show: the log inference.
 
-    from kvreplay.inference import replay_log          # LogFacts -> Replay
+    from kvreplay.inference import infer, Evidence     # what a server left -> Replay
+    from kvreplay.inference import replay_log          # LogFacts -> Replay (a log's stages)
     from kvreplay.inference.facts import collect       # events -> LogFacts
 
 The stages (one module each, their docstrings say what each consumes and produces):
@@ -11,5 +12,6 @@ log written with kvreplay's step-trace scheduler exactly. Only events and the mo
 """
 
 from kvreplay.inference.driver import replay_facts, replay_log
+from kvreplay.inference.entry import Evidence, infer
 
-__all__ = ["replay_log", "replay_facts"]
+__all__ = ["infer", "Evidence", "replay_log", "replay_facts"]
