@@ -1,7 +1,8 @@
 """The README's examples are real output of the shipped samples.
 
-Every fenced block of README.md that starts with `$ kvreplay ...` and shows output is run
-(from the repository's root) and compared line by line with the block. What may differ is
+Every fenced block of README.md and of the pages under docs/ (not docs/spec/) that starts
+with `$ kvreplay ...` and shows output is run (from the repository's root) and compared
+line by line with the block. What may differ is
 documented in the README: a line `...` stands for any lines, a line ending in ` ...` for
 its own end; timings ("in 1.7 s") and the install path of the samples (`.../samples/`)
 vary. Every other line must be the command's, in order.
@@ -20,16 +21,17 @@ import pytest
 
 ROOT = Path(__file__).parents[2]
 README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))  # the user's pages; docs/spec/ is not globbed
 SAMPLES = ROOT / "src" / "kvreplay" / "samples"
 TIMING = re.compile(r"\bin \d+(\.\d+)? s\b")
 
 
-def examples() -> list[tuple[str, list[str]]]:
-    """(command, expected lines) of each README block that starts with `$ kvreplay`."""
+def examples(page: Path = README) -> list[tuple[str, list[str]]]:
+    """(command, expected lines) of each block of `page` that starts with `$ kvreplay`."""
     out = []
     blocks: list[list[str]] = []
     block: list[str] | None = None
-    for line in README.read_text().split("\n"):
+    for line in page.read_text(encoding="utf-8").split("\n"):
         if line.startswith("```"):
             if block is None:
                 block = []
@@ -80,12 +82,20 @@ def compare(want: list[str], got: list[str]) -> str | None:
     return None
 
 
-EXAMPLES = examples()
+README_EXAMPLES = examples()
+EXAMPLES = README_EXAMPLES + [ex for page in DOCS for ex in examples(page)]
 
 
 def test_the_readme_has_its_examples() -> None:
-    cmds = [c.split()[1] for c, _ in EXAMPLES]
+    cmds = [c.split()[1] for c, _ in README_EXAMPLES]
     assert {"replay", "audit", "whatif", "simulate"} <= set(cmds), cmds
+
+
+def test_the_docs_pages_examples_are_collected() -> None:
+    # docs/replay.md shows the sample without prompts (the ensemble's report)
+    replay_page = examples(ROOT / "docs" / "replay.md")
+    assert [c for c, _ in replay_page] == [
+        "kvreplay replay src/kvreplay/samples/vllm033_fcfs_heavy.log"], replay_page
 
 
 @pytest.mark.parametrize("cmd,want", EXAMPLES, ids=[c for c, _ in EXAMPLES])
