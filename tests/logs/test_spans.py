@@ -89,8 +89,8 @@ def test_spans_without_a_log_are_a_user_error():
 
 
 def _joined(spans, case=P1, log="server.log"):
-    facts = read_log([str(case / log)]).facts
-    return facts, join_spans(facts, spans)
+    join = join_spans(read_log([str(case / log)]).facts, spans)
+    return join.facts, join
 
 
 def test_join_sets_arrivals_and_lengths(p1_spans):

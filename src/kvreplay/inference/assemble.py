@@ -12,12 +12,11 @@ import time
 from typing import Any
 
 from kvreplay.inference.clock import clocked, finish_steps
-from kvreplay.inference.facts import LogFacts, aborts, cut_time, large_log, make_it_exact
+from kvreplay.inference.facts import LogFacts, aborts, cut_time, make_it_exact
 from kvreplay.inference.fit import Fit, fit
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.lines import phase_estimate
-from kvreplay.inference.placement import (LARGE_LOG_ROUNDS, Anchored, anchored_replay, burst_spacing,
-                                          exact_search)
+from kvreplay.inference.placement import Anchored, anchored_replay, burst_spacing, exact_search
 from kvreplay.inference.rebuild import Rebuilt
 from kvreplay.inference.confidence import set_iteration_confidence
 from kvreplay.inference.iteration_ensemble import MAX_STEPS as ITERATION_MAX_STEPS
@@ -55,11 +54,6 @@ def place_arrivals(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, prof: Any,
     fixed = step_time is not None
     anchored = anchored_replay(rebuilt, facts, fmt, prof, init, f.model, burst=burst,
                                fixed_model=fixed, reuse_init=init is f.run and f.rebuilt is rebuilt)
-    if large_log(facts):
-        facts.notes.append(
-            f"a large log ({len(facts.requests):,} requests): the placement ran "
-            f"{LARGE_LOG_ROUNDS} round after its first replay, not up to 6 (a round is a "
-            "scheduler pass over the whole log)")
     if not burst and phase_estimate(facts) is None:
         # Without a phase estimate the iteration can settle one step off; start it again
         # from a burst-like guess and keep whichever agrees better with the stats lines.
@@ -220,7 +214,7 @@ def make_replay(facts: LogFacts, fmt: LogFormat, prof: Any, rebuilt: Rebuilt, ru
         workload=rebuilt.workload, profile=prof, inputs=run.inputs, steps=run.steps,
         preemptions=pre, clock=run.clock, verification=check, warnings=warnings,
         log_lines=log_lines(facts, run, check), estimate=estimate, uncertainty=uncertainty,
-        notes=notes + facts.notes, missing=list(facts.missing), facts=facts,
+        notes=notes + list(facts.notes), missing=list(facts.missing), facts=facts,
         unfinished=run.unfinished, confidence="consistent" if sure else "inferred",
         step_time_model=run.model,
         info={"vllm_version": facts.vllm_version, "requests": len(facts.requests),

@@ -10,6 +10,7 @@ their engines the engine protocol (engines.py).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from kvreplay.inference.assemble import (fit_placements, make_replay, place_arrivals,
@@ -21,9 +22,10 @@ from kvreplay.inference.ensemble import (MAX_REQUESTS, POOR_FIT_P_MAX, ensemble,
 from kvreplay.inference.config import check_replayable
 from kvreplay.inference.engines import scheduler_profile
 from kvreplay.inference.facts import (LogFacts, arrival_pattern, make_it_exact, response_starts,
-                                      without_access_lines)
+                                      large_log, with_notes, without_access_lines)
 from kvreplay.inference.formats import interval_of, log_format
 from kvreplay.inference.lines import phase_estimate
+from kvreplay.inference.placement import LARGE_LOG_ROUNDS
 from kvreplay.inference.iterations import unusable
 from kvreplay.inference.prompts import fit_prompts
 from kvreplay.inference import span_prefix
@@ -58,7 +60,7 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
         with stage(f"replay by {len(facts.iterations):,} Iteration lines"):
             return replay_by_iterations(facts, fmt, prof, pattern)
     if facts.iterations:
-        facts.notes.append(f"Iteration lines not used: {why_not or 'a step time was given'}")
+        facts = with_notes(facts, f"Iteration lines not used: {why_not or 'a step time was given'}")
     prefix = None  # prefix caching, prompts unknown: the shared prefix (span_prefix.py)
     marks = None
     agreed = 0
@@ -66,7 +68,8 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
         rebuilt, f, unknown = fit_prompts(facts, fmt, prof, fit_placements(fmt, pattern),
                                           step_time)
         marks = span_marks(facts, facts.span_offset_s) if facts.span_placement else None
-        facts.span_placement = marks is not None and fmt.placement == "anchored"
+        if facts.span_placement != (marks is not None and fmt.placement == "anchored"):
+            facts = replace(facts, span_placement=not facts.span_placement)
         if facts.span_placement:
             assert marks is not None
             if span_prefix.applies(facts, rebuilt):
@@ -88,6 +91,11 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
         else:
             run, phase, loss, anchored = place_arrivals(rebuilt, facts, fmt, prof, f,
                                                         pattern, step_time)
+            if fmt.placement == "anchored" and large_log(facts):
+                facts = with_notes(
+                    facts, f"a large log ({len(facts.requests):,} requests): the placement ran "
+                    f"{LARGE_LOG_ROUNDS} round after its first replay, not up to 6 (a round is "
+                    "a scheduler pass over the whole log)")
     if starts is not None:
         rebuilt.notes.append(
             f"the access lines are not used: {starts}. uvicorn writes a request's access line "
@@ -134,13 +142,15 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
             old = run.num_preemptions
             run = unc.representative
             check, warnings, pre = judged(run)
-            facts.notes.append(
+            facts = with_notes(
+                facts,
                 f"the uncertainty ensemble found a placement that agrees with the stats lines "
                 f"far better than the first one (its {old} preemptions): it is the replay shown")
         unc.assign(pre)
         unc.headline = headline(unc, pre, make_it_exact(facts).split(":")[0])
     elif samples is None and fmt.placement == "anchored" and len(facts.requests) > MAX_REQUESTS:
-        facts.notes.append(
+        facts = with_notes(
+            facts,
             f"no uncertainty ensemble: the log has {len(facts.requests):,} requests (over "
             f"{MAX_REQUESTS:,}, where 32 more replays cost minutes); --samples N runs one")
     estimate = unknown.count_variants() if unknown is not None and unc is None else None

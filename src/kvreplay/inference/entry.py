@@ -24,7 +24,7 @@ from typing import Any
 from kvreplay import events as ev
 from kvreplay.errors import UserError
 from kvreplay.inference.driver import replay_log
-from kvreplay.inference.facts import LogFacts, collect
+from kvreplay.inference.facts import LogFacts, collect, with_notes
 from kvreplay.replay.result import Replay
 
 SPAN_RELEASE = "0.33.0"  # the release whose do_tracing writes the spans kvreplay reads
@@ -107,7 +107,8 @@ def infer(evidence: Evidence, *, profile: str | None = None, step_time: Any = No
         # startup lines only: the spans are the workload
         return _spans_alone(evidence, profile=profile, step_time=step_time, seed=seed)
     join = join_spans_once(log, spans) if spans is not None else None
-    rep = replay_log(log.facts, profile=profile, step_time=step_time, samples=samples,
+    facts = join.facts if join is not None else log.facts
+    rep = replay_log(facts, profile=profile, step_time=step_time, samples=samples,
                      seed=seed)
     rep.label = f"{label} (vLLM {rep.info.get('vllm_version') or '?'}, replayed)"
     if join is not None:
@@ -161,8 +162,8 @@ def _spans_alone(evidence: Evidence, *, profile: str | None, step_time: Any,
     version = version or SPAN_RELEASE
     facts = facts_from_spans(spans.spans, cfg, list(spans.paths), version)
     if log is not None:
-        facts.notes.append(f"{', '.join(log.paths)}: no request lines; its startup lines give "
-                           "the engine config")
+        facts = with_notes(facts, f"{', '.join(log.paths)}: no request lines; its startup "
+                           "lines give the engine config")
     rep = replay_log(facts, profile=profile, step_time=step_time, samples=0, seed=seed)
     src = f"{len(spans.paths)} span file(s)" + ("" if log is None else
                                                 f" + the config of {', '.join(log.paths)}")

@@ -72,8 +72,12 @@ class StatsPoint:
     precise_time: float | None = None  # as LogRequest.precise_time
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class LogFacts:
+    """What a log says, collected once (`collect`) and never changed after: a stage that
+    knows more (the request spans' join, an access-line cut) makes new facts
+    (`dataclasses.replace`); a stage's notes are its own return values."""
+
     config: ev.EngineConfig | None
     vllm_version: str | None
     engine_version: str | None
@@ -90,8 +94,8 @@ class LogFacts:
     num_events: int
     num_unparsed: int
     files: list[str]
-    missing: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    missing: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
     # settings the `non-default args` line names (0.9+: the user set them); None: no such line
     non_default: frozenset[str] | None = None
     # engine indices the stats lines name (`Engine 001:`); `stats` holds the first one's
@@ -344,13 +348,18 @@ def collect(
         completion_iterations=completion_iters,
         iteration_engines=tuple(sorted(iter_engines)),
     )
-    _list_missing(facts)
+    notes = []
     if dup_ids:
-        facts.notes.append(
+        notes.append(
             f"{len(dup_ids)} request id(s) appear on more than one Received line (e.g. "
             f"{dup_ids[0]}); repeats are named <id>#2, <id>#3 ..."
         )
-    return facts
+    return replace(facts, missing=tuple(_missing(facts)), notes=tuple(notes))
+
+
+def with_notes(facts: LogFacts, *notes: str) -> LogFacts:
+    """The same facts with more notes (a new value: facts are never changed)."""
+    return replace(facts, notes=facts.notes + notes)
 
 
 def _is_generation(path: str) -> bool:
@@ -385,41 +394,45 @@ def make_it_exact(f: LogFacts) -> str:
     return "; ".join(steps) + "; or use kvreplay's step-trace scheduler plugin"
 
 
-def _list_missing(f: LogFacts) -> None:
+def _missing(f: LogFacts) -> list[str]:
+    """What the log lacks for an exact replay, and the flag that would give it."""
+    missing: list[str] = []
     if not f.requests:
-        f.missing.append(
+        missing.append(
             "request lines: start vLLM with --enable-log-requests (off by default since 0.10.1) "
             "so each request's arrival and sampling params are logged"
         )
-        return
+        return missing
     if not f.prompts_known:
         if f.prompt_lengths_known:
-            f.missing.append(
+            missing.append(
                 "prompt token ids (only lengths are logged): prefix-cache hits cannot be "
                 "replayed; VLLM_REQUEST_BODY_LOG_LEVEL=INFO (0.31+) or --log-level DEBUG logs them"
             )
         else:
-            f.missing.append(
+            missing.append(
                 "prompts: 0.11.1+ logs prompts only at DEBUG; set VLLM_REQUEST_BODY_LOG_LEVEL=INFO "
                 "(0.31+) or --log-level DEBUG, or use kvreplay's step-trace scheduler plugin"
             )
     if any(r.max_tokens is None for r in f.requests):
-        f.missing.append("max_tokens for some requests (defaults to max_model_len - prompt)")
+        missing.append("max_tokens for some requests (defaults to max_model_len - prompt)")
     if any(not r.ignore_eos and r.output_len is None for r in f.requests):
-        f.missing.append(
+        missing.append(
             "output lengths (requests without ignore_eos stop at EOS): --enable-log-outputs "
             "logs each response, or the step-trace plugin records every finish"
         )
     if not f.stats:
-        f.missing.append("periodic stats lines: keep --disable-log-stats off")
+        missing.append("periodic stats lines: keep --disable-log-stats off")
     if not f.iterations and f.engine_version != "V0" and f.requests:
-        f.missing.append("per-step lines: --enable-logging-iteration-details (vLLM 0.14+) "
-                         "logs every engine step, and the replay places each arrival by them")
+        missing.append("per-step lines: --enable-logging-iteration-details (vLLM 0.14+) "
+                       "logs every engine step, and the replay places each arrival by them")
     if f.config is None or f.config.num_gpu_blocks is None and f.config.kv_cache_tokens is None:
-        f.missing.append("the KV cache size (GPU KV cache size / # GPU blocks startup line)")
+        missing.append("the KV cache size (GPU KV cache size / # GPU blocks startup line)")
+    return missing
 
 
 # ---------------------------------------------------------------- judgements on facts
+
 def stats_targets(facts: LogFacts, interval_s: float) -> list[tuple[float, float]]:
     """Cumulative generated and prompt tokens the log shows by each stats line (each
     line's throughputs are averages over `interval_s`)."""

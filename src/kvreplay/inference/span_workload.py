@@ -45,9 +45,9 @@ def facts_from_spans(spans: list[ev.RequestSpan], config: ev.EngineConfig | None
         interval_s=None, first_time=reqs[0].time if reqs else None,
         last_time=reqs[-1].time if reqs else None, num_cpu_blocks=None, finished=[],
         num_events=len(spans), num_unparsed=0, files=list(files), precise_times=True,
-        span_placement=True)
-    facts.notes.append(f"workload from {len(reqs)} request spans alone (no request lines): "
-                       "the spans are the only check on the replay")
+        span_placement=True,
+        notes=(f"workload from {len(reqs)} request spans alone (no request lines): "
+               "the spans are the only check on the replay",))
     return facts
 
 

@@ -22,7 +22,7 @@ delay) there is no offset, else its middle is the offset, subtracted and reporte
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvreplay.events import RequestSpan
@@ -44,6 +44,7 @@ class SpanJoin:
     unjoined_spans: int  # spans whose id no Received line shows
     problems: list[str] = field(default_factory=list)  # unparsed span lines (file:line: why)
     by_request: dict[int, RequestSpan] = field(default_factory=dict)  # request index -> span
+    facts: LogFacts | None = None  # the log's facts with the spans joined (join_spans)
 
     @property
     def coverage(self) -> float:
@@ -72,8 +73,9 @@ def clock_offset(pairs: list[tuple[float, float]]) -> tuple[float, tuple[float, 
 
 def join_spans(facts: LogFacts, spans: list[RequestSpan],
                problems: list[str] | None = None) -> SpanJoin:
-    """Join spans to the log's requests (mutates the requests; see the module doc) and
-    add notes saying what was joined, the coverage and any clock offset."""
+    """Join spans to the log's requests (see the module doc): `SpanJoin.facts` are the
+    log's facts with each joined request's span (and what it gives), with notes saying what
+    was joined, the coverage and any clock offset. `facts` itself is not changed."""
     by_id: dict[str, list[RequestSpan]] = {}
     for s in sorted(spans, key=lambda s: s.start):
         by_id.setdefault(s.request_id, []).append(s)
@@ -105,6 +107,7 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
     # the spans' engine stamps place the arrivals (span_clock.py) with every prompt length
     # known and over half the requests spanned (the others' entries estimated between them)
     place = lengths_known and 2 * len(pairs) >= len(facts.requests) > 0
+    reqs = {i: replace(r) for i, r in reqs.items()}  # copies: the log's facts stay as read
     for i, s in pairs.items():
         r = reqs[i]
         t = s.start - offset
@@ -118,13 +121,12 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
             r.prompt_len = s.prompt_tokens
         if r.output_len is None and s.completion_tokens is not None:
             r.output_len = s.completion_tokens
-    facts.span_offset_s = offset
-    facts.span_placement = place
+    notes: list[str] = []
     join = SpanJoin(spans=len(spans), requests=len(facts.requests), joined=len(pairs),
                     offset_s=offset, offset_interval=interval,
                     unjoined_spans=sum(1 for s in spans if id(s) not in used),
                     problems=list(problems or []), by_request=pairs)
-    facts.notes.append(
+    notes.append(
         f"request spans: {join.joined} of {join.requests} requests joined by request id "
         f"({100 * join.coverage:.0f}%)"
         + ("" if join.joined == join.requests else
@@ -133,19 +135,22 @@ def join_spans(facts: LogFacts, spans: list[RequestSpan],
     if not place:
         why = ("under half the requests have a span" if 2 * len(pairs) < len(facts.requests)
                else "with prompt lengths estimated the replay's clock is not sharp enough")
-        facts.notes.append(f"request spans: their arrival times are not used to place the "
+        notes.append(f"request spans: their arrival times are not used to place the "
                            f"arrivals ({why}); arrivals are placed by their seconds")
     if offset:
-        facts.notes.append(
+        notes.append(
             f"request spans: the span exporter's clock is {offset:+.3f} s off the log's "
             f"(span starts vs the Received lines' seconds allow {interval[0]:+.3f} .. "
             f"{interval[1]:+.3f} s); corrected")
     if join.unjoined_spans:
-        facts.notes.append(f"request spans: {join.unjoined_spans} span(s) name no request of "
+        notes.append(f"request spans: {join.unjoined_spans} span(s) name no request of "
                            "the log (another server, or outside the log's time range)")
     if join.problems:
-        facts.notes.append(f"request spans: {len(join.problems)} line(s) not read, e.g. "
+        notes.append(f"request spans: {len(join.problems)} line(s) not read, e.g. "
                            f"{join.problems[0]}")
+    join.facts = replace(facts, requests=[reqs[r.index] for r in facts.requests],
+                         span_offset_s=offset, span_placement=place,
+                         notes=facts.notes + tuple(notes))
     return join
 
 
