@@ -85,7 +85,7 @@ def test_poisson_log_count_within_5_percent() -> None:
     n = truth["total_preemptions"]
     assert abs(len(rep.preemptions) - n) <= 0.05 * n
     assert _matched(rep, truth) >= 0.7 * n
-    assert rep.info["arrival_pattern"] == "poisson"
+    assert rep.info.arrival_pattern == "poisson"
 
 
 @pytest.mark.parametrize("case", ["b_fcfs_heavy", "f_prefix_caching", "p1_poisson_fcfs_200"])
@@ -191,7 +191,7 @@ def test_verification_notices_arrivals_one_step_off() -> None:
     from kvreplay.inference.verify import verify
 
     rep = _replay("b_fcfs_heavy", "server.reqbody.log")
-    fmt, phase = _fmt(rep.facts), rep.info["stats_phase"]
+    fmt, phase = _fmt(rep.facts), rep.info.stats_phase
     arrivals = list(rep.inputs.arrival_steps)
     assert rep.verification["exact_lines"] == 6
     moved = arrivals[:2] + [a + 1 for a in arrivals[2:]]
@@ -514,7 +514,7 @@ def test_closed_loop_log_with_requests_finishing_together(tmp_path: Path) -> Non
                 send(rec.step + 2 + rng.randint(0, 2))
     wl = dataclasses.replace(wl0, requests=[placed[s.id] for s in specs])
     rep = replay_facts(_facts_of(tmp_path, _render_real(wl, records)), samples=0)
-    assert rep.info["arrival_pattern"] == "closed-loop"
+    assert rep.info.arrival_pattern == "closed-loop"
     assert sum(len(r.get("preemptions", ())) for r in records) == 19 == len(rep.preemptions)
     assert _found_all(records, rep)
     # each arrival right behind the completion it answers (the client's own delay, 0-2
@@ -545,7 +545,7 @@ def test_streaming_log_access_lines_are_not_finishes(tmp_path: Path, bodies: boo
     lines, but too few generated tokens for 12 finished requests). The access lines are then
     dropped, with a note, and the replay is the non-streaming one's (without the bodies: the
     same count interval)."""
-    from kvreplay.inference.facts import response_starts
+    from kvreplay.inference.log_shape import response_starts
 
     wl = parse_workload(json.loads((DATA / "conformance" / "cases" / "b_fcfs_heavy" / "workload.json").read_text()))
     records, _ = simulate(wl)
@@ -665,7 +665,7 @@ def test_large_burst_sent_over_a_few_steps(tmp_path: Path) -> None:
     wl = dataclasses.replace(wl0, requests=specs)
     records, _ = simulate(wl)
     rep = replay_facts(_facts_of(tmp_path, _render_real(wl, records)), samples=0)
-    assert rep.info["arrival_pattern"] == "burst" and specs[-1].arrival_step == 20
+    assert rep.info.arrival_pattern == "burst" and specs[-1].arrival_step == 20
     assert sum(len(r.get("preemptions", ())) for r in records) == 42 == len(rep.preemptions)
     assert _found_all(records, rep)
     assert rep.verification["exact_lines"] == 15
@@ -758,7 +758,7 @@ def test_non_streaming_log_stopped_by_max_model_len_is_not_taken_for_streaming(t
     and dropped its access lines. Over 716 non-streaming renders of the bank and the
     conformance cases (8 ms and the log cases' formula, with and without prompts), 80 were
     taken for streaming; now none is."""
-    from kvreplay.inference.facts import response_starts
+    from kvreplay.inference.log_shape import response_starts
 
     d = DATA / "oracle" / "0.33" / "nochunk_fcfs_bs8_poisson_async_s2"
     wl = parse_workload(json.loads((d / "workload.json").read_text()))

@@ -292,7 +292,7 @@ def test_tui_opens_a_log_with_its_spans():
             await app.workers.wait_for_complete()
             await pilot.pause()
             rep = app.tl.replay
-            assert rep.info["spans"]["joined"] == 12 and rep.info["spans"]["arrivals"] == "spans"
+            assert rep.info.spans["joined"] == 12 and rep.info.spans["arrivals"] == "spans"
             assert [(p.step, p.victim) for p in rep.preemptions] == \
                 [(p.step, p.victim) for p in want.preemptions]
             await pilot.press("n")

@@ -77,7 +77,7 @@ def test_replay_exact_with_a_clock(rp):
     assert rp.stamps is not None and len(rp.clock) == len(rp.steps)
     err = [abs(a - b) for a, b in zip(rp.clock, TRUTH["step_start_sim_time"])]
     assert max(err) < 0.1 and sum(err) / len(err) < 0.02
-    assert rp.info["step_time_model"].startswith(STAMPS)
+    assert rp.info.step_time_model.startswith(STAMPS)
 
 
 def test_stamps_give_the_cases_step_time_terms(ctx):

@@ -36,8 +36,8 @@ def dump_one(job: tuple[str, str, int]) -> str:
     dt = time.perf_counter() - t0
     u = rep.uncertainty
     rec = {"name": name, "group": truth.get("group"), "seconds": round(dt, 2),
-           "stats_interval_s": truth["stats_interval_s"], "pattern": rep.info.get("arrival_pattern"),
-           "prompts": rep.info.get("prompts"),
+           "stats_interval_s": truth["stats_interval_s"], "pattern": rep.info.arrival_pattern,
+           "prompts": rep.info.prompts,
            "truth": {"preemptions": [[p["step"], p["victim"]] for p in truth["preemptions"]],
                      "recomputed_tokens": truth.get("recomputed_tokens"),
                      "processed_tokens": truth.get("processed_tokens"),

@@ -35,8 +35,8 @@ def score(case: Path, log_name: str, tol: int = 5, spans: str | None = None) -> 
         "case": case.name, "log": log_name, "spans": spans, "true": n_true, "found": n_found,
         "matched": hits, "recall": hits / n_true if n_true else 1.0,
         "count_error": (n_found - n_true) / n_true if n_true else float(n_found),
-        "seconds": round(dt, 2), "model": rep.info["step_time_model"], "placement": rep.info["placement"],
-        "loss": rep.info["fit_loss"],
+        "seconds": round(dt, 2), "model": rep.info.step_time_model, "placement": rep.info.placement,
+        "loss": rep.info.fit_loss,
         "agreeing_stats": f"{rep.verification['agreeing_lines']}/{rep.verification['stats_lines']}",
     }
     if rep.uncertainty is not None:

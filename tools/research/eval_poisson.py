@@ -104,7 +104,7 @@ def main() -> int:
         tot_hit += hit
         tot_found += len(rep.preemptions)
         est = rep.uncertainty.preemptions if rep.uncertainty is not None else None
-        print(f"seed {seed}: pattern {rep.info['arrival_pattern']}, true {len(true)}, found "
+        print(f"seed {seed}: pattern {rep.info.arrival_pattern}, true {len(true)}, found "
               f"{len(rep.preemptions)}, matched {hit} (within 15 steps {hit15}), median "
               f"arrival offset {median_offset:+d} steps, exact stats lines "
               f"{rep.verification['exact_lines']}/{rep.verification['stats_lines']}"

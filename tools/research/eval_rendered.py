@@ -41,7 +41,7 @@ def main() -> int:
         tot_true += len(true)
         tot_hit += hits
         tot_found += len(found)
-        print(os.path.basename(d.rstrip("/")), len(true), len(found), hits, rep.info["arrival_pattern"])
+        print(os.path.basename(d.rstrip("/")), len(true), len(found), hits, rep.info.arrival_pattern)
     print("TOTAL true", tot_true, "found", tot_found, "hit", tot_hit,
           round(tot_hit / max(1, tot_true), 3))
     return 0

@@ -110,7 +110,7 @@ def main() -> int:
             rep = open_replay(paths, year=2026, config=cfg)
             row.append(len(match_preemptions(true, [(q.step, q.victim) for q in rep.preemptions])))
             if len(paths) == 2:
-                sp = rep.info.get("spans", {})
+                sp = rep.info.spans or {}
                 note = (f"arrivals by {sp.get('arrivals')}, offset {sp.get('clock_offset_s')}, "
                         f"contradicted {sp.get('first_token_late', 0) + sp.get('admitted_early', 0)}")
         print(f"seed {seed}: true {row[0]}, found without spans {row[1]}, with spans {row[2]} "

@@ -155,7 +155,7 @@ def score_one(case: Path, log: str) -> dict[str, Any]:
     row: dict[str, Any] = {
         "case": case.name, "log": log, "true": len(true), "found": len(found),
         "hit": len(hit), "hit_busy": len(hit_busy), "seconds": round(secs, 1),
-        "arrivals": (rep.info.get("spans") or {}).get("arrivals"),
+        "arrivals": (rep.info.spans or {}).get("arrivals"),
         "sure_rows": sum(1 for q in found if q.probability is None and
                          q.confidence in ("exact", "exact-by-log", "consistent")),
         "sure_wrong": sum(1 for j, q in enumerate(found) if j not in right and

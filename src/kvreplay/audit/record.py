@@ -219,7 +219,7 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
                 from kvreplay.audit.join import counter_check
 
                 counter_check(rec, rp, log.facts, scrapes)
-            sp = rp.info.get("spans")
+            sp = rp.info.spans
             if sp:
                 rec["spans_joined"], rec["spans_coverage"] = sp["joined"], sp["coverage"]
                 rec["spans_clock_offset_s"] = sp["clock_offset_s"]
@@ -430,7 +430,7 @@ def _fill_replay(rec, rp, origin: float) -> None:
     steps = rp.steps
     cost = rp.totals()
     info = rp.info
-    estimated = info.get("prompts") == "estimated"
+    estimated = info.prompts == "estimated"
     rec["profile"] = rp.profile.name
     rec["preemptions_replayed"] = cost.preemptions
     unc = rp.uncertainty
@@ -460,14 +460,14 @@ def _fill_replay(rec, rp, origin: float) -> None:
             rec["replay_exact"] = round(ver["exact_lines"] / ver["stats_lines"], 4)
     model = rp.step_time_model
     if model is not None:
-        rec["step_time_model"] = (info["step_time_model"] if rp.kind == "step-trace" else
-                                  f"{model.describe()} (fit loss {info.get('fit_loss', 0.0):.3g})")
+        rec["step_time_model"] = (info.step_time_model if rp.kind == "step-trace" else
+                                  f"{model.describe()} (fit loss {info.fit_loss or 0.0:.3g})")
 
     # workload from the replayed requests (exact or estimated lengths)
     wl = rp.workload
     ins = [len(s.prompt_token_ids) for s in wl.requests]
     outs = [s.max_tokens for s in wl.requests]
-    rec["requests"] = info.get("requests", len(wl.requests))
+    rec["requests"] = len(wl.requests) if info.requests is None else info.requests
     facts = rp.facts
     times = [r.time for r in facts.requests if r.time is not None] if facts is not None else []
     if len(times) > 1 and times[-1] > times[0]:
@@ -475,7 +475,7 @@ def _fill_replay(rec, rp, origin: float) -> None:
     _lengths(rec, ins, outs)
     rec["lengths_source"] = ("input " + ("estimated" if estimated else "logged")
                              + ", output " + ("estimated (max_tokens)"
-                                              if info.get("output_lengths") == "estimated"
+                                              if info.output_lengths == "estimated"
                                               else "logged"))
     cfg = wl.config
     usable = (cfg.num_gpu_blocks - 1) * cfg.block_size

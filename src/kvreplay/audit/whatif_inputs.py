@@ -72,17 +72,17 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
     if rp.engine_name != "V1":
         raise UserError("what-if runs the V1 scheduler; this log comes from the V0 engine")
     ver = rp.verification or {}
-    fit_text = f"loss {rp.info.get('fit_loss', 0.0):.3g}"
+    fit_text = f"loss {rp.info.fit_loss or 0.0:.3g}"
     if ver.get("stats_lines"):
         fit_text += f", {ver['agreeing_lines']}/{ver['stats_lines']} stats lines agree with the replay"
     notes = list(rp.notes[: len(rp.notes) - len(rp.facts.notes)] if rp.facts.notes else rp.notes)
-    if rp.info.get("prompts") == "estimated":
+    if rp.info.prompts == "estimated":
         notes.append("prompt lengths are estimated (not in the log): prefix caching cannot be judged")
     fmt = log_format(rp.facts.vllm_version, rp.facts.engine_version, profile)
     fm = fit_step_model(rp.steps, rp.facts, fmt, rp.clock, draws=draws)
     model, members, batch, source = rp.step_time_model, [], None, "the replay's fit"
     form_error = fm.form_error if fm is not None else 0.0
-    estimated = rp.info.get("prompts") == "estimated"
+    estimated = rp.info.prompts == "estimated"
     if estimated and fm is not None and fm.source != "iteration lines":
         # the rows' token counts are estimates: the split between the per-token and the
         # per-request terms is not the log's; keep the model the replay fitted with the
@@ -97,7 +97,7 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
         model, members, batch, source = fm.model, fm.members, fm.batch_range, fm.source
         fit_text = (f"{source}: {fm.rows} rows, residual {fm.rms_s * 1e3:.3g} ms a row; "
                     f"replay {fit_text}")
-    placement = rp.info.get("placement")
+    placement = rp.info.placement
     placement = tuple(placement) if isinstance(placement, (list, tuple)) else (0.0, 0.0)
     start = rp.clock[0] if rp.clock else 0.0
     ctx = Context("+".join(paths), rp.workload, rp.facts, rp.profile, model,

@@ -43,7 +43,7 @@ def to_json(rep: Replay) -> dict[str, Any]:
         # what the log leaves open: an ensemble of replays it allows (inference/ensemble.py)
         "uncertainty": rep.uncertainty.to_json() if rep.uncertainty is not None else None,
         "config": {"values": asdict(cfg) if is_dataclass(cfg) else dict(cfg),
-                   "sources": rep.info.get("config_sources", {})},
+                   "sources": rep.info.config_sources},
         "notes": rep.notes,
         "missing": rep.missing,
         # what the run is made of (re-run these to get every step again)

@@ -150,10 +150,10 @@ def _meta(replay: Replay, model: StepTimeModel, lo: int, hi: int, n_pre: int) ->
     info = replay.info
     m: dict[str, Any] = {
         "label": replay.label, "kind": replay.kind, "engine": replay.engine_name,
-        "profile": replay.profile.name, "vllm_version": info.get("vllm_version"),
+        "profile": replay.profile.name, "vllm_version": info.vllm_version,
         "confidence": replay.confidence, "first_step": lo, "last_step": hi,
         "num_steps": replay.num_steps, "preemptions": n_pre,
-        "clock": ("log wall time (" + str(info.get("step_time_model", model.describe())) + ")"
+        "clock": ("log wall time (" + str(info.step_time_model or model.describe()) + ")"
                   if replay.clock else "step-time model from 0: " + model.describe()),
     }
     unc = replay.uncertainty

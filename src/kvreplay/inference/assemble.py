@@ -12,7 +12,8 @@ import time
 from typing import Any
 
 from kvreplay.inference.clock import clocked, finish_steps
-from kvreplay.inference.facts import LogFacts, aborts, cut_time, make_it_exact
+from kvreplay.inference.facts import LogFacts, make_it_exact
+from kvreplay.inference.log_shape import aborts, cut_time
 from kvreplay.inference.fit import Fit, fit
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.lines import phase_estimate
@@ -27,7 +28,7 @@ from kvreplay.inference.rebuild import rebuild_workload
 from kvreplay.inference.runs import Run, step_replay, timed_replay
 from kvreplay.inference.verify import verify
 from kvreplay.replay.records import PreemptionRecord, preemption_records
-from kvreplay.replay.result import Replay
+from kvreplay.replay.result import Provenance, Replay
 
 def fit_placements(fmt: LogFormat, pattern: str) -> tuple[tuple[float, float], ...]:
     """Where in its second each request may have arrived, as the fit tries it: the
@@ -133,10 +134,10 @@ def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Any, pattern: st
     rep = make_replay(facts, fmt, prof, rebuilt, run, pre, check, loss=0.0, pattern=pattern,
                       phase=0.5, placement=(0.0, 0.0), estimate=None, warnings=warnings,
                       uncertainty=unc)
-    rep.info["placement"] = "iteration lines"
-    rep.info["step_time_model"] = (f"step times logged (Iteration lines) + "
-                                   f"{m.overhead_s * 1e3:.2f} ms between steps; fitted: "
-                                   + run.model.describe())
+    rep.info.placement = "iteration lines"
+    rep.info.step_time_model = (f"step times logged (Iteration lines) + "
+                                f"{m.overhead_s * 1e3:.2f} ms between steps; fitted: "
+                                + run.model.describe())
     if m.first_mismatch is None and not rebuilt.prompts_estimated:
         rep.confidence = "exact-by-log"
     return rep
@@ -217,10 +218,10 @@ def make_replay(facts: LogFacts, fmt: LogFormat, prof: Any, rebuilt: Rebuilt, ru
         notes=notes + list(facts.notes), missing=list(facts.missing), facts=facts,
         unfinished=run.unfinished, confidence="consistent" if sure else "inferred",
         step_time_model=run.model,
-        info={"vllm_version": facts.vllm_version, "requests": len(facts.requests),
-              "step_time_model": run.model.describe(), "arrival_pattern": pattern,
-              "fit_loss": round(loss, 4),
-              "prompts": "estimated" if rebuilt.prompts_estimated else "exact",
-              "output_lengths": "estimated" if any(rebuilt.output_estimated) else "exact",
-              "config_sources": rebuilt.config_sources, "log_format": fmt.name,
-              "stats_phase": phase, "placement": list(placement)})
+        info=Provenance(
+            vllm_version=facts.vllm_version, requests=len(facts.requests),
+            step_time_model=run.model.describe(), arrival_pattern=pattern,
+            fit_loss=round(loss, 4), prompts="estimated" if rebuilt.prompts_estimated else "exact",
+            output_lengths="estimated" if any(rebuilt.output_estimated) else "exact",
+            config_sources=rebuilt.config_sources, log_format=fmt.name, stats_phase=phase,
+            placement=list(placement)))

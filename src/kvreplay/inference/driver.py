@@ -21,8 +21,8 @@ from kvreplay.inference.ensemble import (MAX_REQUESTS, POOR_FIT_P_MAX, ensemble,
                                          samples_wanted)
 from kvreplay.inference.config import check_replayable
 from kvreplay.inference.engines import scheduler_profile
-from kvreplay.inference.facts import (LogFacts, arrival_pattern, make_it_exact, response_starts,
-                                      large_log, with_notes, without_access_lines)
+from kvreplay.inference.facts import LogFacts, make_it_exact, with_notes
+from kvreplay.inference.log_shape import arrival_pattern, response_starts, large_log, without_access_lines
 from kvreplay.inference.formats import interval_of, log_format
 from kvreplay.inference.lines import phase_estimate
 from kvreplay.inference.placement import LARGE_LOG_ROUNDS

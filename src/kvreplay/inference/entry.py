@@ -110,7 +110,7 @@ def infer(evidence: Evidence, *, profile: str | None = None, step_time: Any = No
     facts = join.facts if join is not None else log.facts
     rep = replay_log(facts, profile=profile, step_time=step_time, samples=samples,
                      seed=seed)
-    rep.label = f"{label} (vLLM {rep.info.get('vllm_version') or '?'}, replayed)"
+    rep.label = f"{label} (vLLM {rep.info.vllm_version or '?'}, replayed)"
     if join is not None:
         assert spans is not None
         rep.label += f" + {len(spans.paths)} span file(s), {join.joined}/{join.requests} joined"
@@ -132,8 +132,8 @@ def _span_checks(rep: Replay, join: Any, span_paths: list[str]) -> None:
     from kvreplay.inference.spans import check_spans
 
     check = check_spans(rep, join)
-    rep.info["spans"] = {**join.summary(), **check,
-                         "arrivals": "spans" if rep.facts.span_placement else "seconds"}
+    rep.info.spans = {**join.summary(), **check,
+                      "arrivals": "spans" if rep.facts.span_placement else "seconds"}
     rep.paths = list(rep.paths) + [p for p in span_paths if p not in rep.paths]
     if check.get("first_token_late") or check.get("admitted_early"):
         rep.notes.append(

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvreplay.inference.clock import StepTimeModel, busy_span_model, initial_model, regression
-from kvreplay.inference.facts import LogFacts, cut_time, large_log
+from kvreplay.inference.facts import LogFacts
+from kvreplay.inference.log_shape import cut_time, large_log
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.outputs import estimate_output_lengths
 from kvreplay.inference.rebuild import Rebuilt, rebuild_workload
@@ -46,7 +47,7 @@ def first_model(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Any)
     return busy_span_model(run, facts, fmt, cut_time(facts) is not None) or m
 
 
-# A large log (facts.large_log) starts its fit from a model regressed on a replay of its
+# A large log (log_shape.large_log) starts its fit from a model regressed on a replay of its
 # first stretch only: this share of its time, and at least this many stats lines. That
 # model only decides where the next round's arrivals fall; every later round refits on the
 # whole log.

@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvreplay.inference.engines import make_engine
-from kvreplay.inference.facts import LogFacts, cut_time
+from kvreplay.inference.facts import LogFacts
+from kvreplay.inference.log_shape import cut_time
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.iteration_clock import iteration_clock
 from kvreplay.inference.line_lengths import Fix, LineLengths

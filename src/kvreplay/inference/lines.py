@@ -12,7 +12,8 @@ import bisect
 import math
 from typing import Any
 
-from kvreplay.inference.facts import LogFacts, StatsPoint, stats_targets
+from kvreplay.inference.facts import LogFacts, StatsPoint
+from kvreplay.inference.log_shape import stats_targets
 from kvreplay.inference.formats import LogFormat, interval_of
 from kvreplay.replay.records import cumulative
 

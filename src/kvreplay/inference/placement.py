@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvreplay.inference.clock import StepTimeModel, clocked, finish_steps, regression
-from kvreplay.inference.facts import LogFacts, large_log
+from kvreplay.inference.facts import LogFacts
+from kvreplay.inference.log_shape import large_log
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.lines import cum_generated, phase_estimate, token_anchors
 from kvreplay.inference.runs import Run, as_step_replay, step_replay
@@ -26,7 +27,7 @@ PRECISE_TOL_S = 0.005  # a sub-second stamp's slack: the request reaches the eng
 BURST_GAPS = (0.02, 0.05, 0.1, 0.15, 0.25, 1 / 3, 0.5, 1.0, 2.0)
 EXACT_SEARCH_MOVES = 400  # replays a burst's exact-line search may spend
 EXACT_SEARCH_MAX_REQUESTS = 64
-LARGE_LOG_ROUNDS = 1  # a large log's anchoring rounds after its first replay (facts.large_log)
+LARGE_LOG_ROUNDS = 1  # a large log's anchoring rounds after its first replay (log_shape.large_log)
 
 
 @dataclass(slots=True)

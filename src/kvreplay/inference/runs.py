@@ -20,7 +20,8 @@ from typing import Any
 
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.engines import make_engine, num_requests
-from kvreplay.inference.facts import LogFacts, aborts, cut_time
+from kvreplay.inference.facts import LogFacts
+from kvreplay.inference.log_shape import aborts, cut_time
 from kvreplay.replay.engine import without_cyclic_gc
 from kvreplay.replay.records import EngineInputs, StepRecord
 

@@ -39,7 +39,8 @@ from typing import Any
 
 from kvreplay.inference.clock import StepTimeModel, regression
 from kvreplay.inference.engines import make_engine, num_requests
-from kvreplay.inference.facts import LogFacts, aborts
+from kvreplay.inference.facts import LogFacts
+from kvreplay.inference.log_shape import aborts
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.runs import Run, _finish, step_limit
 from kvreplay.replay.engine import without_cyclic_gc

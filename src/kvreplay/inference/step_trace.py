@@ -39,7 +39,7 @@ from kvreplay.inference.trace_clock import timed
 from kvreplay.replay.engine import Engine
 from kvreplay.replay.profile import get_profile
 from kvreplay.replay.records import EngineInputs, preemption_records
-from kvreplay.replay.result import Replay
+from kvreplay.replay.result import Provenance, Replay
 from kvreplay.replay.scheduler import SchedulerConfig
 from kvreplay.replay.trace import conformance_record
 from kvreplay.replay.workload import RequestSpec, Workload
@@ -390,10 +390,9 @@ def replay_step_trace(events: list, *, profile: str | None = None,
                      "saw them are left out")
     exact = top["first_divergence"] is None
     stamps, model, clock = timed(top["steps"], top["times"])
-    info = {"vllm_version": getattr(sess[0].config, "vllm_version", None),
-            "requests": len(wl.requests), "prompts": "exact", "output_lengths": "exact"}
-    if model is not None:
-        info["step_time_model"] = f"{STAMPS}: {model.describe()}"
+    info = Provenance(vllm_version=getattr(sess[0].config, "vllm_version", None),
+                      requests=len(wl.requests), prompts="exact", output_lengths="exact",
+                      step_time_model=None if model is None else f"{STAMPS}: {model.describe()}")
     return Replay(
         kind="step-trace", label=label, paths=[], workload=wl, profile=prof,
         inputs=top["inputs"], steps=top["steps"], preemptions=top["preemptions"],

@@ -13,12 +13,32 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+import msgspec
+
 from kvreplay.replay.engine import Engine, without_cyclic_gc
 from kvreplay.replay.records import (EngineInputs, PreemptionRecord, StepRecord, Totals,
                                      totals)
 from kvreplay.replay.v0.steps import V0Steps, V0Workload
 
 STORM_GAP_STEPS = 50  # preemptions no more than this many steps apart form one storm
+
+
+class Provenance(msgspec.Struct, kw_only=True):
+    """Where a replay's inputs came from and how each was made; a log replay fills most, a
+    workload only the first four. None: not applicable to this replay."""
+
+    vllm_version: str | None = None  # the release that wrote the log
+    requests: int | None = None  # requests replayed
+    prompts: str | None = None  # "exact" (logged) | "estimated"
+    output_lengths: str | None = None  # "exact" | "estimated"
+    step_time_model: str | None = None  # the clock's model of a step, described
+    arrival_pattern: str | None = None  # "burst" | "closed-loop" | "poisson" ...
+    fit_loss: float | None = None  # the placement's disagreement with the stats lines
+    config_sources: dict[str, str] = {}  # each config value: the line that gave it, or default
+    log_format: str | None = None  # formats.LogFormat.name
+    stats_phase: float | None = None  # where in its second a stats line was written
+    placement: list[float] | str | None = None  # the fit's placement, or "iteration lines"
+    spans: dict[str, Any] | None = None  # request spans: the join and the replay's check
 
 
 class ReplayMismatch(RuntimeError):
@@ -45,7 +65,7 @@ class Replay:
     uncertainty: Any = None  # inference.ensemble.Uncertainty: what the log leaves open
     notes: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)  # provenance: version, fit, pattern
+    info: Provenance = field(default_factory=Provenance)
     facts: Any = None  # LogFacts of a log replay
     unfinished: list[str] = field(default_factory=list)
     confidence: str = "exact"  # the replay as a whole: exact | consistent | inferred
@@ -141,10 +161,10 @@ class Replay:
         t = self.totals()
         info = self.info
         out = {
-            "vllm_version": info.get("vllm_version"),
+            "vllm_version": info.vllm_version,
             "engine": self.engine_name,
             "profile": self.profile.name,
-            "requests": info.get("requests", len(self.inputs.arrival_steps)),
+            "requests": len(self.inputs.arrival_steps) if info.requests is None else info.requests,
             "steps": len(self.steps),
             "preemptions": t.preemptions,
             "self_preemptions": t.self_preemptions,
@@ -159,8 +179,8 @@ class Replay:
         }
         for k in ("step_time_model", "arrival_pattern", "fit_loss", "prompts", "output_lengths",
                   "spans"):
-            if k in info:
-                out[k] = info[k]
+            if getattr(info, k) is not None:
+                out[k] = getattr(info, k)
         if self.engine_name == "V0":
             out["swap_preemptions"] = sum(1 for p in self.preemptions if p.mode == "swap")
             w = self.warnings or {}
@@ -202,7 +222,7 @@ def replay_workload(data: dict[str, Any], *, profile: Any = None, label: str = "
     return Replay(kind="workload", label=label, paths=list(paths or []), workload=wl,
                   profile=prof, inputs=eng.inputs(), steps=steps,
                   preemptions=preemption_records(steps), unfinished=unfinished,
-                  info={"requests": len(arrivals), "prompts": "exact", "output_lengths": "exact"})
+                  info=Provenance(requests=len(arrivals), prompts="exact", output_lengths="exact"))
 
 
 def _steps(eng: Any) -> list[StepRecord]:

@@ -174,7 +174,7 @@ CONFIDENCE_MEANING = {
 
 def _est(tl: Timeline) -> str:
     """"~" before a prompt length the replay estimated (the log gives none)."""
-    return "~" if tl.source.info.get("prompts") == "estimated" else ""
+    return "~" if tl.source.info.prompts == "estimated" else ""
 
 
 def preemption_count(src, n: int) -> str:

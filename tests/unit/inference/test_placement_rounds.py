@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-import kvreplay.inference.facts as facts_mod
+import kvreplay.inference.log_shape as shape_mod
 import kvreplay.inference.placement as placement
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.formats import log_format
@@ -52,7 +52,7 @@ def test_reused_run_is_the_step_replay_it_stands_for() -> None:
 
 def test_a_logged_abort_forbids_the_reuse() -> None:
     """Aborts are applied by the clock, which differs between the two kinds of replay."""
-    from kvreplay.inference.facts import aborts
+    from kvreplay.inference.log_shape import aborts
 
     facts, fmt, prof, rebuilt = _setup()
     model = StepTimeModel(overhead_s=0.01, per_token_s=4e-5, per_request_s=5e-5)
@@ -72,7 +72,7 @@ def _rounds(monkeypatch: pytest.MonkeyPatch, large: int) -> tuple[list[float], o
         return losses[-1]
 
     monkeypatch.setattr(placement, "anchored_loss", spy)
-    monkeypatch.setattr(facts_mod, "LARGE_LOG_REQUESTS", large)
+    monkeypatch.setattr(shape_mod, "LARGE_LOG_REQUESTS", large)
     rep = replay_logs([P1], year=2026, samples=0)
     return losses, rep
 
@@ -85,8 +85,8 @@ def test_a_large_log_runs_one_anchoring_round_after_its_first_replay(
     assert len(full) > 2  # (else this test shows nothing)
     # the budget runs the same first two rounds, keeps the better, and says so
     assert budget == full[:2]
-    assert rep_budget.info["fit_loss"] == pytest.approx(min(full[:2]), abs=1e-4)
-    assert rep_full.info["fit_loss"] == pytest.approx(min(full), abs=1e-4)
+    assert rep_budget.info.fit_loss == pytest.approx(min(full[:2]), abs=1e-4)
+    assert rep_full.info.fit_loss == pytest.approx(min(full), abs=1e-4)
     assert any("a large log" in n for n in rep_budget.facts.notes)
     assert not any("a large log" in n for n in rep_full.facts.notes)
 
@@ -131,7 +131,7 @@ def test_a_large_log_fits_its_first_model_on_a_prefix(monkeypatch: pytest.Monkey
     assert calls and all(c is None for c in calls)
     whole_runs = len(calls)
     calls.clear()
-    monkeypatch.setattr(facts_mod, "LARGE_LOG_REQUESTS", 1)
+    monkeypatch.setattr(shape_mod, "LARGE_LOG_REQUESTS", 1)
     monkeypatch.setattr(fit_mod, "PREFIX_MIN_LINES", 4)  # p1 has 16 stats lines
     rep = replay_logs([P1], year=2026, samples=0)
     head = fit_mod.prefix_end(rep.facts)
