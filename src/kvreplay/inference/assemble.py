@@ -9,7 +9,7 @@ Consumes: the stages' results. Produces: the placed and clocked final run
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from kvreplay.inference.clock import clocked, finish_steps
 from kvreplay.inference.facts import LogFacts, make_it_exact
@@ -30,6 +30,10 @@ from kvreplay.inference.verify import verify
 from kvreplay.replay.records import PreemptionRecord, preemption_records
 from kvreplay.replay.result import Provenance, Replay
 
+if TYPE_CHECKING:
+    from kvreplay.inference.engines import Profile
+
+
 def fit_placements(fmt: LogFormat, pattern: str) -> tuple[tuple[float, float], ...]:
     """Where in its second each request may have arrived, as the fit tries it: the
     format's list, else a burst at the start of the second or spread evenly (Poisson)."""
@@ -38,7 +42,7 @@ def fit_placements(fmt: LogFormat, pattern: str) -> tuple[tuple[float, float], .
     return ((0.0, 0.0),) if pattern != "poisson" else ((0.0, 1.0),)
 
 
-def place_arrivals(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, prof: Any, f: Fit,
+def place_arrivals(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, prof: Profile, f: Fit,
                    pattern: str, step_time: Any) -> tuple[Run, float, float, Anchored | None]:
     """(final run, clock phase, loss, anchored placement): arrivals anchored to the stats
     lines (formats that do), else the fit's time-driven placement replayed once more."""
@@ -76,7 +80,7 @@ def place_arrivals(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, prof: Any,
     return run, anchored.phase, anchored.loss, anchored
 
 
-def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Any, pattern: str) -> Replay:
+def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Profile, pattern: str) -> Replay:
     """The log replay when its Iteration lines place every arrival (iterations.py)."""
     rebuilt = rebuild_workload(facts, fmt, prof)
     m = iteration_replay(rebuilt, facts, fmt, prof)
@@ -166,7 +170,7 @@ def log_lines(facts: LogFacts, run: Run, check: dict[str, Any]) -> dict[int, lis
     return dict(sorted(out.items()))
 
 
-def make_replay(facts: LogFacts, fmt: LogFormat, prof: Any, rebuilt: Rebuilt, run: Run,
+def make_replay(facts: LogFacts, fmt: LogFormat, prof: Profile, rebuilt: Rebuilt, run: Run,
                 pre: list[PreemptionRecord], check: dict[str, Any], *, loss: float,
                 pattern: str, phase: float, placement: tuple[float, float],
                 estimate: dict | None, warnings: dict | None, uncertainty: Any) -> Replay:

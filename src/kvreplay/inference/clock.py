@@ -11,13 +11,17 @@ stats lines' anchors and the access lines' times.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.lines import cum_generated, line_time, spans, token_anchors
 from kvreplay.inference.step_fit import FINE_FLOORS, best_fit, segments
 from kvreplay.replay.records import StepRecord
+
+if TYPE_CHECKING:
+    from kvreplay.inference.runs import Run
+
 
 IDLE_PICKUP_S = 0.05  # an idle engine starts a step this soon after a request arrives
 SLEEP_MIN_S = 1.0  # regression: an idle gap this long is taken out of its stats interval
@@ -67,7 +71,7 @@ def initial_model(facts: LogFacts) -> StepTimeModel:
     return StepTimeModel(overhead_s=0.004, per_token_s=min(per_token, 1e-3), per_request_s=0.0)
 
 
-def busy_span_model(run: Any, facts: LogFacts, fmt: LogFormat, cut: bool) -> StepTimeModel | None:
+def busy_span_model(run: Run, facts: LogFacts, fmt: LogFormat, cut: bool) -> StepTimeModel | None:
     """A first model for a log whose lines say when the engine was busy: the run's steps
     (up to the tokens the log counts, when it was cut) fill the time from the first arrival
     to the last stats line or finish showing work."""
@@ -92,7 +96,7 @@ def busy_span_model(run: Any, facts: LogFacts, fmt: LogFormat, cut: bool) -> Ste
     return StepTimeModel(overhead_s=span / n, per_token_s=0.0, per_request_s=0.0)
 
 
-def regression(run: Any, facts: LogFacts, fmt: LogFormat,
+def regression(run: Run, facts: LogFacts, fmt: LogFormat,
                fine_floors: bool = False) -> StepTimeModel | None:
     """Each pair of stats lines anchored to steps a < b (lines.token_anchors) closes a span
     of known length (lines.spans) in which steps a+1..b ran; least squares with
@@ -144,7 +148,7 @@ def regression(run: Any, facts: LogFacts, fmt: LogFormat,
                          token_floor=floor if c[1] > 0 else 0)
 
 
-def sleep_before(run: Any) -> list[tuple[int, float, float]]:
+def sleep_before(run: Run) -> list[tuple[int, float, float]]:
     """When the engine slept in a clock-driven replay, as (step, start, end): from the end
     of a step that left nothing running or waiting to the start of the next, which took
     the arrival that woke it (none for a run clocked by the model alone)."""
@@ -162,7 +166,7 @@ def sleep_before(run: Any) -> list[tuple[int, float, float]]:
     return out
 
 
-def wall_clock(run: Any, facts: LogFacts, anchors: list[int | None], phase: float) -> list[float]:
+def wall_clock(run: Run, facts: LogFacts, anchors: list[int | None], phase: float) -> list[float]:
     """Wall-clock start of every step (and the end of the last): the step-time model's
     durations, stretched between anchors so that the step after anchor i starts at stats
     time S_i + phase, and pinned at the access lines' times where the log has them."""
@@ -223,7 +227,7 @@ def finish_steps(steps: list[StepRecord]) -> list[int]:
     return [rec.step for rec in steps for _ in rec.finished]
 
 
-def _with_completion_pins(pts: list[tuple[int, float]], run: Any,
+def _with_completion_pins(pts: list[tuple[int, float]], run: Run,
                           times: list[float]) -> list[tuple[int, float]]:
     """With sub-second times on the access lines, each one pins the clock too: the c-th
     access line was written once the replay's c-th finishing step had ended, as the next one
@@ -242,7 +246,7 @@ def _with_completion_pins(pts: list[tuple[int, float]], run: Any,
     return out
 
 
-def clocked(run: Any, facts: LogFacts, fmt: LogFormat, phase: float) -> list[float]:
+def clocked(run: Run, facts: LogFacts, fmt: LogFormat, phase: float) -> list[float]:
     """The run's wall clock read from its anchors (V1 logs) and set on the run."""
     clock = wall_clock(run, facts, token_anchors(run, facts, fmt, cum_generated(run)), phase)
     run.clock = clock[: len(run.steps)]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
 import msgspec
 
@@ -28,6 +28,12 @@ from kvreplay.inference.clock import StepTimeModel
 from kvreplay.replay.engine import Engine
 from kvreplay.replay.records import EngineInputs, preemption_records, totals
 from kvreplay.replay.workload import RequestSpec, Workload
+
+if TYPE_CHECKING:
+    from kvreplay.inference.engines import Profile
+    from kvreplay.inference.formats import LogFormat
+    from kvreplay.inference.facts import LogFacts
+
 
 TO_MAKE_EXACT = ("start vLLM with --enable-log-requests and VLLM_REQUEST_BODY_LOG_LEVEL=INFO "
                  "(each request and its prompt), and --enable-logging-iteration-details (every "
@@ -107,7 +113,7 @@ def _arrivals(ev: EM.MetricsEvidence, rng: random.Random, phase: float) -> list[
     return sorted(out)
 
 
-def _run(wl: Workload, arrivals: list[float], profile: Any, model: StepTimeModel,
+def _run(wl: Workload, arrivals: list[float], profile: Profile, model: StepTimeModel,
          max_steps: int) -> tuple[list, list[float]]:
     """The scheduler model on a wall clock: a request enters at the first step that
     starts at or after its arrival; an idle engine waits for the next arrival."""
@@ -127,7 +133,7 @@ def _run(wl: Workload, arrivals: list[float], profile: Any, model: StepTimeModel
     return steps, ends
 
 
-def answer(ev: EM.MetricsEvidence, config: Any, profile: Any, *, samples: int = 32,
+def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: int = 32,
            seed: int = 0) -> DefaultAnswer:
     """The ensemble's answer for a log whose evidence is `ev`, served with `config`
     (a SchedulerConfig from the startup lines) under the scheduler rules `profile`."""
@@ -282,7 +288,7 @@ def _headline(pre: Interval, rec: Interval, ratio: Interval, ev: EM.MetricsEvide
             f"no victim can be named; to make it exact: {TO_MAKE_EXACT}")
 
 
-def evidence_of(facts: Any, fmt: Any, scrapes: Sequence[EM.CounterPoint] = ()) -> EM.MetricsEvidence:
+def evidence_of(facts: LogFacts, fmt: LogFormat, scrapes: Sequence[EM.CounterPoint] = ()) -> EM.MetricsEvidence:
     """The evidence of a log's stats and access lines and of scrapes on its clock."""
     from kvreplay.inference.formats import interval_of
 
@@ -291,7 +297,7 @@ def evidence_of(facts: Any, fmt: Any, scrapes: Sequence[EM.CounterPoint] = ()) -
                          interval_of(facts, fmt), scrapes)
 
 
-def answer_log(facts: Any, scrapes: Sequence[EM.CounterPoint] = (), *, profile: str | None = None,
+def answer_log(facts: LogFacts, scrapes: Sequence[EM.CounterPoint] = (), *, profile: str | None = None,
                samples: int = 32, seed: int = 0) -> DefaultAnswer:
     """`answer` for a parsed default log (LogFacts) and the scrapes of the same server.
     Raises ReplayError when the log cannot be answered (no stats line, no KV cache size)."""

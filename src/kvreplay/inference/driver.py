@@ -11,7 +11,7 @@ their engines the engine protocol (engines.py).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from kvreplay.inference.assemble import (fit_placements, make_replay, place_arrivals,
                                          replay_by_iterations)
@@ -35,6 +35,10 @@ from kvreplay.replay.engine import without_cyclic_gc
 from kvreplay.replay.records import preemption_records
 from kvreplay.progress import stage
 from kvreplay.replay.result import Replay
+
+if TYPE_CHECKING:
+    from kvreplay.inference.runs import Run
+
 
 
 PINNED = 0.95  # of the spanned requests' first schedulings at their S: the spans pin the run
@@ -104,7 +108,7 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
             "lines only")
     phase_known = phase_estimate(facts) is not None
 
-    def judged(run: Any) -> tuple[dict[str, Any], Any, list]:
+    def judged(run: Run) -> tuple[dict[str, Any], Any, list]:
         """The run against the log: verification, V0 warnings, confident records."""
         check = verify(run, facts, fmt, phase, prompts_known=not rebuilt.prompts_estimated)
         warnings = check_warnings(run, facts) if fmt.preemption_warnings else None

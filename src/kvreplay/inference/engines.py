@@ -10,14 +10,23 @@ gets through this protocol (only the engine config differs too: config.py).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, TYPE_CHECKING
 
 from kvreplay.errors import ReplayError
 from kvreplay.replay.engine import Engine
-from kvreplay.replay.profile import get_profile
+from kvreplay.replay.profile import SchedulerProfile, get_profile
 from kvreplay.replay.records import EngineInputs, StepRecord
 from kvreplay.replay.v0.steps import V0_PROFILE, V0ProfileRef, V0Steps, V0Workload
 from kvreplay.replay.workload import RequestSpec, Workload
+
+if TYPE_CHECKING:
+    from kvreplay.inference.formats import LogFormat
+    from kvreplay.inference.facts import LogFacts
+
+
+
+# the scheduler rules an engine follows: a V1 release's, or V0 0.6.6.post1's
+Profile = SchedulerProfile | V0ProfileRef
 
 
 class ReplayEngine(Protocol):
@@ -33,7 +42,7 @@ class ReplayEngine(Protocol):
     def step(self) -> StepRecord: ...
 
 
-def make_workload(fmt: Any, cfg: Any, specs: list[RequestSpec], parent: dict[str, str],
+def make_workload(fmt: LogFormat, cfg: Any, specs: list[RequestSpec], parent: dict[str, str],
                   description: str) -> Workload | V0Workload:
     if fmt.engine == "V0":
         return V0Workload("log replay", description, cfg, specs, 10**9, parent)
@@ -41,7 +50,7 @@ def make_workload(fmt: Any, cfg: Any, specs: list[RequestSpec], parent: dict[str
                     max_steps=10**9)
 
 
-def make_engine(workload: Workload | V0Workload, profile: Any, *,
+def make_engine(workload: Workload | V0Workload, profile: Profile, *,
                 inputs: EngineInputs | None = None, record_sampled: bool = False) -> ReplayEngine:
     """An engine for `workload`; with `inputs`, the run they describe, else one whose
     requests enter only when submitted."""
@@ -55,7 +64,7 @@ def make_engine(workload: Workload | V0Workload, profile: Any, *,
 V0_PROFILE_NAMES = (None, "auto", "v0", "0.6.6", "0.6.6.post1", V0ProfileRef().name)
 
 
-def scheduler_profile(facts: Any, fmt: Any, profile: str | None) -> Any:
+def scheduler_profile(facts: LogFacts, fmt: LogFormat, profile: str | None) -> Any:
     """The scheduler rules the engine follows: the profile asked for, else the log's
     release's (V1); V0 has one, 0.6.6.post1's."""
     if fmt.engine == "V1":

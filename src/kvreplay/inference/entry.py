@@ -19,15 +19,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from kvreplay import events as ev
 from kvreplay.errors import UserError
+from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.driver import replay_log
 from kvreplay.inference.facts import LogFacts, collect, with_notes
+from kvreplay.inference.spans import SpanJoin, check_spans, join_spans
 from kvreplay.replay.result import Replay
 
 SPAN_RELEASE = "0.33.0"  # the release whose do_tracing writes the spans kvreplay reads
+
+
+class Release(Protocol):
+    """The release that wrote a log, as the parsers detect it (parsers.version.Dialect)."""
+
+    vllm_version: str | None
+    engine_version: str | None
 
 
 @dataclass(slots=True)
@@ -37,11 +46,11 @@ class LogEvidence:
     first use, and the request spans' join cached once made."""
 
     paths: list[str]
-    events: list[Any]
-    dialect: Any
-    config: Any
+    events: list[ev.Event]
+    dialect: Release
+    config: ev.EngineConfig | None
     _facts: LogFacts | None = field(default=None, repr=False)
-    span_join: Any = field(default=None, repr=False)  # spans.SpanJoin, once joined
+    span_join: SpanJoin | None = field(default=None, repr=False)  # once joined
 
     @property
     def facts(self) -> LogFacts:
@@ -70,13 +79,14 @@ class Evidence:
 
     log: LogEvidence | None = None
     spans: SpanEvidence | None = None
-    kv_events: list[Any] | None = None
+    kv_events: list[ev.Event] | None = None
     kv_paths: list[str] = field(default_factory=list)
     config: ev.EngineConfig | None = None  # --config: spans replayed without their log
     vllm_version: str | None = None  # --vllm-version: the release, if not detected
 
 
-def infer(evidence: Evidence, *, profile: str | None = None, step_time: Any = None,
+def infer(evidence: Evidence, *, profile: str | None = None,
+          step_time: StepTimeModel | None = None,
           samples: int | None = None, seed: int = 0) -> Replay:
     """The one `Replay` of a server's evidence (module docstring). `profile`: the scheduler
     rules (default: the log's release); `step_time`: a step-time model taken as given;
@@ -118,19 +128,15 @@ def infer(evidence: Evidence, *, profile: str | None = None, step_time: Any = No
     return rep
 
 
-def join_spans_once(log: LogEvidence, spans: SpanEvidence) -> Any:
+def join_spans_once(log: LogEvidence, spans: SpanEvidence) -> SpanJoin:
     """The spans joined to the log's requests (spans.join_spans), once per `LogEvidence`."""
-    from kvreplay.inference.spans import join_spans
-
     if log.span_join is None:
         log.span_join = join_spans(log.facts, spans.spans, spans.problems)
     return log.span_join
 
 
-def _span_checks(rep: Replay, join: Any, span_paths: list[str]) -> None:
+def _span_checks(rep: Replay, join: SpanJoin, span_paths: list[str]) -> None:
     """The spans' summary and what the replay contradicts, in the replay's info and notes."""
-    from kvreplay.inference.spans import check_spans
-
     check = check_spans(rep, join)
     rep.info.spans = {**join.summary(), **check,
                       "arrivals": "spans" if rep.facts.span_placement else "seconds"}
@@ -143,12 +149,11 @@ def _span_checks(rep: Replay, join: Any, span_paths: list[str]) -> None:
             f"(e.g. {', '.join(check['admitted_early_ids'][:3]) or '-'})")
 
 
-def _spans_alone(evidence: Evidence, *, profile: str | None, step_time: Any,
+def _spans_alone(evidence: Evidence, *, profile: str | None, step_time: StepTimeModel | None,
                  seed: int) -> Replay:
     """The replay of request spans as the workload (span_workload.py), with the engine
     config given (`Evidence.config`) or of the log's startup lines."""
     from kvreplay.inference.span_workload import facts_from_spans
-    from kvreplay.inference.spans import SpanJoin
 
     spans, log = evidence.spans, evidence.log
     assert spans is not None

@@ -10,7 +10,7 @@ regression over the stats intervals (clock.regression), until nothing changes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from kvreplay.inference.clock import StepTimeModel, busy_span_model, initial_model, regression
 from kvreplay.inference.facts import LogFacts
@@ -20,6 +20,10 @@ from kvreplay.inference.outputs import estimate_output_lengths
 from kvreplay.inference.rebuild import Rebuilt, rebuild_workload
 from kvreplay.inference.runs import Run, timed_replay
 from kvreplay.inference.verify import fit_loss
+
+if TYPE_CHECKING:
+    from kvreplay.inference.engines import Profile
+
 
 
 @dataclass(slots=True)
@@ -36,7 +40,7 @@ class Fit:
         return self.placement[1]
 
 
-def first_model(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Any) -> StepTimeModel:
+def first_model(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile) -> StepTimeModel:
     """From the logged throughput (V1), or from how long the log shows the engine busy
     (formats that estimate output lengths: their throughput is per elapsed time)."""
     m = initial_model(facts)
@@ -64,7 +68,7 @@ def prefix_end(facts: LogFacts) -> float | None:
     return t if t < facts.last_time else None
 
 
-def fit(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Any,
+def fit(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile,
         placements: tuple[tuple[float, float], ...], *, model: StepTimeModel | None = None,
         rounds: int | None = None) -> Fit:
     if rounds is None:

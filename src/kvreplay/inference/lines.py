@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvreplay.inference.facts import LogFacts, StatsPoint
 from kvreplay.inference.log_shape import stats_targets
 from kvreplay.inference.formats import LogFormat, interval_of
 from kvreplay.replay.records import cumulative
 
+if TYPE_CHECKING:
+    from kvreplay.inference.runs import Run
+
+
 V0_INTERVAL_S = 5.0  # vllm/engine/metrics.py _LOCAL_LOGGING_INTERVAL_SEC
 
 
-def cum_generated(run: Any) -> list[int]:
+def cum_generated(run: Run) -> list[int]:
     """Cumulative generated tokens after each step (the stat logger's count)."""
     return cumulative([rec.generated_tokens for rec in run.steps])
 
@@ -41,7 +45,7 @@ def spans(facts: LogFacts, fmt: LogFormat) -> list[float]:
     return out[: len(st)]
 
 
-def ends(run: Any) -> list[float]:
+def ends(run: Run) -> list[float]:
     """End time of every step: the start of the next, the last one the run's end."""
     return run.clock[1:] + [run.end]
 
@@ -52,7 +56,7 @@ def line_time(st: StatsPoint, phase: float) -> float:
     return st.precise_time if st.precise_time is not None else st.time + phase
 
 
-def step_end_lines(run: Any, facts: LogFacts) -> list[int | None]:
+def step_end_lines(run: Run, facts: LogFacts) -> list[int | None]:
     """V0: the step at whose end each stats line was printed: a line stamped second S came
     at the end of a step ending in [S, S+1), the first one more than 5 s after the previous
     line; none there: the step running at S + 0.5."""
@@ -82,7 +86,7 @@ def step_end_lines(run: Any, facts: LogFacts) -> list[int | None]:
     return out
 
 
-def token_anchors(run: Any, facts: LogFacts, fmt: LogFormat,
+def token_anchors(run: Run, facts: LogFacts, fmt: LogFormat,
                   cum: list[int] | None = None) -> list[int | None]:
     """Stats line i -> the step whose output it had seen last: where the run's generated
     tokens reach the count the log shows by line i (V1: from the run's start; V0: from the

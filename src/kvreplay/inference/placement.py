@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvreplay.inference.clock import StepTimeModel, clocked, finish_steps, regression
 from kvreplay.inference.facts import LogFacts
@@ -22,6 +22,11 @@ from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.lines import cum_generated, phase_estimate, token_anchors
 from kvreplay.inference.runs import Run, as_step_replay, step_replay
 from kvreplay.inference.verify import anchored_loss, verify
+
+if TYPE_CHECKING:
+    from kvreplay.inference.engines import Profile
+    from kvreplay.inference.rebuild import Rebuilt
+
 
 PRECISE_TOL_S = 0.005  # a sub-second stamp's slack: the request reaches the engine a few ms after its line
 BURST_GAPS = (0.02, 0.05, 0.1, 0.15, 0.25, 1 / 3, 0.5, 1.0, 2.0)
@@ -120,7 +125,7 @@ def place(wins: list[tuple[int, int]], clock: list[float], burst: bool) -> list[
     return steps
 
 
-def placed(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, arrival: list[int],
+def placed(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile, arrival: list[int],
            model: StepTimeModel, phase: float, iterations: int = 0) -> Anchored:
     """A placement's replay, clocked by the stats lines, and its anchored loss."""
     run = step_replay(rebuilt, facts, profile, arrival, model)
@@ -130,7 +135,7 @@ def placed(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, arrival:
                     iterations)
 
 
-def anchored_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, init: Run,
+def anchored_replay(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile, init: Run,
                     model: StepTimeModel, *, burst: bool, iterations: int = 6,
                     fixed_model: bool = False, reuse_init: bool = False) -> Anchored:
     """Iterate: replay -> anchors, completions, clock -> arrival windows -> placement.
@@ -174,7 +179,7 @@ def anchored_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
     return best
 
 
-def burst_spacing(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
+def burst_spacing(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile,
                   anchored: Anchored) -> Anchored:
     """A burst is rarely one instant: a client sends its requests a step or two apart.
     Try a few spacings inside each group of requests placed at the same step and keep the
@@ -196,7 +201,7 @@ def burst_spacing(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
     return best
 
 
-def exact_search(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
+def exact_search(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile,
                  anchored: Anchored) -> Anchored:
     """Inside a burst the log cannot say which step each request came in at: its lines all
     share a second, and the tolerant check (the loss) is often 0 for several spacings. The

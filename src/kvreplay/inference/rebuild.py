@@ -11,7 +11,7 @@ Arrival steps are not set here: placing arrivals is stage 5's job.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from kvreplay.errors import ReplayError
 from kvreplay.limits import check as check_limit
@@ -20,6 +20,10 @@ from kvreplay.inference.engines import make_workload
 from kvreplay.inference.facts import LogFacts, LogRequest
 from kvreplay.inference.formats import LogFormat, interval_of
 from kvreplay.replay.workload import RequestSpec
+
+if TYPE_CHECKING:
+    from kvreplay.inference.engines import Profile
+
 
 
 @dataclass(slots=True)
@@ -36,7 +40,7 @@ class Rebuilt:
         return any(self.prompt_estimated)
 
 
-def rebuild_workload(facts: LogFacts, fmt: LogFormat, profile: Any, *,
+def rebuild_workload(facts: LogFacts, fmt: LogFormat, profile: Profile, *,
                      prompt_lens: list[int] | None = None, shared_prefix: int = 0,
                      out_lens: dict[str, int] | None = None) -> Rebuilt:
     """The workload the log describes. Prompts not in the log get `prompt_lens` (else the

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.engines import make_engine, num_requests
@@ -24,6 +24,12 @@ from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.log_shape import aborts, cut_time
 from kvreplay.replay.engine import without_cyclic_gc
 from kvreplay.replay.records import EngineInputs, StepRecord
+
+if TYPE_CHECKING:
+    from kvreplay.inference.engines import Profile
+    from kvreplay.inference.rebuild import Rebuilt
+    from kvreplay.inference.formats import LogFormat
+
 
 
 @dataclass(slots=True)
@@ -80,7 +86,7 @@ def step_limit(workload: Any, extra: int = 0) -> int:
     return 2000 + 3 * sum(len(s.prompt_token_ids) + 2 * s.max_tokens for s in workload.requests) + extra
 
 
-def _finish(eng: Any, rebuilt: Any, steps: list, starts: list, end: float, model, placement,
+def _finish(eng: Any, rebuilt: Rebuilt, steps: list, starts: list, end: float, model, placement,
             cut: float | None) -> Run:
     ended = {rid for rec in steps for rid in (*rec.finished, *rec.aborted)}
     parent = getattr(rebuilt.workload, "parent", {})
@@ -90,7 +96,7 @@ def _finish(eng: Any, rebuilt: Any, steps: list, starts: list, end: float, model
 
 
 @without_cyclic_gc
-def timed_replay(rebuilt: Any, facts: LogFacts, profile: Any, model: StepTimeModel,
+def timed_replay(rebuilt: Rebuilt, facts: LogFacts, profile: Profile, model: StepTimeModel,
                  placement: tuple[float, float], *, use_completion_order: bool = True,
                  record_sampled: bool = False, cut: bool = True,
                  order_window_s: float | None = None, stop_after: float | None = None) -> Run:
@@ -162,7 +168,7 @@ def timed_replay(rebuilt: Any, facts: LogFacts, profile: Any, model: StepTimeMod
 
 
 @without_cyclic_gc
-def step_replay(rebuilt: Any, facts: LogFacts, profile: Any, arrival_steps: list[int],
+def step_replay(rebuilt: Rebuilt, facts: LogFacts, profile: Profile, arrival_steps: list[int],
                 model: StepTimeModel, *, record_sampled: bool = False) -> Run:
     """Replay with each request entering at a given step, the clock run by the model
     (the stats lines refine it later: clock.wall_clock)."""
@@ -215,7 +221,7 @@ def as_step_replay(run: Run, facts: LogFacts, arrival_steps: list[int],
     return Run(run.steps, starts, t, run.inputs, model, (0.0, 0.0), None, list(run.unfinished))
 
 
-def rerun(rebuilt: Any, profile: Any, inputs: EngineInputs) -> list[StepRecord]:
+def rerun(rebuilt: Rebuilt, profile: Profile, inputs: EngineInputs) -> list[StepRecord]:
     """The run `inputs` describe, again (its records equal the first run's)."""
     eng = make_engine(rebuilt.workload, profile, inputs=inputs)
     return [eng.step() for _ in iter(lambda: eng.done, True)]

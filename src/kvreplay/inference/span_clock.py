@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from kvreplay.inference.clock import StepTimeModel, regression
 from kvreplay.inference.engines import make_engine, num_requests
@@ -44,6 +44,11 @@ from kvreplay.inference.log_shape import aborts
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.runs import Run, _finish, step_limit
 from kvreplay.replay.engine import without_cyclic_gc
+
+if TYPE_CHECKING:
+    from kvreplay.inference.engines import Profile
+    from kvreplay.inference.rebuild import Rebuilt
+
 
 SNAP_FRAC = 0.4  # a boundary this close to a predicted step end (x the step) is its end
 # ... and never farther than this share of the shortest step the model allows: a boundary
@@ -181,7 +186,7 @@ def estimate_entries(facts: LogFacts, m: SpanMarks, offset: float) -> None:
         m.entry[i] = t + lag  # type: ignore[operator]
 
 
-def agreement(run: Run, rebuilt: Any, marks: SpanMarks) -> int:
+def agreement(run: Run, rebuilt: Rebuilt, marks: SpanMarks) -> int:
     """Requests whose first scheduling step starts at their span's S (to SAME_S). (Not the
     first tokens: snapped_replay ends those steps at F by construction.)"""
     clock = run.clock
@@ -197,7 +202,7 @@ def agreement(run: Run, rebuilt: Any, marks: SpanMarks) -> int:
 
 
 @without_cyclic_gc
-def snapped_replay(rebuilt: Any, facts: LogFacts, profile: Any, model: StepTimeModel,
+def snapped_replay(rebuilt: Rebuilt, facts: LogFacts, profile: Profile, model: StepTimeModel,
                    marks: SpanMarks, anchors: bool = True) -> Run:
     """The engine driven by the model's clock snapped to the spans' boundaries; request k
     enters at the first step starting at or after its E (ties: file order). `anchors`: a
@@ -282,7 +287,7 @@ def scaled(m: StepTimeModel, k: float) -> StepTimeModel:
                          m.per_context_token_s * k, m.token_floor)
 
 
-def span_placement(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
+def span_placement(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile,
                    model: StepTimeModel, marks: SpanMarks,
                    fixed_model: bool = False) -> tuple[Run, int]:
     """The snapped replay's rounds from the model given, with and without the token
@@ -306,7 +311,7 @@ def span_placement(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
     return best[1], best[0]
 
 
-def _rounds(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
+def _rounds(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile,
             model: StepTimeModel, marks: SpanMarks, fixed_model: bool,
             anchors: bool, fine: bool = False) -> tuple[int, Run]:
     """The snapped replay, its step-time model refitted on the spans' windows a few

@@ -26,11 +26,17 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.runs import Run
 from kvreplay.inference.span_clock import SpanMarks, span_placement
+
+if TYPE_CHECKING:
+    from kvreplay.inference.engines import Profile
+    from kvreplay.inference.rebuild import Rebuilt
+    from kvreplay.inference.formats import LogFormat
+
 
 SAMPLES = 16  # members besides the replay shown
 GROUPS = (1, 3, 5, 10, 20)  # a member's number of prefix groups over the run
@@ -39,7 +45,7 @@ SCALES = (0.0, 0.5, 0.75, 1.0, 1.25, 1.5)  # a member's mean prefix length / the
 SPREAD = 0.75  # each group's prefix: the member's mean x U(1 - SPREAD, 1 + SPREAD)
 
 
-def applies(facts: LogFacts, rebuilt: Any) -> bool:
+def applies(facts: LogFacts, rebuilt: Rebuilt) -> bool:
     """Prefix caching on, some prompt's tokens unknown, one workload request per log
     request (no n > 1 fan-out), every request spanned with its prompt length."""
     cfg = rebuilt.workload.config
@@ -48,7 +54,7 @@ def applies(facts: LogFacts, rebuilt: Any) -> bool:
             and all(r.span is not None for r in facts.requests))
 
 
-def with_prefixes(rebuilt: Any, facts: LogFacts, group: Sequence[int],
+def with_prefixes(rebuilt: Rebuilt, facts: LogFacts, group: Sequence[int],
                   prefix: int | Sequence[int]) -> Any:
     """The workload with each unknown prompt's first tokens its group's prefix (up to
     `prefix` tokens, or prefix[group], whole blocks, at most all its full blocks but the
@@ -69,7 +75,7 @@ def with_prefixes(rebuilt: Any, facts: LogFacts, group: Sequence[int],
                    prompt_estimated=[a or b for a, b in zip(rebuilt.prompt_estimated, unknown)])
 
 
-def shared_workload(rebuilt: Any, facts: LogFacts, fmt: Any) -> tuple[Any, int]:
+def shared_workload(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat) -> tuple[Any, int]:
     """The replay shown's workload: one prefix of the estimated length (module doc)."""
     from kvreplay.inference.prompts import shared_prefix_estimate
 
@@ -77,7 +83,7 @@ def shared_workload(rebuilt: Any, facts: LogFacts, fmt: Any) -> tuple[Any, int]:
     return with_prefixes(rebuilt, facts, [0] * len(facts.requests), s), s
 
 
-def prefix_ensemble(rebuilt: Any, facts: LogFacts, fmt: Any, profile: Any, marks: SpanMarks,
+def prefix_ensemble(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile, marks: SpanMarks,
                     run: Run, phase: float, prefix: int, *, samples: int = SAMPLES,
                     seed: int = 0) -> Any:
     """The ensemble over prefix sharings (module doc): an ensemble.Uncertainty, member 0

@@ -23,10 +23,14 @@ delay) there is no offset, else its middle is the offset, subtracted and reporte
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from kvreplay.events import RequestSpan
 from kvreplay.inference.facts import LogFacts
+
+if TYPE_CHECKING:
+    from kvreplay.inference.runs import Run
+
 
 LINE_DELAY_S = 0.05  # a Received line may be written this late after its arrival
 TTFT_TOL_S = 0.05  # first-token check's slack (the replay's clock is fitted)
@@ -196,7 +200,7 @@ def check_spans(rep: Any, join: SpanJoin) -> dict[str, Any]:
             "first_token_late_ids": late[:5], "admitted_early_ids": early[:5]}
 
 
-def span_windows(run: Any, facts: LogFacts) -> list[tuple[int, int, float]]:
+def span_windows(run: Run, facts: LogFacts) -> list[tuple[int, int, float]]:
     """(first step, last step, seconds) the spans time in the run, for the step-time
     regression (clock.regression): vLLM stamps a request on the engine's monotonic clock
     when first scheduled (the start of step a), at its first token and its last (the ends

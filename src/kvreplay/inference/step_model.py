@@ -27,11 +27,16 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.step_fit import FINE_FLOORS, NVARS, best_of, fits_by_floor, segments
 from kvreplay.replay.records import StepRecord
+
+if TYPE_CHECKING:
+    from kvreplay.inference.formats import LogFormat
+    from kvreplay.inference.facts import LogFacts
+
 
 MAX_ROWS = 5000  # per-step rows fitted at most (a day's log has millions of steps)
 STAMPS = "step-trace lines' seconds"
@@ -52,7 +57,7 @@ class FittedModel:
     form_error: float = 0.0
 
 
-def iteration_rows(steps: list[StepRecord], facts: Any, clock: list[float] | None
+def iteration_rows(steps: list[StepRecord], facts: LogFacts, clock: list[float] | None
                    ) -> list[tuple[list[StepRecord], float]] | None:
     """(steps, seconds) per timed step; None unless every busy step has its line."""
     its = sorted((it for it in getattr(facts, "iterations", None) or [] if not it.dummy),
@@ -71,7 +76,7 @@ def iteration_rows(steps: list[StepRecord], facts: Any, clock: list[float] | Non
     return [([steps[k]], it.elapsed_ms / 1000.0 + c) for k, it in zip(busy, its)]
 
 
-def stats_rows(steps: list[StepRecord], facts: Any, fmt: Any
+def stats_rows(steps: list[StepRecord], facts: LogFacts, fmt: LogFormat
                ) -> list[tuple[list[StepRecord], float]]:
     from kvreplay.inference.lines import spans, token_anchors
 
@@ -94,7 +99,7 @@ def stats_rows(steps: list[StepRecord], facts: Any, fmt: Any
     return out
 
 
-def span_rows(steps: list[StepRecord], facts: Any) -> list[tuple[list[StepRecord], float]]:
+def span_rows(steps: list[StepRecord], facts: LogFacts) -> list[tuple[list[StepRecord], float]]:
     """Request spans (OTLP): the steps from a request's first scheduling to its first token,
     and from there to its last, took what the engine's monotonic stamps say
     (spans.span_windows)."""
@@ -164,7 +169,7 @@ def _model(c: list[float], floor: int) -> StepTimeModel:
                          per_context_token_s=c[3], token_floor=floor if c[1] > 0 else 0)
 
 
-def fit_step_model(steps: list[StepRecord], facts: Any, fmt: Any, clock: list[float] | None,
+def fit_step_model(steps: list[StepRecord], facts: LogFacts, fmt: LogFormat, clock: list[float] | None,
                    *, draws: int = 6, seed: int = 0,
                    stamps: list[float] | None = None) -> FittedModel | None:
     """The model of the replay's `steps` (Replay.steps) on what `facts` times (module

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from kvreplay.inference.facts import LogFacts, StatsPoint
 from kvreplay.inference.formats import LogFormat, interval_of
 from kvreplay.inference.lines import (cum_generated, ends, line_time, spans, step_end_lines,
                                       targets, token_anchors)
 from kvreplay.replay.records import StepRecord, cumulative
+
+if TYPE_CHECKING:
+    from kvreplay.inference.runs import Run
+
 
 KV_PRINT_TOL = 0.0005 + 1e-9  # a stats line prints KV usage to 0.1%
 KV_TOL = 0.02  # the tolerant check: KV usage within 2 points
@@ -37,13 +41,13 @@ class LineRead:
     read_at: str
 
 
-def _state_at(run: Any, t: float) -> StepRecord | None:
+def _state_at(run: Run, t: float) -> StepRecord | None:
     """The record of the last step that started before wall time t."""
     i = bisect.bisect_right(run.clock, t) - 1
     return run.steps[i] if i >= 0 else None
 
 
-def _before_output(run: Any, cum: list[int], st: StatsPoint, by_clock: StepRecord | None):
+def _before_output(run: Run, cum: list[int], st: StatsPoint, by_clock: StepRecord | None):
     """The state a line shows that had seen no generated token: the engine before its
     first step's output (all zero: no scheduler stats yet) or after a step that produced
     none (a partial prefill chunk). Its token count cannot say which, so the one that
@@ -57,7 +61,7 @@ def _before_output(run: Any, cum: list[int], st: StatsPoint, by_clock: StepRecor
     return by_clock
 
 
-def read_lines(run: Any, facts: LogFacts, fmt: LogFormat, phase: float) -> list[LineRead]:
+def read_lines(run: Run, facts: LogFacts, fmt: LogFormat, phase: float) -> list[LineRead]:
     """V1 ("anchor"): a line shows the state after the step whose output it had seen
     (where the replay's generated tokens reach the logged count); by the clock only when it
     has none. V0 ("step_end"): a line was printed at the end of the first step more than 5
@@ -93,7 +97,7 @@ def read_lines(run: Any, facts: LogFacts, fmt: LogFormat, phase: float) -> list[
     return out
 
 
-def verify(run: Any, facts: LogFacts, fmt: LogFormat, phase: float = 0.5, *,
+def verify(run: Run, facts: LogFacts, fmt: LogFormat, phase: float = 0.5, *,
            prompts_known: bool = False) -> dict[str, Any]:
     """Replayed vs logged, per stats line, and the first line that disagrees. Prompt
     throughput is counted as vLLM's stat logger counts it; it is reported, not judged (one
@@ -156,7 +160,7 @@ def _differences(row: dict[str, Any], rec: StepRecord, fmt: LogFormat) -> list[s
     return diffs
 
 
-def _exact_agreement(rows: list[dict[str, Any]], run: Any, facts: LogFacts, fmt: LogFormat,
+def _exact_agreement(rows: list[dict[str, Any]], run: Run, facts: LogFacts, fmt: LogFormat,
                      prompts_known: bool) -> None:
     """Mark each row `exact`: the replay is, at that line, the run the log describes.
 
@@ -238,7 +242,7 @@ def verification_report(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- V0 warnings
-def check_warnings(run: Any, facts: LogFacts, tol_s: float = 2.0) -> dict[str, Any]:
+def check_warnings(run: Run, facts: LogFacts, tol_s: float = 2.0) -> dict[str, Any]:
     """Each logged every-50th warning against the replay's preemption with the same
     cumulative count: victim, mode, and about the same second."""
     pre = [(rec.step, p) for rec in run.steps for p in rec.preemptions]
@@ -295,7 +299,7 @@ def check_warnings(run: Any, facts: LogFacts, tol_s: float = 2.0) -> dict[str, A
 
 
 # ---------------------------------------------------------------- losses
-def fit_loss(run: Any, facts: LogFacts, fmt: LogFormat) -> float:
+def fit_loss(run: Run, facts: LogFacts, fmt: LogFormat) -> float:
     """What the step-time fit minimises: the replay read by the clock at each line (V1:
     counts, KV usage, generated tokens so far), or at each line's step end with the
     throughputs and the warnings (V0)."""
@@ -304,7 +308,7 @@ def fit_loss(run: Any, facts: LogFacts, fmt: LogFormat) -> float:
     return _rows_loss(run, facts, fmt)
 
 
-def _clock_loss(run: Any, facts: LogFacts, fmt: LogFormat, phase: float = 0.5) -> float:
+def _clock_loss(run: Run, facts: LogFacts, fmt: LogFormat, phase: float = 0.5) -> float:
     cum = cum_generated(run)
     total = 0.0
     for s, (g, _) in zip(facts.stats, targets(facts, fmt)):
@@ -323,7 +327,7 @@ def _clock_loss(run: Any, facts: LogFacts, fmt: LogFormat, phase: float = 0.5) -
     return total / max(1, len(facts.stats))
 
 
-def _rows_loss(run: Any, facts: LogFacts, fmt: LogFormat) -> float:
+def _rows_loss(run: Run, facts: LogFacts, fmt: LogFormat) -> float:
     """Stats counters (usage in points of 5%), throughputs, and the warnings (a wrong
     victim or mode weighs as much as 5 requests off)."""
     total = 0.0
@@ -359,7 +363,7 @@ def _rows_loss(run: Any, facts: LogFacts, fmt: LogFormat) -> float:
     return total / max(1, n)
 
 
-def anchored_loss(run: Any, facts: LogFacts, fmt: LogFormat, anchors: list[int | None],
+def anchored_loss(run: Run, facts: LogFacts, fmt: LogFormat, anchors: list[int | None],
                   phase: float = 0.5) -> float:
     """Disagreement with the stats lines, read at the step each one closes (its anchor):
     running and waiting counts, KV usage (in points of 5%). A line that had seen no output
