@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kvreplay.inference.iteration_ensemble import draw_lengths
 from kvreplay.inference.line_lengths import LineLengths
 from kvreplay.replay import parse_workload, simulate
-from kvreplay.replay.render import render_log
+from tools.oracle.render_log import render_log
 from kvreplay.sources import replay_logs
 
 DATA = Path(__file__).parents[1] / "data" / "logcases"

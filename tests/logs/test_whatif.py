@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from kvreplay.audit import whatif as W
-from kvreplay.audit.synth import make_workload, render_log
+from tools.oracle.synth_log import make_workload, render_log
 from kvreplay.cli import main
 from kvreplay.replay import get_profile, simulate
 from kvreplay.inference.clock import StepTimeModel

@@ -1,6 +1,6 @@
 """Render a V0-engine run as the log a vLLM 0.6.6 OpenAI server would have written.
 
-The V0 counterpart of `render.py` (round-trip tests: V0 workload -> simulate -> log ->
+The V0 counterpart of `render_log.py` (round-trip tests: V0 workload -> simulate -> log ->
 replay -> same preemptions, same warnings; and samples). Lines follow the 0.6.x formats of
 vllm-log-formats.md: `vLLM API server version`, `args: Namespace(...)`, `Initializing an
 LLM engine (v...) with config: ...`, `# GPU blocks: N, # CPU blocks: M`, per request
