@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from kvreplay.audit import whatif as W
+from kvreplay.audit import whatif_replays as W
 from tools.oracle.synth_log import make_workload, render_log
 
 

@@ -92,7 +92,7 @@ def test_without_prompts_the_count_carries_an_interval_that_holds() -> None:
     assert any("uncertainty ensemble" in n for n in rep.notes)
     # the report says what weighed the members: these logs' Iteration lines, not stats lines
     assert u.weighted_by == "the Iteration lines"
-    from kvreplay.cli.report import to_json, uncertainty_lines
+    from kvreplay.cli.replay_report import to_json, uncertainty_lines
     assert "reproduces the Iteration lines" in uncertainty_lines(to_json(rep)["uncertainty"])[0]
 
 

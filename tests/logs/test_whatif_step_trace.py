@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvreplay.audit import whatif as W
+from kvreplay.audit import whatif_replays as W
 from kvreplay.cli import main
 from kvreplay.errors import UserError
 from kvreplay.inference.clock import StepTimeModel

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time as _time
 from typing import Any, Callable
 
-from kvreplay.replay.v0.engine import parse_workload
+from kvreplay.replay.v0.v0_engine import parse_workload
 
 STATS_INTERVAL_S = 5.0  # vllm/engine/metrics.py _LOCAL_LOGGING_INTERVAL_SEC
 

@@ -33,7 +33,7 @@ import sys
 from tools.oracle.render_v0_log import render_v0_log
 from kvreplay.replay.result import replay_workload
 from kvreplay.replay.v0 import run_workload, summarize
-from kvreplay.replay.v0.scheduler import SWAP_SPACE_MESSAGE
+from kvreplay.replay.v0.v0_scheduler import SWAP_SPACE_MESSAGE
 
 WORKLOAD = {
     "name": "swap_exhausted_by_hand", "engine": "v0",
