@@ -29,7 +29,7 @@ def main() -> int:
     args = ap.parse_args()
     from kvreplay.inference import replay_facts
     from kvreplay.replay import Engine, parse_workload, simulate
-    from kvreplay.replay.render import render_log
+    from tools.oracle.render_log import render_log
     from kvreplay.sources import read_facts
 
     wl = parse_workload(make_workload(args.requests))

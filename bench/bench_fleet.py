@@ -3,7 +3,7 @@
 
     python -m bench.bench_fleet [--logs 1000] [--distinct 50] [--workers 2] [--no-replay]
 
-Renders `--distinct` different serving runs (kvreplay.audit.synth: 200 requests each,
+Renders `--distinct` different serving runs (tools.oracle.synth_log: 200 requests each,
 Poisson arrivals at 8-20/s, prompts 200-1,200 tokens, outputs 50-400, 600-1,500 blocks:
 some runs preempt, some do not) and writes each under N/distinct names on as many days,
 so the fleet is N logs (a copy under another name is another log: each gets its row).
@@ -39,7 +39,7 @@ LINE = re.compile(r"kvreplay audit: (\d+) logs \((.*?)\): (\d+) done, (\d+) fail
 
 
 def render(d: str, logs: int, distinct: int) -> None:
-    from kvreplay.audit.synth import EPOCH, make_workload, render_log
+    from tools.oracle.synth_log import EPOCH, make_workload, render_log
 
     copies = -(-logs // distinct)
     n = 0

@@ -44,7 +44,7 @@ def main() -> int:
     ap.add_argument("--no-prompts", action="store_true", help="also time the log without prompts")
     args = ap.parse_args()
     from kvreplay.replay import Engine, parse_workload, simulate
-    from kvreplay.replay.render import render_log
+    from tools.oracle.render_log import render_log
     from kvreplay.sources import replay_logs
 
     wl = parse_workload(make_workload(args.requests))

@@ -70,7 +70,7 @@ def slim_trace(engine: Any) -> Iterator[dict[str, Any]]:
 def render(n: int, iterations: bool, step_ms: float, path: Path) -> tuple[float, int, int]:
     """Write the log; (one scheduler pass in s, steps, preemptions)."""
     from kvreplay.replay import Engine, parse_workload
-    from kvreplay.replay.render import render_log
+    from tools.oracle.render_log import render_log
 
     wl = parse_workload(make_workload(n))
     t0 = time.perf_counter()

@@ -3,7 +3,7 @@
 
     python -m bench.bench_whatif [--requests 1000] [--jobs 2]
 
-Writes a 1,000-request vLLM 0.33 log with known answers (kvreplay.audit.synth: Poisson
+Writes a 1,000-request vLLM 0.33 log with known answers (tools.oracle.synth_log: Poisson
 arrivals at 15/s, prompts 200-1,200 tokens, outputs 50-400, 1,500 blocks of 16,
 max_num_seqs 64: the pool runs full and preempts), fits the step-time model on it once
 (`whatif.load`, timed and printed separately: it is the log replay, shared by every
@@ -25,8 +25,8 @@ import sys
 import tempfile
 import time
 
-from kvreplay.audit import whatif as W
-from kvreplay.audit.synth import make_workload, render_log
+from kvreplay.audit import whatif_replays as W
+from tools.oracle.synth_log import make_workload, render_log
 
 
 def main(argv=None) -> int:

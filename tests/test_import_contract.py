@@ -32,7 +32,6 @@ LAYERS: dict[str, str] = {
     "kvreplay.vllm_plugin": "vllm_plugin",
     "kvreplay.__main__": "front",
     "kvreplay.sources": "front",
-    "kvreplay.kvevents": "front",
     "kvreplay.cli": "front",
     "kvreplay.audit": "front",
     "kvreplay.pytest_plugin": "front",

@@ -137,8 +137,8 @@ def precheck_inputs(paths: Sequence[str]) -> None:
             raise UserError(f"{p}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
         if not head:
             raise UserError(f"{p}: empty log")
-        from kvreplay.parsers.spans import spans_format
-        from kvreplay.parsers.kvevents import is_kv_events_file
+        from kvreplay.parsers.span_files import spans_format
+        from kvreplay.parsers.kv_event_files import is_kv_events_file
 
         if spans_format(p) is not None or is_kv_events_file(p):
             continue
@@ -200,7 +200,7 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
         raise UserError("nothing to open: give a workload JSON or vLLM log files")
     _check_exist(paths)
     profile = None if profile in (None, "auto") else profile
-    from kvreplay.parsers.spans import spans_format
+    from kvreplay.parsers.span_files import spans_format
 
     span_paths = [p for p in paths if p != "-" and spans_format(p) is not None]
     if span_paths:
@@ -225,7 +225,7 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
         return replay_workload(load_workload(paths[0]), profile=profile,
                                label=f"workload {Path(paths[0]).name}", paths=paths,
                                check_capacity=check_capacity)
-    from kvreplay.parsers.kvevents import is_kv_events_file, read_kv_events
+    from kvreplay.parsers.kv_event_files import is_kv_events_file, read_kv_events
 
     kv_paths = [p for p in paths if p != "-" and is_kv_events_file(p)]
     logs = [p for p in paths if p not in kv_paths]
@@ -257,7 +257,7 @@ def _config(path: str) -> Any:
 
 def _read_spans(span_paths: list[str]) -> SpanEvidence:
     """The request spans of their files, with the lines not read."""
-    from kvreplay.parsers.spans import read_spans
+    from kvreplay.parsers.span_files import read_spans
     from kvreplay.progress import stage
 
     spans, problems = [], []

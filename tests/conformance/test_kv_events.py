@@ -15,8 +15,8 @@ import msgspec
 import pytest
 
 from kvreplay.inference.step_trace import CacheState, apply_all, replay_step_trace
-from kvreplay.kvevents import decode_batch
-from kvreplay.parsers.kvevents import is_kv_events_file, read_kv_events
+from kvreplay.cli.record_kv_events import decode_batch
+from kvreplay.parsers.kv_event_files import is_kv_events_file, read_kv_events
 from kvreplay.parsers import parse_files
 
 from helpers.vllm_venv import DRIVER, need_vllm, vllm_env
@@ -84,7 +84,7 @@ def _port() -> int:
 def vllm_kv_runs(tmp_path_factory):
     """f_prefix_caching (sync) and the same workload under async scheduling, through vLLM
     with the plugin and --kv-events-config (ZMQ on 127.0.0.1), each recorded by
-    `python -m kvreplay.kvevents` (record-kv-events) running in the vLLM venv."""
+    `python -m kvreplay.cli.record_kv_events` (record-kv-events) running in the vLLM venv."""
     py = need_vllm()
     out = tmp_path_factory.mktemp("kv_events")
     base = json.loads((TESTS / "data/conformance/cases/f_prefix_caching/workload.json").read_text())
@@ -99,7 +99,7 @@ def vllm_kv_runs(tmp_path_factory):
         pub, rep = _port(), _port()
         ep, rep_ep = f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}"
         recorders.append(subprocess.Popen(
-            [str(py), "-m", "kvreplay.kvevents", ep, "-o", str(d / "kv_events.jsonl"),
+            [str(py), "-m", "kvreplay.cli.record_kv_events", ep, "-o", str(d / "kv_events.jsonl"),
              "--replay-endpoint", rep_ep, "--idle-timeout", "4", "--duration", "240"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         jobs.append({"workload": str(d / "workload.json"), "log": str(d / "vllm.log"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from kvreplay.audit.report import audit_text, fleet_columns, fmt, shown_row
-from kvreplay.tui.render import preemption_count
+from kvreplay.tui.panel_text import preemption_count
 from kvreplay.words import count
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from kvreplay.sources import open_replay as open_source
 from kvreplay.replay.timeline import CACHED, FREE, HELD, NULL, SHARED
 from kvreplay.samples import sample_path
-from kvreplay.tui import render
+from kvreplay.tui import panel_text
 from kvreplay.tui.app import KEYS, ReplayApp, parse_goto, parse_step
 from kvreplay.cli.tui import default_paths
 
@@ -376,7 +376,7 @@ def test_goto_a_time_on_a_log() -> None:
             await pilot.press("colon")
             await pilot.pause()
             label = str(app.screen.query_one("#goto-times").render())
-            assert "10:01:02.350" in label and render.clock(tl, 0) in label
+            assert "10:01:02.350" in label and panel_text.clock(tl, 0) in label
             for ch in "10:01:02":
                 await pilot.press(ch)
             await pilot.press("enter")
@@ -386,7 +386,7 @@ def test_goto_a_time_on_a_log() -> None:
             assert app.cursor == want
             assert times[want] <= clock_epoch(times, "10:01:02.000") < times[want + 1]
             # the current step's time: status line and step view
-            at = render.clock(tl, want)
+            at = panel_text.clock(tl, want)
             assert at.startswith("10:01:0")
             assert f"step {want}/{tl.num_steps - 1} at {at}" in str(
                 app.query_one("#status-label").render())
@@ -513,10 +513,10 @@ def test_log_tab_shows_the_nearest_lines_around_a_quiet_step() -> None:
             await pilot.press("colon", *str(quiet), "enter", "5")
             await pilot.pause()
             log = text(app, "#log-panel")
-            assert f"No log line was written at step {quiet} ({render.clock(tl, quiet)})" in log
+            assert f"No log line was written at step {quiet} ({panel_text.clock(tl, quiet)})" in log
             before, after = logged[0], logged[1]
-            assert f"step {before} ({render.clock(tl, before)}), 7 steps earlier" in log
-            assert f"step {after} ({render.clock(tl, after)}), {after - quiet} steps later" in log
+            assert f"step {before} ({panel_text.clock(tl, before)}), 7 steps earlier" in log
+            assert f"step {after} ({panel_text.clock(tl, after)}), {after - quiet} steps later" in log
             for path, lineno in lines[before][-12:] + lines[after][:12]:
                 assert f"{Path(path).name}:{lineno}: " in log
             # the order reads like the log: before, this step, after

@@ -183,7 +183,7 @@ def tui_view(path: Path):
 
 def _snapshot(rep: Any) -> str:
     """What the views read of a Replay, as text: a view that changed it shows here."""
-    from kvreplay.cli.report import to_json
+    from kvreplay.cli.replay_report import to_json
 
     return json.dumps(to_json(rep), sort_keys=True, default=str)
 

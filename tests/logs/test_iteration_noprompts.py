@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kvreplay.inference.iteration_ensemble import draw_lengths
 from kvreplay.inference.line_lengths import LineLengths
 from kvreplay.replay import parse_workload, simulate
-from kvreplay.replay.render import render_log
+from tools.oracle.render_log import render_log
 from kvreplay.sources import replay_logs
 
 DATA = Path(__file__).parents[1] / "data" / "logcases"
@@ -92,7 +92,7 @@ def test_without_prompts_the_count_carries_an_interval_that_holds() -> None:
     assert any("uncertainty ensemble" in n for n in rep.notes)
     # the report says what weighed the members: these logs' Iteration lines, not stats lines
     assert u.weighted_by == "the Iteration lines"
-    from kvreplay.cli.report import to_json, uncertainty_lines
+    from kvreplay.cli.replay_report import to_json, uncertainty_lines
     assert "reproduces the Iteration lines" in uncertainty_lines(to_json(rep)["uncertainty"])[0]
 
 

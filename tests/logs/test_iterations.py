@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kvreplay.replay import Engine, get_profile, parse_workload
-from kvreplay.replay.render import formula_step_time, iteration_lines_of, render_log, step_starts
+from tools.oracle.render_log import formula_step_time, iteration_lines_of, render_log, step_starts
 from kvreplay.sources import read_facts, replay_logs
 
 DATA = Path(__file__).parents[1] / "data"

@@ -16,7 +16,7 @@ from kvreplay.replay import parse_workload, simulate
 from kvreplay.inference import replay_facts
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.formats import log_format
-from kvreplay.replay.render import formula_step_time, render_log, step_starts
+from tools.oracle.render_log import formula_step_time, render_log, step_starts
 from kvreplay.sources import read_facts, replay_logs
 
 DATA = Path(__file__).parents[1] / "data"

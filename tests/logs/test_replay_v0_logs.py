@@ -1,4 +1,4 @@
-"""V0-engine log replay (issue 9): replay/from_log_v0.py, replay/render_v0.py.
+"""V0-engine log replay (issue 9): replay/from_log_v0.py, tools/oracle/render_v0_log.py.
 
 * round trip: V0 workloads (conformance + oracle bank) simulated -> rendered as a 0.6.6 log
   with 1 s steps -> parsed -> replayed: the same preemptions (step, victim, mode,
@@ -21,7 +21,7 @@ import pytest
 from kvreplay.errors import ReplayError
 from kvreplay.inference import replay_facts
 from kvreplay.inference.clock import StepTimeModel
-from kvreplay.replay.render_v0 import render_v0_log
+from tools.oracle.render_v0_log import render_v0_log
 from kvreplay.replay.v0 import run_workload, summarize
 from kvreplay.sources import read_facts
 

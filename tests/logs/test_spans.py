@@ -15,7 +15,7 @@ from hypothesis import given, strategies as st
 
 from kvreplay.errors import UserError
 from kvreplay.inference.spans import LINE_DELAY_S, clock_offset, join_spans
-from kvreplay.parsers.spans import read_spans, spans_format
+from kvreplay.parsers.span_files import read_spans, spans_format
 from kvreplay.sources import open_replay, read_log
 
 TESTS = Path(__file__).resolve().parents[1]

@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
-from kvreplay.audit import whatif as W
-from kvreplay.audit.synth import make_workload, render_log
+from kvreplay.audit import whatif_replays as W
+from tools.oracle.synth_log import make_workload, render_log
 from kvreplay.cli import main
 from kvreplay.replay import get_profile, simulate
 from kvreplay.inference.clock import StepTimeModel

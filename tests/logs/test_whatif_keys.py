@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from helpers.examples import few
 
-from kvreplay.audit import whatif as W
+from kvreplay.audit import whatif_replays as W
 from kvreplay.cli import main
 from kvreplay.events import Iteration
 from kvreplay.inference.formats import V1_FORMAT

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvreplay.audit import whatif as W
+from kvreplay.audit import whatif_replays as W
 from kvreplay.cli import main
 from kvreplay.errors import UserError
 from kvreplay.inference.clock import StepTimeModel
@@ -238,7 +238,7 @@ def test_an_engine_that_ran_dry_restarts_at_the_wall_clock(tmp_path):
 
     from kvreplay.audit.whatif_inputs import timed_arrivals
     from kvreplay.replay import parse_workload
-    from kvreplay.replay.render import step_starts
+    from tools.oracle.render_log import step_starts
 
     m = TRUTH["step_time_model"]
     wd = poisson_workload(7, 30, "fcfs", False, False, 600, 4.0, 32)

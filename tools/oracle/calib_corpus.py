@@ -45,7 +45,7 @@ from kvreplay.replay import parse_workload
 from kvreplay.replay import DEFAULT_PROFILE
 from kvreplay.replay.engine import Engine, without_cyclic_gc
 from kvreplay.replay.records import preemption_records
-from kvreplay.replay.render import formula_step_time, render_log, step_starts
+from tools.oracle.render_log import formula_step_time, render_log, step_starts
 from kvreplay.replay.trace import conformance_record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

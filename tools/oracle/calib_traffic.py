@@ -7,7 +7,7 @@ truth, for calibrating and testing the stats-line replay's uncertainty (dev tool
     python -m tools.research.calib_members product --out /tmp/calib/traffic.members --split heldout
 
 Each log: request lines (`Received request`/`Added request`, with the JSON body or
-without), stats lines, no Iteration lines; rendered (replay/render.py) from our scheduler's
+without), stats lines, no Iteration lines; rendered (tools/oracle/render_log.py) from our scheduler's
 run (== vLLM's step for step) with the layout of tools/oracle/calib_corpus.py (server.log,
 truth.json, index.json). What varies:
 
@@ -50,7 +50,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 from kvreplay.replay import DEFAULT_PROFILE, parse_workload  # noqa: E402
 from kvreplay.replay.engine import Engine  # noqa: E402
 from kvreplay.replay.records import EngineInputs  # noqa: E402
-from kvreplay.replay.render import formula_step_time  # noqa: E402
+from tools.oracle.render_log import formula_step_time  # noqa: E402
 
 MOONCAKE = os.path.join(HERE, "data", "mooncake_conversation_head.csv")
 ARRIVALS = ("poisson", "onoff", "ramp", "closed")

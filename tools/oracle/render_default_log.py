@@ -3,7 +3,7 @@ kvreplay answers on them (docs/accuracy.md, default logs).
 
 A case: a workload of our own (Poisson, bursts with idle gaps, or a ramp; uniform or
 heavy-tailed lognormal lengths) run through the scheduler model on a wall clock
-(kvreplay.audit.synth.run_on_clock); the log vLLM 0.33 would write with its defaults
+(tools.oracle.synth_log.run_on_clock); the log vLLM 0.33 would write with its defaults
 (synth.render_log without the request-logger lines: startup, stats and access lines); and
 what a Prometheus server scraping `/metrics` every 15 s would have kept, rendered from the
 run's per-step records by kvreplay.inference.evidence_metrics.render (PrometheusStatLogger's
@@ -23,7 +23,7 @@ import random
 import sys
 import time
 
-from kvreplay.audit import synth
+from tools.oracle import synth_log as synth
 from kvreplay.inference import evidence_metrics as EM
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.replay.scheduler import SchedulerConfig

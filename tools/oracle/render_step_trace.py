@@ -14,7 +14,7 @@ one vLLM with the plugin would log. Lines as the plugin writes them (lineformat.
 `%`-formats of _scheduler.py): `kvtrace config` at engine start, `kvtrace req` as the
 engine core adds a request (the start of its step), `kvtrace step` as each iteration ends
 (update_from_output), in vLLM's envelope with the engine core's pid and whole-second time
-stamp; plus every line of the plain render (replay/render.py timed_lines: startup, request
+stamp; plus every line of the plain render (tools/oracle/render_log.py timed_lines: startup, request
 and access lines, stats lines). Idle iterations (nothing to schedule) get no line and no
 number, as EngineCore does not step then. Sync scheduling only; no aborts. Each file is
 parsed back and replayed (inference/step_trace.py): every step must check.
@@ -35,7 +35,7 @@ from tools.oracle.whatif_corpus import FILES, case_setup, step_dt  # noqa: E402
 
 from kvreplay.replay import parse_workload  # noqa: E402
 from kvreplay.replay.engine import Engine  # noqa: E402
-from kvreplay.replay.render import CORE, step_starts, timed_lines  # noqa: E402
+from tools.oracle.render_log import CORE, step_starts, timed_lines  # noqa: E402
 from kvreplay.replay.trace import conformance_record  # noqa: E402
 from kvreplay.vllm_plugin.lineformat import short_hash  # noqa: E402
 

@@ -12,7 +12,7 @@ prefixes with prefix caching; outputs 50-500; priorities 0-4 under the priority 
 Poisson arrivals over steps), run by our scheduler (== vLLM's step for step,
 tests/conformance/test_oracle_bank.py), each step timed by the log cases' step-time formula (p1's
 truth.json `step_time_model`, context = num_computed_tokens after scheduling), rendered
-(replay/render.py) with prompts (`server.log`), with iteration lines as well
+(tools/oracle/render_log.py) with prompts (`server.log`), with iteration lines as well
 (`server.iter.log`) and without prompts (`server.noprompts.log`), stats lines every 2 s. truth.json has what tools/oracle/whatif_keys.py reads:
 `step_time_model`, `step_start_sim_time`, `requests[id].arrival_sim_time` (the start of
 the step the request entered at, less `arrival_lead_s` and 20 us per later request of
@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 from tools.oracle.calib_corpus import LOGCASES, START, poisson_workload  # noqa: E402
 
 from kvreplay.replay import parse_workload, simulate  # noqa: E402
-from kvreplay.replay.render import render_log, step_starts  # noqa: E402
+from tools.oracle.render_log import render_log, step_starts  # noqa: E402
 
 SEQS = (8, 16, 24, 32, 48, 96)  # the max-num-seqs sweep (the log's own is 64)
 

@@ -11,7 +11,7 @@ Two sets of inputs, each replayed twice, without and with prompt bodies (the sam
 * renders (written to --out once, deterministic): 200-request workloads run by our
   scheduler (step-exact against vLLM 0.33, tests/test_oracle_bank.py), timed by the log
   cases' step-time formula (whatif_corpus.step_dt), rendered with Iteration lines
-  (replay/render.py), once with prompt bodies and once without: FCFS and priority policy,
+  (tools/oracle/render_log.py), once with prompt bodies and once without: FCFS and priority policy,
   prefix caching off and on, Poisson arrivals (mean gap 5-8 steps) and on-off bursts
   (8-30 requests sent together, idle gaps of 40-200 steps between bursts).
 
@@ -35,7 +35,7 @@ from tools.research.matching import match_preemptions
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-from kvreplay.replay.render import render_log  # noqa: E402
+from tools.oracle.render_log import render_log  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
 LOGCASES = os.path.join(ROOT, "tests", "data", "logcases")

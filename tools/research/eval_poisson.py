@@ -6,7 +6,7 @@ calibration of each preemption's `probability` (the uncertainty ensemble).
 
 For each seed, the workload's arrivals are redrawn as a Poisson process over steps with the
 workload's own mean gap, the run is simulated (our scheduler == vLLM's, tests/test_oracle_bank),
-rendered as a 0.33 log (replay/render.py: whole-second time stamps, stats lines every
+rendered as a 0.33 log (tools/oracle/render_log.py: whole-second time stamps, stats lines every
 --stats-s), replayed from the log alone, and compared with the simulation: preemptions found
 (right victim, +-5 steps), and how often a preemption with a given probability (to 0.1), or a given
 confidence, is a true one.
@@ -23,7 +23,7 @@ import tempfile
 
 from kvreplay.replay import parse_workload, simulate
 from kvreplay.inference import replay_facts
-from kvreplay.replay.render import formula_step_time, render_log
+from tools.oracle.render_log import formula_step_time, render_log
 from kvreplay.sources import read_facts
 from tools.research.matching import match_preemptions
 

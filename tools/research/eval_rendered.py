@@ -3,7 +3,7 @@
 
     python -m tools.research.eval_rendered STEP_S CASE_DIR...   e.g. 0.008 tests/data/oracle/0.33/*/
 
-Each workload is simulated, rendered as a vLLM 0.33 log (replay/render.py: 1 s stats
+Each workload is simulated, rendered as a vLLM 0.33 log (tools/oracle/render_log.py: 1 s stats
 lines, prompts logged, a fixed step time), replayed from the log, and the replayed
 preemptions are matched against the simulation's (same victim, within +-5 steps).
 """
@@ -16,7 +16,7 @@ import tempfile
 
 from kvreplay.replay import parse_workload, simulate
 from kvreplay.inference import replay_facts
-from kvreplay.replay.render import render_log
+from tools.oracle.render_log import render_log
 from kvreplay.sources import read_facts
 from tools.research.matching import match_preemptions
 

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from kvreplay.replay.engine import Engine
-from kvreplay.replay.render import formula_step_time, step_starts
+from tools.oracle.render_log import formula_step_time, step_starts
 from kvreplay.replay.profile import get_profile
 from kvreplay.replay.workload import RequestSpec, Workload, parse_workload
 from tools.research.matching import match_preemptions

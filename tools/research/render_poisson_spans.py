@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from kvreplay.replay import parse_workload, simulate
-from kvreplay.replay.render import formula_step_time, render_log, step_starts
+from tools.oracle.render_log import formula_step_time, render_log, step_starts
 from kvreplay.sources import open_replay
 from tools.research.eval_poisson import mean_gap, poisson_redraw
 from tools.research.matching import match_preemptions

@@ -4,7 +4,7 @@
     python -m tools.research.score_whatif KEYS.jsonl --root DIR --log server.log [--spans FILE] [-j 2] [-o SCORES.json]
 
 KEYS.jsonl: rows of tools/oracle/whatif_keys.py (or a log case's published whatif.jsonl); the log
-of case C is DIR/C/LOG. Each key row's setting is replayed by kvreplay.audit.whatif (as
+of case C is DIR/C/LOG. Each key row's setting is replayed by kvreplay.audit.whatif_replays (as
 `kvreplay whatif LOG --<knob> V` does) and compared: a row is right when the preemptions
 are within max(3, 10%) of vLLM's count and the output throughput within 10% of vLLM's
 (gen tokens/s). Rows with an interval also say whether it holds vLLM's value. The base row
@@ -40,7 +40,7 @@ def keys_by_case(path: str) -> dict[str, list[dict]]:
 
 def settings_of(keys: list[dict]) -> list:
     """Each key row's setting, as `kvreplay whatif LOG --<knob> V` would run it."""
-    from kvreplay.audit import whatif
+    from kvreplay.audit import whatif_replays as whatif
 
     return [whatif.Setting(" ".join(k["set"]) or "as logged", parse_set(k["set"])) for k in keys]
 
@@ -52,7 +52,7 @@ def holds(lo_hi, v) -> bool | None:
 
 
 def main() -> int:
-    from kvreplay.audit import whatif
+    from kvreplay.audit import whatif_replays as whatif
 
     ap = argparse.ArgumentParser()
     ap.add_argument("keys")

@@ -73,7 +73,7 @@ def workload(seed: int, n: int, pc: bool, asyn: bool, bursty: bool, blocks: int)
 
 def render(args: argparse.Namespace) -> int:
     from kvreplay.replay import parse_workload, simulate
-    from kvreplay.replay.render import formula_step_time, render_log, step_starts
+    from tools.oracle.render_log import formula_step_time, render_log, step_starts
     from tools.research.render_poisson_spans import run_json
 
     model = json.load(open(P1 / "truth.json"))["step_time_model"]

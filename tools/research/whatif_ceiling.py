@@ -7,7 +7,7 @@
 For each case, the what-if context of its Iteration-line log (`server.iter.log`, whose base
 replay is exact: its arrival steps are truth.json's, checked) is taken, and each arrival is
 moved by a random -J..+J steps (J = --jitter; file order kept, the first request at step 0).
-The answer keys' settings are then run as `kvreplay whatif` runs them (audit.whatif.run_one,
+The answer keys' settings are then run as `kvreplay whatif` runs them (audit.whatif_replays.run_one,
 central run only) and scored as tools/research/score_whatif.py scores them. J = 0 is the exact base;
 J = 1 is a base replay off by at most one step per arrival, far closer than any placement a
 stats-line log allows. `--placement` also replays each case's stats-line log (`server.log`)
@@ -36,7 +36,7 @@ def jittered(steps: list[int], j: int, rng: random.Random) -> list[int]:
 
 
 def main() -> int:
-    from kvreplay.audit import whatif
+    from kvreplay.audit import whatif_replays as whatif
     from kvreplay.audit.whatif_inputs import _steps_of
     from kvreplay.sources import open_replay
 

@@ -164,7 +164,7 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
     from kvreplay.errors import UserError
     from kvreplay.sources import open_replay, read_log
 
-    from kvreplay.parsers.spans import spans_format
+    from kvreplay.parsers.span_files import spans_format
 
     # request-span files go to the replay (joined there), not to the log's parse
     log = read_log([p for p in paths if p == "-" or spans_format(p) is None], year=year)

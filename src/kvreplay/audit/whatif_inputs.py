@@ -1,7 +1,7 @@
 """What every what-if run of a log shares: the log's replay, its arrivals, the step-time
 model fitted term by term, and the runs the log allows (for the rows' ranges).
 
-`load` opens the replay once (kvreplay.sources.open_replay); audit/whatif.py runs the
+`load` opens the replay once (kvreplay.sources.open_replay); audit/whatif_replays.py runs the
 settings on it. Each request arrives at the start of its step in the base replay, timed by
 the model in use (`timed_arrivals`): as logged, a what-if run is that replay again.
 """
@@ -38,7 +38,7 @@ class Context:
     form_error: float = 0.0  # step_model.FittedModel.form_error: widens throughput intervals
     fit_source: str = "stats lines"
     # the variants are ensemble members: the log does not pin the arrivals to their steps,
-    # and a row is the median of its runs (audit/whatif.py run_one), not the replay's run
+    # and a row is the median of its runs (audit/whatif_replays.py run_one), not the replay's run
     thin: bool = False
     # base step -> its wall-clock start, for a step that waited for a request after the
     # engine ran dry (step traces: step_model.restart), whatever the model; the model

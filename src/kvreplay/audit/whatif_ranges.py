@@ -1,6 +1,6 @@
 """What a what-if row's ranges say: whether to act on it, and the knee of a sweep.
 
-Read by audit/whatif.py on the rows it made (`run_one`: the central run and the runs the
+Read by audit/whatif_replays.py on the rows it made (`run_one`: the central run and the runs the
 log allows, `output_tput_draws`); nothing here runs the engine.
 """
 

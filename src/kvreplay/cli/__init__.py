@@ -20,7 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "parse": ("kvreplay.cli.parse", "parse vLLM logs into typed events"),
     "replay": ("kvreplay.cli.replay", "reconstruct every preemption from a vLLM server log"),
     "simulate": ("kvreplay.cli.simulate", "run a workload through the faithful vLLM scheduler"),
-    "record-kv-events": ("kvreplay.kvevents", "record vLLM's KV-cache events (ZMQ, --kv-events-config) to a file"),
+    "record-kv-events": ("kvreplay.cli.record_kv_events", "record vLLM's KV-cache events (ZMQ, --kv-events-config) to a file"),
     "tui": ("kvreplay.cli.tui", "step through every scheduling decision in a terminal debugger"),
     "audit": ("kvreplay.cli.audit", "audit logs or Prometheus scrapes: one record per log, status, storms, CI gates"),
     "whatif": ("kvreplay.cli.whatif", "replay a log's workload under other settings or concurrencies"),

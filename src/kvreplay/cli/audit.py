@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from kvreplay.audit import expand_paths
 
     paths = expand_paths(args.logs)
-    from kvreplay.parsers.spans import spans_format
+    from kvreplay.parsers.span_files import spans_format
 
     span_paths = [p for p in paths if p != "-" and spans_format(p) is not None]
     paths = [p for p in paths if p not in span_paths]

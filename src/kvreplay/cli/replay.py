@@ -76,7 +76,7 @@ def open_from_args(paths: list[str], args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvreplay.cli.report import render_table, to_json
+    from kvreplay.cli.replay_report import render_table, to_json
     from kvreplay.sources import read_log
 
     from kvreplay.audit.prom import looks_like_prometheus
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     except ReplayError as exc:
         # say everything the log lacks, not only what stopped the replay
         try:
-            from kvreplay.parsers.spans import spans_format
+            from kvreplay.parsers.span_files import spans_format
 
             log = read_log([p for p in paths if p == "-" or spans_format(p) is None],
                            vllm_version=args.vllm_version, year=args.year)

@@ -161,8 +161,8 @@ _write = write_output
 
 def render_report(path: str, label: str, rep: Any) -> str:
     """A plain-text account of every preemption of the workload's replay (the table and
-    totals of `kvreplay replay`: kvreplay.cli.report)."""
-    from kvreplay.cli.report import preemption_table
+    totals of `kvreplay replay`: kvreplay.cli.replay_report)."""
+    from kvreplay.cli.replay_report import preemption_table
     from kvreplay.words import count
 
     t = rep.totals()

@@ -60,7 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from kvreplay.audit import report, whatif
+    from kvreplay.audit import report
+    from kvreplay.audit import whatif_replays as whatif
 
     knobs = {}
     for k in whatif.KNOBS:

@@ -216,7 +216,7 @@ def _fit(data: list[tuple[list[StepRecord], float]], source: str, draws: int, se
     lo, hi = (means[len(means) // 20], means[-1 - len(means) // 20]) if means else (0.0, 0.0)
     fm = FittedModel(_model(coef, floor), source, m, math.sqrt(err / m), batch_range=(lo, hi))
     # what the fit misses per row, relative to a row's time: it widens every throughput
-    # interval (audit/whatif.py). Stats-line rows too: their draws alone held vLLM's
+    # interval (audit/whatif_replays.py). Stats-line rows too: their draws alone held vLLM's
     # throughput in 159 of 200 rows of the what-if corpus, with it in 184 (docs/accuracy.md)
     fm.form_error = fm.rms_s / max(1e-12, sum(y for _, y in data) / m)
     # floors about as good: residual within what noise of this size gives (F-like, 2 sigma)

@@ -22,7 +22,7 @@ from typing import IO, Any, Iterable, Iterator
 
 from kvreplay import events as ev
 from kvreplay.parsers import build, matchers, newlines
-from kvreplay.parsers.clock import Clock, _abs_time, _clock_for
+from kvreplay.parsers.timestamps import Clock, _abs_time, _clock_for
 from kvreplay.parsers.fast import _FAST_GET
 from kvreplay.parsers.fast import fast_message as _fast
 from kvreplay.parsers.reader import CHUNK, MAX_LINE, line_chunks, open_text, physical_lines  # noqa: F401

@@ -28,9 +28,9 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from kvreplay.errors import UserError
 from kvreplay.replay.timeline import StepView, Timeline, diff_states
-from kvreplay.tui import render
+from kvreplay.tui import panel_text
 from kvreplay.tui.opening import Opening
-from kvreplay.tui.prompts import GotoScreen, SearchScreen, parse_goto, parse_step  # noqa: F401
+from kvreplay.tui.goto_search import GotoScreen, SearchScreen, parse_goto, parse_step  # noqa: F401
 
 PAGE = 100
 TABS = ("why", "blocks", "request", "diff", "log")
@@ -104,7 +104,7 @@ class TimelineBar(Static):
     def render_for(self, app: "ReplayApp") -> None:
         lo, hi = app.window()
         self._window = (lo, hi)
-        self.update(render.timeline_text(app.tl, lo, hi, self.size.width or 80, app.cursor,
+        self.update(panel_text.timeline_text(app.tl, lo, hi, self.size.width or 80, app.cursor,
                                          app.bookmarks))
 
     def on_click(self, event: events.Click) -> None:
@@ -357,16 +357,16 @@ class ReplayApp(App[None]):
         if tl is None or v is None:
             return
         self.query_one(TimelineBar).render_for(self)
-        self.query_one("#step", Panel).show(render.step_text(tl, v, self.selected))
-        self.query_one("#why-panel", Panel).show(render.why_text(tl, v))
+        self.query_one("#step", Panel).show(panel_text.step_text(tl, v, self.selected))
+        self.query_one("#why-panel", Panel).show(panel_text.why_text(tl, v))
         state = v.before if self.show_before else v.after
         label = (f"Before step {v.step}" if self.show_before else f"After step {v.step}")
         width = self.query_one("#tabs").size.width or 80
         self.query_one("#block-map", Panel).show(
-            render.block_map_text(tl, state, self.selected, width - 2, label))
+            panel_text.block_map_text(tl, state, self.selected, width - 2, label))
         self._refresh_request()
         self._refresh_diff()
-        self.query_one("#log-panel", Panel).show(render.log_text(tl, v.step))
+        self.query_one("#log-panel", Panel).show(panel_text.log_text(tl, v.step))
         self._refresh_status()
 
     def _refresh_request(self) -> None:
@@ -378,10 +378,10 @@ class ReplayApp(App[None]):
             header.show(Text("No request selected: / to search, [ ] to pick one of this step, "
                              "n jumps to a preemption and selects its victim.", style="dim"))
             return
-        header.show(render.request_header(tl, self.selected, v))
+        header.show(panel_text.request_header(tl, self.selected, v))
         highlight = None
         for i, e in enumerate(tl.life.get(self.selected, [])):
-            life.add_option(Option(render.life_line(tl, e, v.step if v else -1), id=f"{i}:{e.step}"))
+            life.add_option(Option(panel_text.life_line(tl, e, v.step if v else -1), id=f"{i}:{e.step}"))
             if v is not None and e.step <= v.step:
                 highlight = i
         if highlight is not None:
@@ -400,9 +400,9 @@ class ReplayApp(App[None]):
                 return
             a, b = sorted(marks)
             d = diff_states(tl.view(a).after, tl.view(b).after)
-            panel.show(render.diff_text(d, f"Bookmarks {a} and {b}"))
+            panel.show(panel_text.diff_text(d, f"Bookmarks {a} and {b}"))
             return
-        panel.show(render.diff_text(diff_states(v.before, v.after), "This step vs the previous"))
+        panel.show(panel_text.diff_text(diff_states(v.before, v.after), "This step vs the previous"))
 
     def _refresh_status(self) -> None:
         tl = self.tl
@@ -413,11 +413,11 @@ class ReplayApp(App[None]):
         state = ("loaded" if tl.done else ("stopped" if tl.cancelled else "loading (Esc stops)"))
         sel = f" · selected {self.selected}" if self.selected else ""
         marks = f" · bookmarks {len(self.bookmarks)}" if self.bookmarks else ""
-        at = render.clock(tl, self.cursor) if tl.num_steps else None
+        at = panel_text.clock(tl, self.cursor) if tl.num_steps else None
         at = f" at {at}" if at else ""
         label.update(
             f"step {self.cursor}/{max(tl.num_steps - 1, 0)}{at} · "
-            f"{render.preemption_count(src, len(tl.preemptions))} · "
+            f"{panel_text.preemption_count(src, len(tl.preemptions))} · "
             f"{state}{sel}{marks} · confidence {src.confidence} · profile {tl.profile.name} · "
             f"{src.label}"
         )
@@ -514,8 +514,8 @@ class ReplayApp(App[None]):
         times = None
         if tl.has_times:
             last = min(len(tl.step_times), max(tl.num_steps, 1)) - 1
-            times = (f"{render.clock_of(tl, tl.step_times[0])} – "
-                     f"{render.clock_of(tl, tl.step_times[last])}")
+            times = (f"{panel_text.clock_of(tl, tl.step_times[0])} – "
+                     f"{panel_text.clock_of(tl, tl.step_times[last])}")
         self.push_screen(GotoScreen(tl.num_steps - 1, times), done)
 
     def action_search(self) -> None:

@@ -11,7 +11,7 @@ from kvreplay.audit import audit_log, audit_many, records_to_frame
 from kvreplay.audit import metrics as M
 from kvreplay.audit.record import COLUMNS, audit_records
 from kvreplay.audit.status import KV_BLOCK, PREFILL, SINGLE_SEQ, UNKNOWN, classify
-from kvreplay.audit.synth import make_workload, render_log
+from tools.oracle.synth_log import make_workload, render_log
 from kvreplay.replay import parse_workload, simulate
 
 DATA = "tests/data"

@@ -35,7 +35,7 @@ DAY = 86400.0
 
 def _render(out: Path, n: int = 48) -> list[str]:
     from kvreplay.replay import parse_workload, simulate
-    from kvreplay.replay.render import render_log
+    from tools.oracle.render_log import render_log
 
     index = [e for e in json.loads((ORACLE / "index.json").read_text())
              if e["release"] == "0.33" and e["completed"] and e["status"] == "ok"]

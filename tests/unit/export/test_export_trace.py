@@ -17,7 +17,7 @@ from hypothesis import given
 from helpers.strategies import workloads
 from helpers.trace_read import Read, read_chrome, read_trace, value_at
 
-from kvreplay.cli.report import to_json
+from kvreplay.cli.replay_report import to_json
 from kvreplay.export import build_trace, export
 from kvreplay.export.chrome import chrome_json
 from kvreplay.inference.clock import StepTimeModel

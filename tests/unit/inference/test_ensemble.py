@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from helpers.examples import many
 
-from kvreplay.cli.report import render_table, to_json
+from kvreplay.cli.replay_report import render_table, to_json
 from kvreplay.inference import replay_facts
 from kvreplay.inference.ensemble import LEAD_BELOW, TOL_STEPS, _quantiles
 from kvreplay.sources import read_facts

@@ -98,7 +98,7 @@ def test_decompressed_size_limit(tmp_path, monkeypatch):
 
 
 def test_corrupt_kv_events_gzip(tmp_path):
-    from kvreplay.parsers.kvevents import read_kv_events
+    from kvreplay.parsers.kv_event_files import read_kv_events
 
     data = bytearray(gzip.compress(b'{"seq": 1, "ts": 0, "events": []}\n' * 5000))
     data[len(data) // 2] ^= 0xFF
@@ -160,7 +160,7 @@ def test_json_lines_with_odd_numbers(tmp_path):
 
 # 7. workload and Jaeger files nested 100k deep
 def test_deep_nesting(tmp_path):
-    from kvreplay.parsers.spans import read_spans
+    from kvreplay.parsers.span_files import read_spans
     from kvreplay.replay.workload import load_workload
 
     w = tmp_path / "deep.workload.json"

@@ -265,7 +265,7 @@ def test_preemption_probability_comes_from_the_log_replay() -> None:
     p.probability = 0.3
     from rich.text import Text
 
-    from kvreplay.tui.render import why_one, why_text
+    from kvreplay.tui.panel_text import why_one, why_text
 
     t = Text()
     why_one(t, tl, p, "inferred")

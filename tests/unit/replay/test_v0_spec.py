@@ -10,7 +10,7 @@ from kvreplay.errors import UserError
 from kvreplay.replay.v0 import run_workload, summarize
 from kvreplay.replay.v0.blocks import (AllocStatus, BlockSpaceManager, BlockTable,
                                        LRUEvictor, NaiveAllocator)
-from kvreplay.replay.v0.scheduler import SequenceGroup
+from kvreplay.replay.v0.v0_scheduler import SequenceGroup
 
 
 def wl(config, requests, **top):

@@ -30,10 +30,10 @@ import json
 import subprocess
 import sys
 
-from kvreplay.replay.render_v0 import render_v0_log
+from tools.oracle.render_v0_log import render_v0_log
 from kvreplay.replay.result import replay_workload
 from kvreplay.replay.v0 import run_workload, summarize
-from kvreplay.replay.v0.scheduler import SWAP_SPACE_MESSAGE
+from kvreplay.replay.v0.v0_scheduler import SWAP_SPACE_MESSAGE
 
 WORKLOAD = {
     "name": "swap_exhausted_by_hand", "engine": "v0",

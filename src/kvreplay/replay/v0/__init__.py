@@ -5,7 +5,7 @@ Public API:
     summarize(trace, workload=None) -> dict       # summary.json fields
     trace_text(trace) -> str                      # compact JSON lines (byte-identical to the oracle)
 """
-from .engine import V0Engine, parse_workload, run_workload, summarize, trace_text
-from .scheduler import V0_PROFILES, V0Profile
+from .v0_engine import V0Engine, parse_workload, run_workload, summarize, trace_text
+from .v0_scheduler import V0_PROFILES, V0Profile
 
 __all__ = ["run_workload", "V0Engine", "summarize", "trace_text", "parse_workload", "V0Profile", "V0_PROFILES"]

@@ -1,6 +1,6 @@
 """The V0 engine behind the same input API and step records as the V1 `Engine`.
 
-`V0Steps` drives `V0Engine` (replay/v0/engine.py, oracle-format records) and returns each
+`V0Steps` drives `V0Engine` (replay/v0/v0_engine.py, oracle-format records) and returns each
 iteration as a `StepRecord` (replay/records.py), so the log inference and every view read
 V0 and V1 runs alike. A request index is a logged request; with n > 1 it enters as n
 sequence groups, as 0.6.6 splits it (`LLMEngine._add_processed_request`).
@@ -13,8 +13,8 @@ from typing import Any
 
 from kvreplay.replay.records import (Admission, EngineInputs, PreemptionEvent,
                                      RecomputeTally, StepRecord)
-from kvreplay.replay.v0.engine import DEFAULTS, V0Engine
-from kvreplay.replay.v0.scheduler import V0_PROFILES
+from kvreplay.replay.v0.v0_engine import DEFAULTS, V0Engine
+from kvreplay.replay.v0.v0_scheduler import V0_PROFILES
 from kvreplay.replay.workload import RequestSpec
 
 V0_PROFILE = "0.6.6.post1"
@@ -49,9 +49,9 @@ class V0Config:
 
 
 def v0_workload(data: dict[str, Any], name: str = "") -> tuple["V0Workload", list[int]]:
-    """A V0 workload JSON (`"engine": "v0"`, replay/v0/engine.py) as a `V0Workload` and
+    """A V0 workload JSON (`"engine": "v0"`, replay/v0/v0_engine.py) as a `V0Workload` and
     the arrival step of each of its requests."""
-    from kvreplay.replay.v0.engine import parse_workload
+    from kvreplay.replay.v0.v0_engine import parse_workload
 
     cfg, reqs, _profile = parse_workload(data)
     config = V0Config(**{k: cfg[k] for k in V0Config.__dataclass_fields__})  # type: ignore[attr-defined]

@@ -20,7 +20,7 @@ nothing published before the subscription is lost), then writes one JSON object 
 Block hashes are 16 hex digits, the same names the step trace uses. Token ids are never
 written (BlockStored carries them; only their count is kept).
 
-Such a file is replay input (kvreplay.parsers.kvevents reads it; the step-trace replay,
+Such a file is replay input (kvreplay.parsers.kv_event_files reads it; the step-trace replay,
 kvreplay.inference.step_trace, checks after every step that the set of blocks vLLM
 announced as cached equals the set of cached blocks in kvreplay's block pool).
 """
@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":  # `python -m kvreplay.kvevents ENDPOINT -o FILE` (no CLI imports)
+if __name__ == "__main__":  # `python -m kvreplay.cli.record_kv_events ENDPOINT -o FILE` (no CLI imports)
     _p = argparse.ArgumentParser(prog="kvreplay record-kv-events")
     add_arguments(_p)
     raise SystemExit(run(_p.parse_args()))

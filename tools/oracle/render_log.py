@@ -16,13 +16,10 @@ import time as _time
 from typing import Any, Callable
 
 from kvreplay.replay.workload import Workload
+from tools.oracle.log_lines import TimedLines, kv_cache_lines, stamp as _ts
 
 API = "(APIServer pid=4242)"
 CORE = "(EngineCore pid=4343)"
-
-
-def _ts(t: float) -> str:
-    return _time.strftime("%m-%d %H:%M:%S", _time.gmtime(t))
 
 
 def render_log(
@@ -68,13 +65,8 @@ def timed_lines(
     also the `Iteration(N)` line of every step that scheduled a token
     (--enable-logging-iteration-details; iteration_line())."""
     cfg = workload.config
-    out: list[tuple[float, int, str]] = []  # (time, tie-break order, line)
-    seq = 0
-
-    def emit(t: float, line: str) -> None:
-        nonlocal seq
-        out.append((t, seq, line))
-        seq += 1
+    out = TimedLines()
+    emit = out.emit
 
     boot = start - 55.0
     args = {
@@ -98,13 +90,8 @@ def timed_lines(
          f"(v0.33.0) with config: model='{model}', max_seq_len={cfg.max_model_len}, "
          f"enable_prefix_caching={cfg.enable_prefix_caching}, "
          f"enable_chunked_prefill={cfg.enable_chunked_prefill}, pooler_config=None")
-    tokens = cfg.num_gpu_blocks * cfg.block_size
-    conc = tokens / cfg.max_model_len
-    emit(boot + 25, f"{CORE} INFO {_ts(boot + 25)} [kv_cache_planning.py:1525] Overriding "
-         f"num_gpu_blocks=28002 with num_gpu_blocks_override={cfg.num_gpu_blocks}")
-    emit(boot + 25, f"{CORE} INFO {_ts(boot + 25)} [kv_cache_utils.py:1147] GPU KV cache size: "
-         f"{tokens:,} tokens, Maximum concurrency for {cfg.max_model_len:,} tokens per request: "
-         f"{conc:.2f}x")
+    for line in kv_cache_lines(f"{CORE} INFO", boot + 25, cfg):
+        emit(boot + 25, line)
 
     specs = {s.id: s for s in workload.requests}
     port = {s.id: 51000 + i for i, s in enumerate(workload.requests)}
@@ -195,8 +182,7 @@ def timed_lines(
                    f"{gen / stats_interval_s:.1f} tokens/s, Running: {running} reqs, Waiting: "
                    f"{waiting} reqs, GPU KV cache usage: {usage:.1f}%{hit_rate}")
         tick += stats_interval_s
-    out.sort(key=lambda x: (x[0], x[1]))
-    return [(t, line) for t, _, line in out]
+    return out.in_order()
 
 
 def iteration_lines_of(records: list[dict[str, Any]], step_start: Callable[[int], float],

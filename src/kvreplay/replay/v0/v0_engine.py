@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 from kvreplay.errors import UserError
 from kvreplay.limits import check as check_limit
 
-from .scheduler import (FINISHED_IGNORED, FINISHED_LENGTH_CAPPED, RUNNING, SWAPPED, WAITING,
+from .v0_scheduler import (FINISHED_IGNORED, FINISHED_LENGTH_CAPPED, RUNNING, SWAPPED, WAITING,
                         Scheduler, SequenceGroup, TerminalError, V0Config, V0Profile,
                         V0_PROFILES)
 

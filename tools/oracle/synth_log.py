@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import time as _time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +22,7 @@ from kvreplay.replay.profile import get_profile
 from kvreplay.replay.records import EngineInputs, StepRecord, preemption_records, totals
 from kvreplay.replay.scheduler import SchedulerConfig
 from kvreplay.replay.workload import RequestSpec, Workload
+from tools.oracle.log_lines import TimedLines, kv_cache_lines, stamp
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 EPOCH = 1778148000.0  # 2026-05-07 10:00:00, read as UTC like the parser does
@@ -124,10 +124,6 @@ def truth_of(records: list[StepRecord], workload: Workload) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- rendering
-def _stamp(t: float) -> str:
-    return _time.strftime("%m-%d %H:%M:%S", _time.gmtime(t))
-
-
 def render_log(
     workload: Workload,
     arrivals: list[float],
@@ -150,16 +146,10 @@ def render_log(
     cfg = workload.config
     api = "(APIServer pid=2801) INFO"
     core = "(EngineCore pid=2978) INFO"
-    lines: list[tuple[float, int, str]] = []
-    seq = 0
-
-    def add(t: float, text: str) -> None:
-        nonlocal seq
-        seq += 1
-        lines.append((t, seq, text))
+    lines = TimedLines()
+    add = lines.emit
 
     t0 = start - 55.0
-    kv_tokens = cfg.num_gpu_blocks * cfg.block_size
     nd = {
         "model_tag": MODEL, "model": MODEL, "max_model_len": cfg.max_model_len,
         "num_gpu_blocks_override": cfg.num_gpu_blocks,
@@ -170,26 +160,23 @@ def render_log(
     }
     if not cfg.enable_chunked_prefill:
         nd["enable_chunked_prefill"] = False
-    add(t0, f"{api} {_stamp(t0)} [startup.py:38]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version {version}")
-    add(t0, f"{api} {_stamp(t0)} [startup.py:38]   █▄█▀ █     █     █     █  model   {MODEL}")
-    add(t0, f"{api} {_stamp(t0)} [startup.py:96] non-default args: {nd!r}")
-    add(t0 + 7, f"{core} {_stamp(t0 + 7)} [core.py:139] Initializing a V1 LLM engine (v{version}) "
+    add(t0, f"{api} {stamp(t0)} [startup.py:38]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version {version}")
+    add(t0, f"{api} {stamp(t0)} [startup.py:38]   █▄█▀ █     █     █     █  model   {MODEL}")
+    add(t0, f"{api} {stamp(t0)} [startup.py:96] non-default args: {nd!r}")
+    add(t0 + 7, f"{core} {stamp(t0 + 7)} [core.py:139] Initializing a V1 LLM engine (v{version}) "
         f"with config: model='{MODEL}', speculative_config=None, tokenizer='{MODEL}', "
         f"max_seq_len={cfg.max_model_len}, tensor_parallel_size=1, pipeline_parallel_size=1, "
         f"data_parallel_size=1, kv_cache_dtype=auto, seed=0, served_model_name={MODEL}, "
         f"enable_prefix_caching={cfg.enable_prefix_caching}, "
         f"enable_chunked_prefill={cfg.enable_chunked_prefill}, pooler_config=None")
-    add(t0 + 25, f"{core} {_stamp(t0 + 25)} [kv_cache_planning.py:1525] Overriding "
-        f"num_gpu_blocks=28002 with num_gpu_blocks_override={cfg.num_gpu_blocks}")
-    add(t0 + 25, f"{core} {_stamp(t0 + 25)} [kv_cache_utils.py:1147] GPU KV cache size: "
-        f"{kv_tokens:,} tokens, Maximum concurrency for {cfg.max_model_len:,} tokens per "
-        f"request: {kv_tokens / cfg.max_model_len:.2f}x")
-    add(t0 + 33, f"{api} {_stamp(t0 + 33)} [entry.py:139] Starting vLLM server on http://0.0.0.0:8000")
+    for line in kv_cache_lines(core, t0 + 25, cfg):
+        add(t0 + 25, line)
+    add(t0 + 33, f"{api} {stamp(t0 + 33)} [entry.py:139] Starting vLLM server on http://0.0.0.0:8000")
 
     specs = {s.id: s for s in workload.requests}
     for i, spec in enumerate(workload.requests):
         t = start + arrivals[i]
-        st = _stamp(t)
+        st = stamp(t)
         if request_bodies:
             body = {"model": MODEL, "prompt": spec.prompt_token_ids, "max_tokens": spec.max_tokens,
                     "stream": False, "temperature": 0.0, "ignore_eos": True}
@@ -238,9 +225,8 @@ def render_log(
             if cfg.enable_prefix_caching:
                 parts.append("Prefix cache hit rate: 0.0%")
             t = start + tick
-            add(t, f"{api} {_stamp(t)} [loggers.py:335] Engine 000: " + ", ".join(parts))
+            add(t, f"{api} {stamp(t)} [loggers.py:335] Engine 000: " + ", ".join(parts))
         prev_idle = idle
         tick += interval_s
-    lines.sort(key=lambda x: (x[0], x[1]))
     del specs
-    return "".join(text + "\n" for _, _, text in lines), run
+    return "".join(text + "\n" for _, text in lines.in_order()), run

@@ -15,7 +15,7 @@ from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
 from kvreplay.replay.timeline import Timeline
-from kvreplay.tui import render
+from kvreplay.tui import panel_text
 
 
 class GotoScreen(ModalScreen[str | None]):
@@ -132,16 +132,16 @@ def parse_goto(value: str, cursor: int, tl: Timeline) -> tuple[int | None, str |
         if t is None:
             return None, f"Not a time: {value.strip()!r}"
     step = tl.step_at_time(t)
-    started = render.clock_of(tl, times[step])
+    started = panel_text.clock_of(tl, times[step])
     if t < times[0]:
-        return step, f"{render.clock_of(tl, t)} is before the first step: step 0 (at {started})"
+        return step, f"{panel_text.clock_of(tl, t)} is before the first step: step 0 (at {started})"
     if step == last and not tl.done and len(times) > tl.num_steps and t >= times[last + 1]:
-        return step, (f"{render.clock_of(tl, t)}: not loaded yet; the last loaded step is "
+        return step, (f"{panel_text.clock_of(tl, t)}: not loaded yet; the last loaded step is "
                       f"{step} (at {started})")
     if step == last and t > times[last] and len(times) - 1 == last:
-        return step, (f"{render.clock_of(tl, t)} is after the last step started: step {step} "
+        return step, (f"{panel_text.clock_of(tl, t)} is after the last step started: step {step} "
                       f"(at {started})")
-    return step, f"{render.clock_of(tl, t)} → step {step} (started at {started})"
+    return step, f"{panel_text.clock_of(tl, t)} → step {step} (started at {started})"
 
 
 def _resolve_clock(m: re.Match, first: float, last: float, here: float) -> float | None:

@@ -1,6 +1,6 @@
 """Render a V0-engine run as the log a vLLM 0.6.6 OpenAI server would have written.
 
-The V0 counterpart of `render.py` (round-trip tests: V0 workload -> simulate -> log ->
+The V0 counterpart of `render_log.py` (round-trip tests: V0 workload -> simulate -> log ->
 replay -> same preemptions, same warnings; and samples). Lines follow the 0.6.x formats of
 vllm-log-formats.md: `vLLM API server version`, `args: Namespace(...)`, `Initializing an
 LLM engine (v...) with config: ...`, `# GPU blocks: N, # CPU blocks: M`, per request
@@ -15,10 +15,10 @@ tokens at all, it goes to DEBUG).
 
 from __future__ import annotations
 
-import time as _time
 from typing import Any, Callable
 
-from kvreplay.replay.v0.engine import parse_workload
+from kvreplay.replay.v0.v0_engine import parse_workload
+from tools.oracle.log_lines import TimedLines, stamp as _ts
 
 STATS_INTERVAL_S = 5.0  # vllm/engine/metrics.py _LOCAL_LOGGING_INTERVAL_SEC
 
@@ -26,10 +26,6 @@ WARNING_TEXT = ("is preempted by PreemptionMode.{mode} mode because there is not
                 "cache space. This can affect the end-to-end performance. Increase "
                 "gpu_memory_utilization or tensor_parallel_size to provide more KV cache "
                 "memory. total_num_cumulative_preemption={k}")
-
-
-def _ts(t: float) -> str:
-    return _time.strftime("%m-%d %H:%M:%S", _time.gmtime(t))
 
 
 def step_tokens(rec: dict[str, Any]) -> tuple[int, int]:
@@ -64,13 +60,8 @@ def render_v0_log(
     just before the step that adds them; the stat logger's clock starts at `engine_start`
     (default: 30 s before `start`)."""
     cfg, reqs, _ = parse_workload(workload)
-    out: list[tuple[float, int, str]] = []
-    seq = 0
-
-    def emit(t: float, line: str) -> None:
-        nonlocal seq
-        out.append((t, seq, line))
-        seq += 1
+    out = TimedLines()
+    emit = out.emit
 
     boot = start - 60.0
     ns = (f"Namespace(host=None, port=8000, model='{model}', tokenizer=None, "
@@ -182,5 +173,4 @@ def render_v0_log(
             last_log = end
             prompt_acc = gen_acc = 0
         t = end
-    out.sort(key=lambda x: (x[0], x[1]))
-    return [line for _, _, line in out]
+    return [line for _, line in out.in_order()]
