@@ -188,14 +188,16 @@ def _write_dataset(args, paths: list[str], expr, metrics=()) -> int:
     out = args.output
     os.makedirs(out, exist_ok=True)
     ex = _executor(args, len(paths))
+    done = False
     try:
         fr = run_fleet(paths, ex, options=Options(args.profile, not args.no_replay, args.year, metrics),
                        out_dir=out, force=args.force, retry_errors=args.retry_errors)
+        done = True
     except KeyboardInterrupt:  # main() prints it: one line
         raise KeyboardInterrupt(f"interrupted; {out} holds whole files only: run the same "
                                 "command again to continue") from None
     finally:
-        ex.close(cancel=True)
+        ex.close(cancel=not done)
     for path, reason in fr.errors:
         print(f"kvreplay audit: {_about(path, reason)}", file=sys.stderr)
     peak = max(fr.peak_rss_kb.values(), default=0)

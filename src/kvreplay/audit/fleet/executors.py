@@ -161,7 +161,7 @@ class LocalExecutor:
                 t = live.pop(f)
                 if isinstance(f.exception(), BrokenProcessPool) and t.tries < self.tries:
                     if t.generation == self.generation:  # this pool broke: a new one
-                        self.pool.shutdown(wait=False, cancel_futures=True)
+                        self.pool.shutdown(wait=True, cancel_futures=True)  # broken: no worker left
                         self.pool = None
                     fn, args = t.call
                     t.future, t.generation = self._pool().submit(fn, *args), self.generation
@@ -180,8 +180,15 @@ class LocalExecutor:
             (f.future if isinstance(f, _Task) else f).cancel()
 
     def close(self, cancel: bool = False) -> None:
+        """End the pool. Its threads are always joined: a pool left running when the
+        interpreter exits races its exit hook ("Exception ignored ... Bad file descriptor"
+        on Python 3.11). `cancel` (an interrupted run): queued tasks are dropped and the
+        workers still running one are killed first, so the join does not wait for them."""
         if self.pool is not None:
-            self.pool.shutdown(wait=not cancel, cancel_futures=cancel)
+            if cancel:
+                for proc in list((getattr(self.pool, "_processes", None) or {}).values()):
+                    proc.kill()
+            self.pool.shutdown(wait=True, cancel_futures=cancel)
             self.pool = None
 
 
