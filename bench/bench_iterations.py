@@ -76,7 +76,7 @@ def main() -> int:
             t0 = time.perf_counter()
             rep = replay_logs([str(log)], year=2026)
             total = time.perf_counter() - t0
-        it = rep.verification["iterations"]
+        it = rep.verification.iterations
         on = numbered((r.step, r.num_scheduled_tokens) for r in rep.steps)
         same = len(true & {(on[p.step], p.victim) for p in rep.preemptions})
         label = "with prompts" if prompts else "without prompts"

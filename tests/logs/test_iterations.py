@@ -109,7 +109,7 @@ def test_every_preemption_at_its_step_with_prompts(case: str) -> None:
     assert sorted((p.step, p.victim, p.trigger) for p in rep.preemptions) == want
     assert [p.computed_tokens_lost for p in sorted(rep.preemptions, key=lambda p: p.step)] == \
         [p["num_computed_tokens_before"] for p in sorted(truth["preemptions"], key=lambda p: p["step"])]
-    it = rep.verification["iterations"]
+    it = rep.verification.iterations
     assert it["matched"] == it["lines"] == truth["num_steps"]
     assert it["first_mismatch"] is None
     assert all(p.confidence == "exact-by-log" for p in rep.preemptions)
@@ -136,7 +136,7 @@ def test_without_prompts_the_report_says_how_sure_it_is() -> None:
     assert sorted((p.step, p.victim) for p in b.preemptions) == \
         sorted((p["step"], p["victim_log_id"]) for p in truth["preemptions"])
     p1 = _replay("p1_poisson_fcfs_200", "server.iter.log")
-    lengths = p1.verification["iterations"]["prompt_lengths"]
+    lengths = p1.verification.iterations["prompt_lengths"]
     assert lengths.get("exact", 0) < 200
     assert not any(p.confidence == "exact-by-log" for p in p1.preemptions)
 
@@ -152,7 +152,7 @@ def test_an_altered_line_is_the_first_mismatch(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text("\n".join(src) + "\n")
     rep = replay_logs([str(log)], year=2026)
-    mm = rep.verification["iterations"]["first_mismatch"]
+    mm = rep.verification.iterations["first_mismatch"]
     assert (mm["file"], mm["line"], mm["iteration"]) == (str(log), idx + 1, 700)
     assert "generation tokens" in " ".join(mm["differences"])
     step = mm["step"]
@@ -173,7 +173,7 @@ def test_a_log_that_starts_mid_run_does_not_use_the_lines(tmp_path: Path) -> Non
     log = tmp_path / "server.log"
     log.write_text("\n".join(cut) + "\n")
     rep = replay_logs([str(log)], year=2026)
-    assert "iterations" not in rep.verification
+    assert rep.verification.iterations is None
     assert any("Iteration lines not used" in n and "Iteration(40)" in n for n in rep.notes)
     assert not any(p.confidence == "exact-by-log" for p in rep.preemptions)
 
@@ -219,7 +219,7 @@ def _round_trip(d: Path, tmp_path: Path, **kw) -> tuple[list, list, dict]:
     on = _by_token_step((r.step, r.num_scheduled_tokens) for r in rep.steps)
     true = sorted((tn[r["step"]], q["req"], q["trigger"]) for r in recs for q in r.get("preemptions", ()))
     ours = sorted((on[p.step], p.victim, p.trigger) for p in rep.preemptions)
-    return true, ours, rep.verification["iterations"]
+    return true, ours, rep.verification.iterations
 
 
 @pytest.mark.slow
@@ -303,4 +303,4 @@ def test_requests_logged_a_line_early_still_replay_exactly(tmp_path_factory, cas
     on = _by_token_step((r.step, r.num_scheduled_tokens) for r in rep.steps)
     true = sorted((tn[r["step"]], q["req"], q["trigger"]) for r in recs for q in r.get("preemptions", ()))
     assert sorted((on[p.step], p.victim, p.trigger) for p in rep.preemptions) == true
-    assert rep.verification["iterations"]["first_mismatch"] is None
+    assert rep.verification.iterations["first_mismatch"] is None

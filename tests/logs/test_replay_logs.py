@@ -62,8 +62,8 @@ def test_reqbody_log_finds_every_preemption(case: str) -> None:
     assert len(rep.preemptions) == truth["total_preemptions"]
     # every stats line agrees with the replay (running, waiting, KV usage), exactly at the
     # step it saw (generated and prompt tokens too), so every preemption is "consistent"
-    assert rep.verification["agreeing_lines"] == rep.verification["stats_lines"]
-    assert rep.verification["exact_lines"] == rep.verification["stats_lines"]
+    assert rep.verification.agreeing_lines == rep.verification.stats_lines
+    assert rep.verification.exact_lines == rep.verification.stats_lines
     assert {p.confidence for p in rep.preemptions} == {"consistent"}
     for p, t in zip(rep.preemptions, truth["preemptions"]):
         assert p.victim == t["victim_log_id"]
@@ -176,8 +176,8 @@ def test_round_trip_with_the_step_time_given(tmp_path: Path, case: str) -> None:
     # The replay is the run, so each stats line is read at the step it saw and agrees
     # exactly. (Read by the clock, 5 of b's 64 lines landed a step off and "disagreed".)
     v = rep.verification
-    assert v["agreeing_lines"] == v["exact_lines"] == v["stats_lines"] > 0, v["first_divergence"]
-    assert all(r["read_at"] == "anchor" for r in v["lines"] if r["generation_throughput"][1])
+    assert v.agreeing_lines == v.exact_lines == v.stats_lines > 0, v.first_divergence
+    assert all(r.read_at == "anchor" for r in v.lines if r.generation_throughput[1])
 
 
 def test_verification_notices_arrivals_one_step_off() -> None:
@@ -193,18 +193,18 @@ def test_verification_notices_arrivals_one_step_off() -> None:
     rep = _replay("b_fcfs_heavy", "server.reqbody.log")
     fmt, phase = _fmt(rep.facts), rep.info.stats_phase
     arrivals = list(rep.inputs.arrival_steps)
-    assert rep.verification["exact_lines"] == 6
+    assert rep.verification.exact_lines == 6
     moved = arrivals[:2] + [a + 1 for a in arrivals[2:]]
     rebuilt = rebuild_workload(rep.facts, fmt, rep.profile)
     run = step_replay(rebuilt, rep.facts, rep.profile, moved, rep.step_time_model)
     clocked(run, rep.facts, fmt, phase)
     assert run.num_preemptions == len(rep.preemptions) + 1
     check = verify(run, rep.facts, fmt, phase, prompts_known=True)
-    assert check["agreeing_lines"] == check["stats_lines"] == 6
-    assert check["exact_lines"] == 4
-    for r in check["lines"]:
-        assert r["exact"] == (not r["exact_differences"])
-        assert all(w.startswith("generated tokens jump") for w in r["exact_differences"])
+    assert check.agreeing_lines == check.stats_lines == 6
+    assert check.exact_lines == 4
+    for r in check.lines:
+        assert r.exact == (not r.exact_differences)
+        assert all(w.startswith("generated tokens jump") for w in r.exact_differences)
 
 
 def test_truncated_log_replays_up_to_the_cut(tmp_path: Path) -> None:
@@ -264,10 +264,10 @@ def test_prompt_throughput_is_counted_as_vllm_counts_it(case: str) -> None:
     b has 5 preemptions and f 10 with prefix hits: counting scheduled prefill tokens
     instead would put recomputed and cached tokens into some line."""
     rep = _replay(case, "server.reqbody.log")
-    rows = [r for r in rep.verification["lines"] if "prompt_throughput" in r]
-    assert rows and any(r["prompt_throughput"][1] for r in rows)
+    rows = [r for r in rep.verification.lines if r.prompt_throughput is not None]
+    assert rows and any(r.prompt_throughput[1] for r in rows)
     for r in rows:
-        assert r["prompt_throughput"][0] == r["prompt_throughput"][1], r
+        assert r.prompt_throughput[0] == r.prompt_throughput[1], r
 
 
 @pytest.mark.parametrize("case", ["b_fcfs_heavy", "f_prefix_caching", "p1_poisson_fcfs_200"])
@@ -461,7 +461,7 @@ def test_burst_search_for_exact_lines(tmp_path: Path, monkeypatch: pytest.Monkey
         rep = replay_facts(_facts_of(tmp_path, lines), samples=0)
         got = [(p.step, p.victim) for p in rep.preemptions]
         hits = sum(1 for s, v in want if any(v == v2 and abs(s - s2) <= 5 for s2, v2 in got))
-        return rep.verification["exact_lines"], hits
+        return rep.verification.exact_lines, hits
 
     assert run() == (3, 6)
     monkeypatch.setattr(placement, "EXACT_SEARCH_MOVES", 0)
@@ -668,7 +668,7 @@ def test_large_burst_sent_over_a_few_steps(tmp_path: Path) -> None:
     assert rep.info.arrival_pattern == "burst" and specs[-1].arrival_step == 20
     assert sum(len(r.get("preemptions", ())) for r in records) == 42 == len(rep.preemptions)
     assert _found_all(records, rep)
-    assert rep.verification["exact_lines"] == 15
+    assert rep.verification.exact_lines == 15
 
 
 def test_data_parallel_log_is_refused_and_one_rank_replays(tmp_path: Path) -> None:

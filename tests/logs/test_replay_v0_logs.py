@@ -95,7 +95,7 @@ def test_round_trip_fixed_step_time(tmp_path, d):
     assert ws["warnings_matched"] == ws["warnings_logged"]
     assert not ws["replay_warnings_not_in_log"]
     v = rep.verification
-    assert v["agreeing_lines"] == v["stats_lines"], v["first_divergence"]
+    assert v.agreeing_lines == v.stats_lines, v.first_divergence
     # a victim a warning names at its cumulative count is exact by the log
     for p in rep.preemptions:
         if p.warning_logged:
@@ -113,7 +113,7 @@ def test_round_trip_fitted_step_time(tmp_path, name):
     rep = replay_facts(read_facts([str(log)], year=YEAR))
     assert _got(rep) == _orig_preemptions(trace)
     assert rep.warnings["warnings_matched"] == rep.warnings["warnings_logged"] >= 1
-    assert rep.verification["agreeing_lines"] == rep.verification["stats_lines"]
+    assert rep.verification.agreeing_lines == rep.verification.stats_lines
     m = rep.step_time_model
     assert abs(m.dt(100, 4) - 1.0) < 0.01, m.describe()
 
@@ -174,7 +174,7 @@ def test_realistic_step_times_accuracy():
           f"{found} found (victim within 5 steps); warnings matched "
           f"{ws['warnings_matched']}/{ws['warnings_logged']} (victims "
           f"{ws['victims_matched']}); stats lines agreeing "
-          f"{rep.verification['agreeing_lines']}/{rep.verification['stats_lines']}; "
+          f"{rep.verification.agreeing_lines}/{rep.verification.stats_lines}; "
           f"{rep.step_time_model.describe()}")
     # At the time of writing (seed 7): 147 simulated, 142 replayed, 35 found within 5
     # steps (24%), warnings 2 of 3 matched, 5 of 14 stats lines agreeing; the fitted model

@@ -233,7 +233,7 @@ def test_p1_victims_with_spans():
     54 of 54, and every stats line agrees (docs/accuracy.md)."""
     rep, hits = _p1_hits(P1 / "spans.otlp.jsonl")
     assert hits == 54 and len(rep.preemptions) == 54
-    assert rep.verification["agreeing_lines"] == rep.verification["stats_lines"] == 16
+    assert rep.verification.agreeing_lines == rep.verification.stats_lines == 16
     assert any("placed by the request spans' engine stamps" in n for n in rep.notes)
     s = rep.summary()["spans"]
     assert s["first_token_late"] == 0 and s["admitted_early"] == 0

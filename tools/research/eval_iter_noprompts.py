@@ -107,7 +107,7 @@ def score(name: str, d: str, samples: int | None) -> dict:
     rep_p, dt_p = replay_once(os.path.join(d, "server.iter.reqbody.log"), samples)
     found = [(p.step, p.victim) for p in rep.preemptions]
     hits = match_preemptions(true, found)
-    it = rep.verification.get("iterations") or {}
+    it = rep.verification.iterations or {}
     row = {"case": name, "true": len(true), "found": len(found), "at_step_5": len(hits),
            "share": round(len(hits) / len(true), 3) if true else 1.0,
            "lines_matched": f"{it.get('matched')}/{it.get('lines')}",

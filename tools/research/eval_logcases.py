@@ -37,7 +37,7 @@ def score(case: Path, log_name: str, tol: int = 5, spans: str | None = None) -> 
         "count_error": (n_found - n_true) / n_true if n_true else float(n_found),
         "seconds": round(dt, 2), "model": rep.info.step_time_model, "placement": rep.info.placement,
         "loss": rep.info.fit_loss,
-        "agreeing_stats": f"{rep.verification['agreeing_lines']}/{rep.verification['stats_lines']}",
+        "agreeing_stats": f"{rep.verification.agreeing_lines}/{rep.verification.stats_lines}",
     }
     if rep.uncertainty is not None:
         u = rep.uncertainty.preemptions

@@ -107,7 +107,7 @@ def main() -> int:
         print(f"seed {seed}: pattern {rep.info.arrival_pattern}, true {len(true)}, found "
               f"{len(rep.preemptions)}, matched {hit} (within 15 steps {hit15}), median "
               f"arrival offset {median_offset:+d} steps, exact stats lines "
-              f"{rep.verification['exact_lines']}/{rep.verification['stats_lines']}"
+              f"{rep.verification.exact_lines}/{rep.verification.stats_lines}"
               + (f", interval {est['low']}-{est['high']}" if est else ""),
               flush=True)
     print(f"TOTAL true {tot_true} found {tot_found} matched {tot_hit} "

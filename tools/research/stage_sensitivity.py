@@ -64,7 +64,7 @@ def main() -> int:
             arrival[i] = max(arrival[i], arrival[i - 1])  # file order is arrival order
         run = step_replay(rebuilt, facts, rep.profile, arrival, rep.step_time_model)
         clocked(run, facts, fmt, phase)
-        exact = verify(run, facts, fmt, phase, prompts_known=True).get("exact_lines", 0)
+        exact = verify(run, facts, fmt, phase, prompts_known=True).exact_lines or 0
         found = [(rec.step, by_log_id[p.victim]) for rec in run.steps for p in rec.preemptions]
         return len(match_preemptions(true, found)), len(found), exact
 

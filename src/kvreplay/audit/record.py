@@ -453,11 +453,11 @@ def _fill_replay(rec, rp, origin: float) -> None:
     rec["processed_tokens"] = cost.processed_tokens
     rec["recompute_ratio"] = M.rnd(cost.recompute_ratio, 6)
     rec["recompute_source"] = "replay" + (" (prompt lengths estimated)" if estimated else "")
-    ver = rp.verification or {}
-    if ver.get("stats_lines"):
-        rec["replay_agreement"] = round(ver["agreeing_lines"] / ver["stats_lines"], 4)
-        if "exact_lines" in ver:  # matched without tolerance at the step each line saw
-            rec["replay_exact"] = round(ver["exact_lines"] / ver["stats_lines"], 4)
+    ver = rp.verification
+    if ver is not None and ver.stats_lines:
+        rec["replay_agreement"] = round(ver.agreeing_lines / ver.stats_lines, 4)
+        if ver.exact_lines is not None:  # matched without tolerance at the step each line saw
+            rec["replay_exact"] = round(ver.exact_lines / ver.stats_lines, 4)
     model = rp.step_time_model
     if model is not None:
         rec["step_time_model"] = (info.step_time_model if rp.kind == "step-trace" else

@@ -71,10 +71,10 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
                         "a vLLM log (a workload has no logged times)")
     if rp.engine_name != "V1":
         raise UserError("what-if runs the V1 scheduler; this log comes from the V0 engine")
-    ver = rp.verification or {}
+    ver = rp.verification
     fit_text = f"loss {rp.info.fit_loss or 0.0:.3g}"
-    if ver.get("stats_lines"):
-        fit_text += f", {ver['agreeing_lines']}/{ver['stats_lines']} stats lines agree with the replay"
+    if ver is not None and ver.stats_lines:
+        fit_text += f", {ver.agreeing_lines}/{ver.stats_lines} stats lines agree with the replay"
     notes = list(rp.notes[: len(rp.notes) - len(rp.facts.notes)] if rp.facts.notes else rp.notes)
     if rp.info.prompts == "estimated":
         notes.append("prompt lengths are estimated (not in the log): prefix caching cannot be judged")

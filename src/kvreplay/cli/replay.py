@@ -136,7 +136,9 @@ def run(args: argparse.Namespace) -> int:
 
         points, how = join.scrapes_for_facts(rep.facts, prom.read_scrapes(metric_paths))
         scrape_chk = join.scrape_check(rep, points) if points else {"verdict": how, "windows": []}
-        report.setdefault("verification", {})["scrapes"] = scrape_chk
+        if report.get("verification") is None:  # (a step-trace log has no stats-line check)
+            report["verification"] = {}
+        report["verification"]["scrapes"] = scrape_chk
     if args.format == "json":
         text = json.dumps(report, indent=1, sort_keys=True, default=str) + "\n"
     else:

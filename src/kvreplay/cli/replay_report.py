@@ -38,7 +38,7 @@ def to_json(rep: Replay) -> dict[str, Any]:
         "summary": rep.summary(),
         "preemptions": [preemption_json(p) for p in rep.preemptions],
         "storms": rep.storms(),
-        "verification": rep.verification,
+        "verification": rep.verification.to_json() if rep.verification is not None else None,
         "estimate": rep.estimate,
         # what the log leaves open: an ensemble of replays it allows (inference/ensemble.py)
         "uncertainty": rep.uncertainty.to_json() if rep.uncertainty is not None else None,

@@ -27,6 +27,7 @@ from kvreplay.inference.iterations import iteration_replay
 from kvreplay.inference.rebuild import rebuild_workload
 from kvreplay.inference.runs import Run, step_replay, timed_replay
 from kvreplay.inference.verify import verify
+from kvreplay.replay.checks import Verification
 from kvreplay.replay.records import PreemptionRecord, preemption_records
 from kvreplay.replay.result import Provenance, Replay
 
@@ -86,7 +87,7 @@ def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Profile, pattern
     m = iteration_replay(rebuilt, facts, fmt, prof)
     run = m.run
     check = verify(run, facts, fmt, 0.5, prompts_known=not rebuilt.prompts_estimated)
-    check["iterations"] = m.report()
+    check.iterations = m.report()
     warnings = None
     pre = preemption_records(run.steps, run.clock)
     set_iteration_confidence(pre, m.exact_until_step, m.lines, not rebuilt.prompts_estimated,
@@ -153,7 +154,7 @@ def priorities_unknown(facts: LogFacts, rebuilt: Rebuilt) -> bool:
             and not any(r.priority for r in facts.requests))
 
 
-def log_lines(facts: LogFacts, run: Run, check: dict[str, Any]) -> dict[int, list[tuple[str, int]]]:
+def log_lines(facts: LogFacts, run: Run, check: Verification) -> dict[int, list[tuple[str, int]]]:
     """Engine step -> the log lines behind it: each request line at its arrival step, each
     access line at its finish, each stats line at the step it was read at."""
     out: dict[int, list[tuple[str, int]]] = {}
@@ -162,16 +163,16 @@ def log_lines(facts: LogFacts, run: Run, check: dict[str, Any]) -> dict[int, lis
         out.setdefault(max(a, 0), []).append((r.file, r.line))
     for (file, line, _, _), step in zip(facts.completions, finish_steps(run.steps)):
         out.setdefault(step, []).append((file, line))
-    for row in check["lines"]:
-        if row.get("step") is not None:
-            out.setdefault(row["step"], []).append((row["file"], row["line"]))
+    for row in check.lines:
+        if row.step is not None:
+            out.setdefault(row.step, []).append((row.file, row.line))
     for lines in out.values():
         lines.sort()
     return dict(sorted(out.items()))
 
 
 def make_replay(facts: LogFacts, fmt: LogFormat, prof: Profile, rebuilt: Rebuilt, run: Run,
-                pre: list[PreemptionRecord], check: dict[str, Any], *, loss: float,
+                pre: list[PreemptionRecord], check: Verification, *, loss: float,
                 pattern: str, phase: float, placement: tuple[float, float],
                 estimate: dict | None, warnings: dict | None, uncertainty: Any) -> Replay:
     notes = list(rebuilt.notes)
@@ -204,7 +205,7 @@ def make_replay(facts: LogFacts, fmt: LogFormat, prof: Profile, rebuilt: Rebuilt
         notes.append(f"the server would have failed at step {last.step}{at}{victim}: {err['type']}: "
                      f"{err['message']} (vLLM's own error; the replay ends there)")
     if pattern == "poisson" and pre and fmt.placement == "anchored" and \
-            "iterations" not in check and not facts.span_placement:
+            check.iterations is None and not facts.span_placement:
         notes.append(
             "arrivals spread over time: the log pins each one only to a window of steps, and "
             "a step off can change later victims; take the count as its interval and each "

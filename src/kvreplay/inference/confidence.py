@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from kvreplay.replay.checks import Verification
 from kvreplay.replay.records import PreemptionRecord
 
 
-def set_confidence(pre: Sequence[PreemptionRecord], check: dict[str, Any],
+def set_confidence(pre: Sequence[PreemptionRecord], check: Verification,
                    warnings: dict[str, Any] | None, prompts_estimated: bool) -> None:
-    rows = [r for r in check["lines"] if r.get("step") is not None]
+    rows = [r for r in check.lines if r.step is not None]
     by_log = {w["cumulative"] for w in (warnings or {}).get("lines", ()) if w.get("matched")}
     for p in pre:
         if p.cumulative is not None and p.cumulative in by_log:
@@ -32,16 +33,16 @@ def set_confidence(pre: Sequence[PreemptionRecord], check: dict[str, Any],
         if prompts_estimated:
             p.confidence = "inferred"
             continue
-        before = [r for r in rows if r["step"] < p.step]
-        after = [r for r in rows if r["step"] >= p.step]
+        before = [r for r in rows if r.step < p.step]  # type: ignore[operator]
+        after = [r for r in rows if r.step >= p.step]  # type: ignore[operator]
         near = ([before[-1]] if before else []) + ([after[0]] if after else [])
         # exact where the line could be checked exactly, else within the tolerances
-        ok = near and all(r.get("exact", r.get("agrees")) for r in near)
+        ok = near and all(r.agrees if r.exact is None else r.exact for r in near)
         p.confidence = "consistent" if ok else "inferred"
 
 
 def set_iteration_confidence(pre: Sequence[PreemptionRecord], exact_until_step: int,
-                             lines: int, prompts_pinned: bool, check: dict[str, Any],
+                             lines: int, prompts_pinned: bool, check: Verification,
                              warnings: dict[str, Any] | None) -> None:
     """With iteration lines: "exact-by-log" for a preemption before the first line the
     replay cannot match, when every prompt is known (logged, or pinned by the lines);

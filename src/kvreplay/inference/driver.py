@@ -31,6 +31,7 @@ from kvreplay.inference.prompts import fit_prompts
 from kvreplay.inference import span_prefix
 from kvreplay.inference.span_clock import span_marks, span_placement
 from kvreplay.inference.verify import check_warnings, verify
+from kvreplay.replay.checks import Verification
 from kvreplay.replay.engine import without_cyclic_gc
 from kvreplay.replay.records import preemption_records
 from kvreplay.progress import stage
@@ -108,7 +109,7 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
             "lines only")
     phase_known = phase_estimate(facts) is not None
 
-    def judged(run: Run) -> tuple[dict[str, Any], Any, list]:
+    def judged(run: Run) -> tuple[Verification, dict[str, Any] | None, list]:
         """The run against the log: verification, V0 warnings, confident records."""
         check = verify(run, facts, fmt, phase, prompts_known=not rebuilt.prompts_estimated)
         warnings = check_warnings(run, facts) if fmt.preemption_warnings else None

@@ -535,7 +535,7 @@ def _disagreement(run: Run, facts: LogFacts, fmt: LogFormat, phase: float,
     the lines the exact check misses)."""
     loss = anchored_loss(run, facts, fmt, anchors, phase) * max(1, len(facts.stats))
     check = verify(run, facts, fmt, phase, prompts_known=prompts_known)
-    inexact = len(facts.stats) - check["exact_lines"] if "exact_lines" in check else 0
+    inexact = len(facts.stats) - check.exact_lines if check.exact_lines is not None else 0
     return loss, inexact
 
 

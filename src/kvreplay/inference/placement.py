@@ -217,7 +217,7 @@ def exact_search(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Pro
     loss = anchored.loss
 
     def exact_lines(run: Run) -> int:
-        return verify(run, facts, fmt, phase, prompts_known=True).get("exact_lines", 0)
+        return verify(run, facts, fmt, phase, prompts_known=True).exact_lines or 0
 
     start_exact = exact_lines(anchored.run)  # (its run is clocked already)
     if start_exact >= len(facts.stats):

@@ -18,6 +18,7 @@ from kvreplay.inference.facts import LogFacts, StatsPoint
 from kvreplay.inference.formats import LogFormat, interval_of
 from kvreplay.inference.lines import (cum_generated, ends, line_time, spans, step_end_lines,
                                       targets, token_anchors)
+from kvreplay.replay.checks import LineDifference, StatsLineCheck, Verification
 from kvreplay.replay.records import StepRecord, cumulative
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def read_lines(run: Run, facts: LogFacts, fmt: LogFormat, phase: float) -> list[
 
 
 def verify(run: Run, facts: LogFacts, fmt: LogFormat, phase: float = 0.5, *,
-           prompts_known: bool = False) -> dict[str, Any]:
+           prompts_known: bool = False) -> Verification:
     """Replayed vs logged, per stats line, and the first line that disagrees. Prompt
     throughput is counted as vLLM's stat logger counts it; it is reported, not judged (one
     arrival a step earlier or later moves a whole prompt across a line), and checked in the
@@ -107,10 +108,9 @@ def verify(run: Run, facts: LogFacts, fmt: LogFormat, phase: float = 0.5, *,
     excl = fmt.prompt_excludes_cached
     for s, rd in zip(facts.stats, read_lines(run, facts, fmt, phase)):
         if rd.rec is None:
-            row: dict[str, Any] = {"file": s.file, "line": s.line, "time": s.time, "step": None,
-                                   "replayed": None}
+            row = StatsLineCheck(file=s.file, line=s.line, time=s.time)
             if fmt.unread_line_disagrees:
-                row.update(agrees=False, differences=["the replay has no step at this time"])
+                row.agrees, row.differences = False, ["the replay has no step at this time"]
             rows.append(row)
             continue
         rec = rd.rec
@@ -119,48 +119,46 @@ def verify(run: Run, facts: LogFacts, fmt: LogFormat, phase: float = 0.5, *,
         prompt = sum(r.stats_prompt_tokens - (r.stats_prompt_cached if excl else 0) for r in window)
         pre = sum(len(r.preemptions) for r in window)
         sec = rd.seconds
-        row = {"file": s.file, "line": s.line, "time": s.time, "step": rd.step,
-               "read_at": rd.read_at,
-               "running": [rec.num_running, s.running],
-               "waiting": [rec.num_waiting, s.waiting]}
+        row = StatsLineCheck(
+            file=s.file, line=s.line, time=s.time, step=rd.step, read_at=rd.read_at,
+            running=[rec.num_running, s.running], waiting=[rec.num_waiting, s.waiting],
+            kv_usage=[round(rec.kv_usage, 4), s.kv_usage],
+            generation_throughput=[round(gen / sec, 1), s.generation_throughput],
+            prompt_throughput=[round(prompt / sec, 1), s.prompt_throughput],
+            preemptions=[pre, s.preemptions])
         if fmt.stats_has_swap:
-            row["swapped"] = [rec.num_swapped, s.swapped]
-        row["kv_usage"] = [round(rec.kv_usage, 4), s.kv_usage]
-        if fmt.stats_has_swap:
-            row["cpu_kv_usage"] = [round(rec.cpu_kv_usage, 4), s.cpu_kv_usage]
-        row["generation_throughput"] = [round(gen / sec, 1), s.generation_throughput]
-        row["prompt_throughput"] = [round(prompt / sec, 1), s.prompt_throughput]
-        row["preemptions"] = [pre, s.preemptions]
-        row["differences"] = _differences(row, rec, fmt)
+            row.swapped = [rec.num_swapped, s.swapped]
+            row.cpu_kv_usage = [round(rec.cpu_kv_usage, 4), s.cpu_kv_usage]
+        row.differences = _differences(row, rec, fmt)
         rows.append(row)
     if fmt.stats_read == "anchor":
         _exact_agreement(rows, run, facts, fmt, prompts_known)
     return verification_report(rows)
 
 
-def _differences(row: dict[str, Any], rec: StepRecord, fmt: LogFormat) -> list[str]:
+def _differences(row: StatsLineCheck, rec: StepRecord, fmt: LogFormat) -> list[str]:
     diffs = []
     counts = [("running", "running"), ("waiting", fmt.waiting_label)]
     if fmt.stats_has_swap:
         counts.append(("swapped", "swapped"))
     for key, label in counts:
-        a, b = row[key]
+        a, b = getattr(row, key)
         if b is not None and a != b:
             diffs.append(f"{label} {a} vs logged {b}")
     usages = [("kv_usage", fmt.kv_label, rec.kv_usage)]
     if fmt.stats_has_swap:
         usages.append(("cpu_kv_usage", "CPU KV usage", rec.cpu_kv_usage))
     for key, label, a in usages:
-        b = row[key][1]
+        b = getattr(row, key)[1]
         if b is not None and abs(a - b) > KV_TOL:
             diffs.append(f"{label} {100 * a:.1f}% vs logged {100 * b:.1f}%")
-    a, b = row["preemptions"]
+    a, b = row.preemptions  # type: ignore[misc]
     if b is not None and a != b:
         diffs.append(f"preemptions {a} vs logged {b}")
     return diffs
 
 
-def _exact_agreement(rows: list[dict[str, Any]], run: Run, facts: LogFacts, fmt: LogFormat,
+def _exact_agreement(rows: list[StatsLineCheck], run: Run, facts: LogFacts, fmt: LogFormat,
                      prompts_known: bool) -> None:
     """Mark each row `exact`: the replay is, at that line, the run the log describes.
 
@@ -171,7 +169,7 @@ def _exact_agreement(rows: list[dict[str, Any]], run: Run, facts: LogFacts, fmt:
     cumulative prompt tokens equal (tests/logs/test_replay_logs.py). A replay one step off
     somewhere usually misses one of these. The slack is for real logs: an interval is not
     exactly the nominal one, so counts may drift by a fraction of a per mille."""
-    interval_rows = [r for r in rows if "differences" in r]
+    interval_rows = [r for r in rows if r.judged]
     if len(interval_rows) != len(facts.stats):
         return
     cum = cum_generated(run)
@@ -185,8 +183,8 @@ def _exact_agreement(rows: list[dict[str, Any]], run: Run, facts: LogFacts, fmt:
         if a is None:
             if g > 0:
                 why.append(f"the replay never generates the {g:,.0f} tokens logged by then")
-            elif row["read_at"] == "before output" and row["differences"]:
-                why = list(row["differences"])
+            elif row.read_at == "before output" and row.differences:
+                why = list(row.differences)
         else:
             rec = run.steps[a]
             tol = 0.5 + 0.002 * max(0.0, g - prev_g)
@@ -204,41 +202,35 @@ def _exact_agreement(rows: list[dict[str, Any]], run: Run, facts: LogFacts, fmt:
                 ptol = 0.5 + 0.002 * max(0.0, p - prev_p)
                 if abs(cum_prompt[a] - p) > ptol:
                     why.append(f"prompt tokens {cum_prompt[a]:,} vs {p:,.0f} by step {a}")
-        row["exact"] = not why
-        row["exact_differences"] = why
+        row.exact = not why
+        row.exact_differences = why
         prev_g, prev_p = g, p
 
 
-def verification_report(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def verification_report(rows: list[StatsLineCheck]) -> Verification:
     """Rows of replayed-vs-logged counters (each with its `differences`) -> the report:
     how many stats lines agree, and the first one that does not."""
     first_bad = first_inexact = None
     for row in rows:
-        if "differences" not in row:
+        if not row.judged:
             continue
-        row["agrees"] = not row["differences"]
-        if row["differences"] and first_bad is None:
+        row.agrees = not row.differences
+        if row.differences and first_bad is None:
             first_bad = row
-        if row.get("exact") is False and first_inexact is None:
+        if row.exact is False and first_inexact is None:
             first_inexact = row
-    report = {
-        "stats_lines": len(rows),
-        "agreeing_lines": sum(1 for r in rows if r.get("agrees")),
-        "first_divergence": None if first_bad is None else {
-            "file": first_bad["file"], "line": first_bad["line"], "step": first_bad["step"],
-            "differences": first_bad["differences"],
-        },
+    return Verification(
+        stats_lines=len(rows), agreeing_lines=sum(1 for r in rows if r.agrees),
+        first_divergence=None if first_bad is None else LineDifference(
+            first_bad.file, first_bad.line, first_bad.step, first_bad.differences or []),
         # the first line the replay does not match exactly at the step it saw
-        "first_inexact": None if first_inexact is None else {
-            "file": first_inexact["file"], "line": first_inexact["line"],
-            "step": first_inexact["step"], "differences": first_inexact["exact_differences"],
-        },
-        "lines": rows,
-    }
-    if any("exact" in r for r in rows):
+        first_inexact=None if first_inexact is None else LineDifference(
+            first_inexact.file, first_inexact.line, first_inexact.step,
+            first_inexact.exact_differences or []),
+        lines=rows,
         # lines matched without tolerance at their anchor step (V1 logs only)
-        report["exact_lines"] = sum(1 for r in rows if r.get("exact"))
-    return report
+        exact_lines=sum(1 for r in rows if r.exact) if any(r.exact is not None for r in rows)
+        else None)
 
 
 # ---------------------------------------------------------------- V0 warnings
@@ -332,19 +324,21 @@ def _rows_loss(run: Run, facts: LogFacts, fmt: LogFormat) -> float:
     victim or mode weighs as much as 5 requests off)."""
     total = 0.0
     n = 0
-    for row in verify(run, facts, fmt)["lines"]:
+    for row in verify(run, facts, fmt).lines:
         n += 1
-        if row.get("step") is None:
+        if row.step is None:
             total += 25.0
             continue
         for key in ("running", "waiting", "swapped"):
-            if key in row and row[key][1] is not None:
-                total += (row[key][0] - row[key][1]) ** 2
+            pair = getattr(row, key)
+            if pair is not None and pair[1] is not None:
+                total += (pair[0] - pair[1]) ** 2
         for key in ("kv_usage", "cpu_kv_usage"):
-            if key in row and row[key][1] is not None:
-                total += (100 * (row[key][0] - row[key][1]) / 5.0) ** 2
+            pair = getattr(row, key)
+            if pair is not None and pair[1] is not None:
+                total += (100 * (pair[0] - pair[1]) / 5.0) ** 2
         for key in ("prompt_throughput", "generation_throughput"):
-            a, b = row[key]
+            a, b = getattr(row, key)
             if b is not None:
                 total += 4.0 * ((a - b) / max(10.0, b)) ** 2
     if fmt.preemption_warnings:

@@ -199,12 +199,12 @@ def _build_log(paths: list[str], *, profile: str | None, vllm_version: str | Non
     summary = rep.summary()
     replay = {k: summary[k] for k in _SUMMARY_KEYS if k in summary}
     replay["unfinished_requests"] = len(summary["unfinished_requests"] or ())
-    ver = rep.verification or {}
-    if "stats_lines" in ver:
-        replay["stats_lines"] = ver["stats_lines"]
-        replay["stats_lines_agreeing"] = ver.get("agreeing_lines")
-        if "exact_lines" in ver:  # V1 logs: matched without tolerance at the step each saw
-            replay["stats_lines_exact"] = ver["exact_lines"]
+    ver = rep.verification
+    if ver is not None:
+        replay["stats_lines"] = ver.stats_lines
+        replay["stats_lines_agreeing"] = ver.agreeing_lines
+        if ver.exact_lines is not None:  # V1 logs: matched without tolerance at the step each saw
+            replay["stats_lines_exact"] = ver.exact_lines
     stats = getattr(rep.facts, "stats", None) or []
     logged = [s.preemptions for s in stats if getattr(s, "preemptions", None) is not None]
     replay["logged_preemptions"] = sum(logged) if logged else None

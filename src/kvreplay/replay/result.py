@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 
 import msgspec
 
+from kvreplay.replay.checks import Verification
 from kvreplay.replay.engine import Engine, without_cyclic_gc
 from kvreplay.replay.records import (EngineInputs, PreemptionRecord, StepRecord, Totals,
                                      totals)
@@ -57,7 +58,7 @@ class Replay:
     steps: list[StepRecord]
     preemptions: list[PreemptionRecord]
     clock: list[float] | None = None  # wall-clock start of each step (log replays)
-    verification: dict[str, Any] | None = None  # the replay against the stats lines
+    verification: Verification | None = None  # the replay against the stats lines
     warnings: dict[str, Any] | None = None  # V0: the every-50th warnings against it
     step_check: dict[str, Any] | None = None  # step-trace logs: every step checked
     log_lines: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
