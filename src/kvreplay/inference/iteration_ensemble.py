@@ -15,6 +15,8 @@ allow: exact kept, a sum split at random with its total kept (log-normal shares)
 moved within +-1 block, a bound raised, an estimate redrawn log-normally; under the
 priority policy without logged priorities, random priorities 0-4. Weight: how many
 Iteration lines the member reproduces (ensemble.noise_weights on the lines it misses).
+The count's interval is over every member; a row's and a request's probability over the
+drawn members only (the search's replay names the rows: its agreement is not evidence).
 Seeded: the same log gives the same ensemble.
 """
 
@@ -32,7 +34,10 @@ from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
 from kvreplay.replay.records import PreemptionRecord, preemption_records, totals
 
-SAMPLES = 6  # members besides the search's own replay
+# Members besides the search's own replay. Each is one replay of the log; 6 keep the whole
+# replay within ~2x the same log with prompts. On tools/research/eval_iter_noprompts's 11
+# logs 6 held the count as often as 16 (11 of 11); 4 did not (f: 5-9, true 10).
+SAMPLES = 6
 MAX_STEPS = 200_000  # (samples x steps) beyond which the ensemble is not run
 SUM_SIGMA = 0.6  # log-normal spread of a sum's shares
 EST_SIGMA = 0.5  # ... of a length no line pinned
@@ -41,7 +46,9 @@ EST_SIGMA = 0.5  # ... of a length no line pinned
 # the median on each side. Chosen on tools/eval_iter_noprompts.py's 11 logs (the three log
 # cases, 8 renders): the search undercounts by up to a third; not checked on held-out logs.
 WIDEN = 0.35
-ROW_ESS = 0.5  # the drawn members' weights for the probabilities keep this share effective
+# The drawn members' weights for the probabilities keep this share of them effective (a
+# member that matches a few more lines is not much likelier to have the right victims)
+ROW_ESS = 0.5
 
 
 def _tokens(old: Sequence[int], n: int, i: int) -> list[int]:

@@ -30,6 +30,12 @@ no line can see does not matter. A disagreement is first put to the estimated pr
 choice explains is reported, and from there each step takes the first choice its line
 accepts. The inputs found are replayed once more from the start: that run, checked line
 by line, is the replay.
+
+Prompts not logged (estimated): before each step, the requests it will admit get the
+lengths its line shows (LineLengths.ahead: alone, exactly; several, as their sum), and the
+log is placed in one forward pass, each step its most likely arrivals, nothing gone back
+over (SEARCH_STEPS_PER_LINE = 0): the replay then costs about what it costs with prompts,
+and what the lines leave open (how a sum splits) is the ensemble's to cover.
 """
 
 from __future__ import annotations
