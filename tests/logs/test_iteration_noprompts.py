@@ -183,3 +183,16 @@ def test_the_poisson_case_without_prompts_has_an_interval_that_holds() -> None:
     c = rep.uncertainty.preemptions if rep.uncertainty is not None else None
     assert c is not None and c["low"] <= len(truth["preemptions"]) <= c["high"], c
     assert {p.confidence for p in rep.preemptions} == {"inferred"}
+
+
+def test_a_replay_that_matches_every_line_keeps_its_rows_likely() -> None:
+    """The burst case without prompts: the replay matches all 613 Iteration lines (KV usage
+    included), so its rows are likely (p >= 0.8), and they are vLLM's 5 preemptions, each
+    at its step (truth.json); still labelled inferred, as 8 prompts were only seen as sums."""
+    rep = replay_logs([str(DATA / "b_fcfs_heavy" / "server.iter.log")], year=2026)
+    truth = json.loads((DATA / "b_fcfs_heavy" / "truth.json").read_text())
+    assert rep.verification["iterations"]["matched"] == 613
+    assert sorted((p.step, p.victim) for p in rep.preemptions) == \
+        sorted((p["step"], p["victim_log_id"]) for p in truth["preemptions"])
+    assert all(p.probability is not None and p.probability >= 0.8 and p.confidence == "inferred"
+               for p in rep.preemptions)

@@ -168,9 +168,14 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
     # The probabilities: the drawn members only. The search's replay (member 0) names the
     # rows and matches the most lines by construction (its lengths were fitted to them), so
     # its agreement with itself is no evidence; its weight would make every row sure.
-    drawn = members[1:] or members
-    dw = temper([x.sse for x in drawn], NOISE_K * max(NOISE_FLOOR, min(x.sse for x in drawn)
-                                                       / max(1, len(facts.iterations))), ROW_ESS)
+    # Unless it matches every line, KV usage included: the blocks in use are then pinned
+    # at every step (to the line's 0.1 %), and with them where the pool runs out.
+    if m.matched == m.lines and members[0].sse == 0:
+        drawn, dw = members, w
+    else:
+        drawn = members[1:] or members
+        dw = temper([x.sse for x in drawn], NOISE_K * max(
+            NOISE_FLOOR, min(x.sse for x in drawn) / max(1, len(facts.iterations))), ROW_ESS)
     for x, y in zip(drawn, dw):
         x.weight = y
     reqs = request_probabilities(drawn, sum(dw))
