@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+
+import pytest
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,7 +22,8 @@ DATA = Path(__file__).parents[1] / "data" / "logcases"
 
 
 def _lengths(lens: list[int], budget: int = 8192) -> LineLengths:
-    reqs = [SimpleNamespace(id=f"r{i}", prompt_token_ids=list(range(n))) for i, n in enumerate(lens)]
+    reqs = [SimpleNamespace(id=f"r{i}", prompt_token_ids=list(range(n)), max_tokens=100)
+            for i, n in enumerate(lens)]
     return LineLengths(SimpleNamespace(requests=reqs), [True] * len(lens), budget)
 
 
@@ -54,6 +57,54 @@ def test_a_recomputed_victim_shows_its_prompt() -> None:
     fix = ll.fix(248, out, None, {}, None, _line(0, 0, 3, 1465))
     assert fix is not None and fix.status == "exact"
     assert fix.lengths == {0: 500} and fix.restore_step == 248
+
+
+def _req(i: int, tokens: int, computed: int, outputs: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(request_id=f"r{i}", num_tokens=tokens, num_computed_tokens=computed,
+                           num_output_tokens=outputs, num_preemptions=0)
+
+
+def _sched(running: list, waiting: list) -> SimpleNamespace:
+    return SimpleNamespace(running=running, waiting=waiting, max_num_running_reqs=64,
+                           max_model_len=4096)
+
+
+def test_the_coming_steps_line_sets_a_new_prompt_before_it_runs() -> None:
+    """r0 still prefills (952 of its 3,000 tokens left), r1-r3 decode; r4 is sent for the
+    step, estimated at 500 tokens. The line: 2 context requests, 2,252 tokens, 3 generation
+    requests and tokens. r4 is the one new context request: its prompt is 2,252 - 952 =
+    1,300 tokens, exact (no budget cut: 2,255 < 8,192)."""
+    ll = _lengths([3000, 300, 300, 300, 500])
+    ll.status[0] = "exact"
+    sched = _sched([_req(0, 3000, 2048), _req(1, 310, 309, 9), _req(2, 320, 319, 19),
+                    _req(3, 330, 329, 29)], [])
+    fix = ll.ahead(sched, [4], _line(2, 2252, 3, 3), 40, False)
+    assert fix is not None and (fix.lengths, fix.status, fix.restore_step) == ({4: 1300}, "exact", 40)
+
+
+def test_two_new_prompts_ahead_share_their_sum() -> None:
+    """r0 waits, r1 is sent, estimated 200 and 600; the line shows 2 context requests of
+    1,200 tokens in all: each scaled by 1.5 (300 and 900), known only as a sum."""
+    ll = _lengths([200, 600])
+    fix = ll.ahead(_sched([], [_req(0, 200, 0)]), [1], _line(2, 1200, 0, 0), 3, False)
+    assert fix is not None and (fix.lengths, fix.status) == ({0: 300, 1: 900}, "sum")
+
+
+def test_no_length_is_set_ahead_where_the_line_does_not_show_it() -> None:
+    """The same new request, but: the step is full (the budget cut the prompt: only a
+    bound), prefix caching is on (a cache hit is not in the context tokens), the log's step
+    recomputes a request (generation tokens over requests), or the next request's length
+    is already pinned: no length is set."""
+    ll = _lengths([500])
+    empty = _sched([], [])
+    assert ll.ahead(empty, [0], _line(1, 8192, 0, 0), 1, False) is None
+    assert ll.ahead(empty, [0], _line(1, 700, 0, 0), 1, True) is None
+    assert ll.ahead(_sched([_req(5, 40, 39, 3)], []), [0], _line(1, 700, 1, 40), 1, False) is None
+    ll.status[0] = "exact"
+    assert ll.ahead(empty, [0], _line(1, 700, 0, 0), 1, False) is None
+    ll.status[0] = "estimated"
+    fix = ll.ahead(empty, [0], _line(1, 700, 0, 0), 1, False)
+    assert fix is not None and fix.lengths == {0: 700}
 
 
 @settings(deadline=None)
@@ -119,3 +170,29 @@ def test_priority_policy_without_bodies_says_priorities_are_not_logged(tmp_path:
     log.write_text("\n".join(lines) + "\n")
     rep = replay_logs([str(log)], year=2026)
     assert any("no priority is logged" in n for n in rep.notes), rep.notes
+
+
+@pytest.mark.slow
+def test_the_poisson_case_without_prompts_has_an_interval_that_holds() -> None:
+    """p1 without prompts (200 requests, 54 true preemptions, many prompts admitted two at
+    a time): the point replay does not pin the victims, its count's 90% interval holds
+    the true count (before this replay's one-pass placement: 23-53), and no row is called
+    better than inferred."""
+    rep = replay_logs([str(DATA / "p1_poisson_fcfs_200" / "server.iter.log")], year=2026)
+    truth = json.loads((DATA / "p1_poisson_fcfs_200" / "truth.json").read_text())
+    c = rep.uncertainty.preemptions if rep.uncertainty is not None else None
+    assert c is not None and c["low"] <= len(truth["preemptions"]) <= c["high"], c
+    assert {p.confidence for p in rep.preemptions} == {"inferred"}
+
+
+def test_a_replay_that_matches_every_line_keeps_its_rows_likely() -> None:
+    """The burst case without prompts: the replay matches all 613 Iteration lines (KV usage
+    included), so its rows are likely (p >= 0.8), and they are vLLM's 5 preemptions, each
+    at its step (truth.json); still labelled inferred, as 8 prompts were only seen as sums."""
+    rep = replay_logs([str(DATA / "b_fcfs_heavy" / "server.iter.log")], year=2026)
+    truth = json.loads((DATA / "b_fcfs_heavy" / "truth.json").read_text())
+    assert rep.verification["iterations"]["matched"] == 613
+    assert sorted((p.step, p.victim) for p in rep.preemptions) == \
+        sorted((p["step"], p["victim_log_id"]) for p in truth["preemptions"])
+    assert all(p.probability is not None and p.probability >= 0.8 and p.confidence == "inferred"
+               for p in rep.preemptions)

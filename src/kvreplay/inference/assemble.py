@@ -105,9 +105,9 @@ def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Profile, pattern
             f"{n} {words.get(k, k)}" for k, n in sorted(m.prompt_lengths.items())))
     if m.exhausted:
         rebuilt.notes.append(
-            "the Iteration-line search spent its allowance (a few replays of the log) "
-            "correcting estimated prompt lengths: from there each step took its most likely "
-            "arrivals, and a length was corrected only where that step's own line showed it")
+            "the Iteration lines placed the arrivals in one pass (each step its most likely "
+            "arrivals), a prompt's length set from the line of the step that admitted it; a "
+            "line the pass does not match was not searched further")
     if priorities_unknown(facts, rebuilt):
         rebuilt.notes.append(
             "the scheduling policy is priority but no priority is logged (vLLM 0.33 logs a "

@@ -15,6 +15,8 @@ allow: exact kept, a sum split at random with its total kept (log-normal shares)
 moved within +-1 block, a bound raised, an estimate redrawn log-normally; under the
 priority policy without logged priorities, random priorities 0-4. Weight: how many
 Iteration lines the member reproduces (ensemble.noise_weights on the lines it misses).
+The count's interval is over every member; a row's and a request's probability over the
+drawn members only (the search's replay names the rows: its agreement is not evidence).
 Seeded: the same log gives the same ensemble.
 """
 
@@ -25,13 +27,17 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from kvreplay.inference.engines import make_engine
-from kvreplay.inference.ensemble import (TOL_STEPS, Member, Uncertainty, _ess, _interval,
-                                         noise_weights, request_probabilities)
+from kvreplay.inference.ensemble import (NOISE_FLOOR, NOISE_K, TOL_STEPS, Member, Uncertainty,
+                                         _ess, _interval, noise_weights, request_probabilities,
+                                         temper)
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
 from kvreplay.replay.records import PreemptionRecord, preemption_records, totals
 
-SAMPLES = 16  # members besides the search's own replay
+# Members besides the search's own replay. Each is one replay of the log; 6 keep the whole
+# replay within ~2x the same log with prompts. On tools/research/eval_iter_noprompts's 11
+# logs 6 held the count as often as 16 (11 of 11); 4 did not (f: 5-9, true 10).
+SAMPLES = 6
 MAX_STEPS = 200_000  # (samples x steps) beyond which the ensemble is not run
 SUM_SIGMA = 0.6  # log-normal spread of a sum's shares
 EST_SIGMA = 0.5  # ... of a length no line pinned
@@ -40,6 +46,9 @@ EST_SIGMA = 0.5  # ... of a length no line pinned
 # the median on each side. Chosen on tools/eval_iter_noprompts.py's 11 logs (the three log
 # cases, 8 renders): the search undercounts by up to a third; not checked on held-out logs.
 WIDEN = 0.35
+# The drawn members' weights for the probabilities keep this share of them effective (a
+# member that matches a few more lines is not much likelier to have the right victims)
+ROW_ESS = 0.5
 
 
 def _tokens(old: Sequence[int], n: int, i: int) -> list[int]:
@@ -152,19 +161,29 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
         mem.prompt_lens = tuple(new)
         members.append(mem)
     w = noise_weights([x.sse for x in members], max(1, len(facts.iterations)))
-    for x, y in zip(members, w):
-        x.weight = y
-    total = sum(w)
     ratios = [x.recomputed / x.processed if x.processed else 0.0 for x in members]
-    reqs = request_probabilities(members, total)
     count = _interval([x.count for x in members], w, widen=WIDEN)
+    recomputed = _interval([x.recomputed for x in members], w, widen=WIDEN)
+    ratio = _interval(ratios, w, digits=4, widen=WIDEN)
+    # The probabilities: the drawn members only. The search's replay (member 0) names the
+    # rows and matches the most lines by construction (its lengths were fitted to them), so
+    # its agreement with itself is no evidence; its weight would make every row sure.
+    # Unless it matches every line, KV usage included: the blocks in use are then pinned
+    # at every step (to the line's 0.1 %), and with them where the pool runs out.
+    if m.matched == m.lines and members[0].sse == 0:
+        drawn, dw = members, w
+    else:
+        drawn = members[1:] or members
+        dw = temper([x.sse for x in drawn], NOISE_K * max(
+            NOISE_FLOOR, min(x.sse for x in drawn) / max(1, len(facts.iterations))), ROW_ESS)
+    for x, y in zip(drawn, dw):
+        x.weight = y
+    reqs = request_probabilities(drawn, sum(dw))
     return Uncertainty(
         samples=len(members) - 1, seed=seed, effective_samples=_ess(w),
-        preemptions=count,
-        recomputed_tokens=_interval([x.recomputed for x in members], w, widen=WIDEN),
-        recompute_ratio=_interval(ratios, w, digits=4, widen=WIDEN),
+        preemptions=count, recomputed_tokens=recomputed, recompute_ratio=ratio,
         windows=[],  # (no storm timeline: the members are not counted per stats line)
-        requests=reqs, members=members, fit_per_line=min(x.sse for x in members)
+        requests=reqs, members=drawn, fit_per_line=min(x.sse for x in members)
         / max(1, len(facts.iterations)), weighted_by="the Iteration lines")
 
 

@@ -30,6 +30,12 @@ no line can see does not matter. A disagreement is first put to the estimated pr
 choice explains is reported, and from there each step takes the first choice its line
 accepts. The inputs found are replayed once more from the start: that run, checked line
 by line, is the replay.
+
+Prompts not logged (estimated): before each step, the requests it will admit get the
+lengths its line shows (LineLengths.ahead: alone, exactly; several, as their sum), and the
+log is placed in one forward pass, each step its most likely arrivals, nothing gone back
+over (SEARCH_STEPS_PER_LINE = 0): the replay then costs about what it costs with prompts,
+and what the lines leave open (how a sum splits) is the ensemble's to cover.
 """
 
 from __future__ import annotations
@@ -67,10 +73,20 @@ LIVE_PER_CHECKPOINT = 1024
 RESYNC_LINES = 16
 # Engine steps the search may run in all, per Iteration line, when prompts are estimated
 # (corrections replay from a request's arrival, backtracks from a choice): past it each
-# step takes its first choice and no correction, so the search stays a few replays long
-SEARCH_STEPS_PER_LINE = 8
+# step takes its most likely arrivals. 0: one forward pass. Measured on the 11 logs of
+# tools/research/eval_iter_noprompts (three log cases, 8 renders): the search's
+# corrections cost 5-40x the replay with prompts, and the count's interval held as often
+# without them (11 of 11): a length the search fits to one line is often wrong for the
+# next (a sum split another way), and after the first lost step it fits noise.
+SEARCH_STEPS_PER_LINE = 0
 MAX_SEARCHES = 3  # disagreements no choice explains before the search gives up
 SPLIT_BY_KV = True
+# Prompt lengths set from the coming step's line before it runs (LineLengths.ahead): what
+# a correction would find, without going back
+AHEAD = True
+# Past the allowance, a step's disagreement is put to the estimated prompts by going back
+# a few steps (PRE_STEPS). Off: the same 11 logs, the same intervals, twice as fast.
+SPENT_REPAIRS = False
 
 
 def unusable(facts: LogFacts, fmt: LogFormat) -> str | None:
@@ -308,6 +324,8 @@ class _Search:
         self.p += k
         for rid in self.aborts.get(self.lc.n, ()):
             eng.abort(rid)
+        if self.lengths and AHEAD:
+            self._ahead(step)
         rec = eng.step()
         self.stepped += 1
         self.steps.append(rec)
@@ -316,6 +334,22 @@ class _Search:
             self.ctx_hist[step] = {rid: out.num_scheduled_tokens[rid] for rid in out.ctx_req_ids}
             self.ctx_hist.pop(step - PRE_STEPS - 1, None)
         return rec
+
+    def _ahead(self, step: int) -> None:
+        """Give the requests the coming step admits the prompt lengths its line shows
+        (LineLengths.ahead), before it runs: what a correction would otherwise replay."""
+        it = self.lc.by_n.get(self.lc.n)
+        if it is None:
+            return
+        fix = self.lengths.ahead(self.eng.scheduler, self.eng.submitted, it, step,
+                                 self.workload.config.enable_prefix_caching)
+        if fix is None:
+            return
+        self.lengths.applied(fix)
+        for i, n in fix.lengths.items():
+            tokens = self.lengths.tokens(i, n)
+            self.workload.requests[i] = _with_prompt(self.workload.requests[i], tokens)
+            self.eng.set_prompt(i, tokens)
 
     # -- snapshots -----------------------------------------------------------------
     def _take(self) -> tuple[SnapshotCodec, Snapshot]:
@@ -502,11 +536,12 @@ class _Search:
         choice, nothing corrected."""
         self.exhausted = True
         while not self.done():
-            self.checkpoint()
+            if SPENT_REPAIRS:  # (else nothing goes back: no snapshot needed)
+                self.checkpoint()
             k = self.queue.popleft() if self.queue else self.options()[0]
             rec = self.apply(k)
             diffs = self.lc.check(rec)
-            if diffs and self.repair(rec, max_back=PRE_STEPS):
+            if diffs and SPENT_REPAIRS and self.repair(rec, max_back=PRE_STEPS):
                 continue  # a length the step's own line shows: a few steps replayed
             if not diffs:
                 self._learn(rec, k)

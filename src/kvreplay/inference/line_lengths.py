@@ -181,6 +181,62 @@ class LineLengths:
         n = self.prompt_len(i) + d_gen
         return Fix(step, {i: n}, "exact") if n >= 1 else None
 
+    def ahead(self, sched: Any, pending: list[int], line: Any, step: int,
+              prefix_caching: bool) -> Fix | None:
+        """The lengths the coming step's line gives the requests it will admit, set before
+        the step runs (no replay from a snapshot): the line's context tokens less what the
+        running prefills will compute are the new requests' prompts. Only where that is
+        certain from the replay's state: the running requests are the line's (its
+        generation requests: each decoding one takes 1 token), nothing is cut by the token
+        budget or the long-prefill threshold, the next waiting requests are the line's new
+        ones, each unscheduled, its prompt not pinned yet, and no prefix cache hides part
+        of a prompt. Several new ones show their sum (split as the replay had them).
+        `pending`: the requests submitted for the step (they join the waiting queue's back)."""
+        if prefix_caching or line.context_tokens + line.generation_tokens >= self.budget:
+            return None
+        cont, rest, decoding = [], 0, 0
+        for r in sched.running:
+            if r.num_output_tokens == 0 and r.num_computed_tokens < r.num_tokens:
+                cont.append(r)
+                rest += r.num_tokens - r.num_computed_tokens
+            else:
+                decoding += 1
+        if decoding != line.generation_requests or decoding != line.generation_tokens:
+            return None  # (a recomputed or an async request: not a plain decode step)
+        k = line.context_requests - len(cont)
+        new_tokens = line.context_tokens - rest
+        if k <= 0 or new_tokens < k or len(sched.running) + k > sched.max_num_running_reqs:
+            return None
+        heads: list[int] = []
+        for r in sched.waiting:
+            if len(heads) == k:
+                break
+            i = self.index.get(r.request_id)
+            if (i is None or i not in self.open or self.status.get(i) != "estimated"
+                    or r.num_computed_tokens or r.num_output_tokens or r.num_preemptions):
+                return None
+            heads.append(i)
+        for i in pending[:k - len(heads)]:
+            if i not in self.open or self.status.get(i) != "estimated":
+                return None
+            heads.append(i)
+        if len(heads) < k:
+            return None
+        ours = [self.prompt_len(i) for i in heads]
+        if k == 1:
+            lengths = {heads[0]: new_tokens}
+        else:  # the sum shared in proportion to the replay's lengths
+            new = [max(1, round(n * new_tokens / sum(ours))) for n in ours]
+            new[-1] = new_tokens - sum(new[:-1])
+            if new[-1] < 1:
+                return None
+            lengths = dict(zip(heads, new))
+        if all(lengths[i] == n for i, n in zip(heads, ours)) or any(
+                n > sched.max_model_len - self.workload.requests[i].max_tokens
+                for i, n in lengths.items()):
+            return None
+        return Fix(step, lengths, "exact" if k == 1 else "sum")
+
     def applied(self, fix: Fix) -> None:
         for i, n in fix.lengths.items():
             self.fixes[i] = self.fixes.get(i, 0) + 1
