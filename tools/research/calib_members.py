@@ -65,7 +65,7 @@ def score(recs: list[dict], temp: float, cost: float = 2.0, adapt: float = 0.0) 
     """Another weighting tried offline: T = `temp` (x lines with --per-line), at least
     ADAPT x the best member's loss per line (FLOOR), raised to keep --ess effective;
     intervals widened by --widen on Poisson logs; raw (uncalibrated) probabilities."""
-    from kvreplay.inference.ensemble import temper
+    from kvreplay.inference.uncertainty import temper
 
     def weigh(sse: list[float], lines: int) -> list[float]:
         t = max(temp * lines if PER_LINE else temp, adapt * max(FLOOR, min(sse) / lines), 1e-9)
@@ -180,8 +180,8 @@ def pav_table(pairs: list[tuple[float, bool]], bins: int = 10) -> list[tuple[flo
 
 def outcomes(recs: list[dict], temp_k: float = 4.0) -> dict[str, list[tuple[float, bool]]]:
     """Raw (uncalibrated) request and row probabilities with their outcomes, weighted as
-    the product weights members (ensemble.noise_weights)."""
-    from kvreplay.inference.ensemble import TOL_STEPS, noise_weights
+    the product weights members (uncertainty.noise_weights)."""
+    from kvreplay.inference.uncertainty import TOL_STEPS, noise_weights
     out: dict[str, list[tuple[float, bool]]] = {"requests": [], "rows": []}
     for r in recs:
         ms = r["members"]
@@ -207,9 +207,10 @@ def score_product(recs: list[dict], *, weigh=None, widen=None, cost: float = 2.0
     intervals (widen_for, on Poisson logs) and its calibrated probabilities
     (ensemble.CALIBRATION); `weigh(sse, lines)`, `widen(prompts_known, fit)`, `cost` (SSE
     per inexact line) and `calibrate` try others (score)."""
-    from kvreplay.inference.ensemble import (CALIBRATION, POOR_FIT, POOR_FIT_P_MAX, TOL_STEPS,
-                                             _interval, _quantiles, calibrated, count_noise,
-                                             noise_weights, widen_for)
+    from kvreplay.inference.ensemble import (CALIBRATION, POOR_FIT, POOR_FIT_P_MAX, count_noise,
+                                             widen_for)
+    from kvreplay.inference.uncertainty import TOL_STEPS, calibrated, noise_weights
+    from kvreplay.inference.uncertainty import interval as _interval, quantiles as _quantiles
     weigh = weigh or noise_weights
     widen = widen or widen_for
     n = cover = cover_r = cover_w = nwin = cover_q = nratio = 0

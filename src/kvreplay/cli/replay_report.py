@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from kvreplay.inference.ensemble import LEAD_BELOW
+from kvreplay.inference.uncertainty import LEAD_BELOW
 
 from kvreplay.replay.result import Replay
 from kvreplay.words import count

@@ -2,8 +2,9 @@
 
 Consumes: the placed and clocked final run (stage 5), `LogFacts`, the `LogFormat`, the
 rebuilt workload (and, for a log without prompts, the estimated prompt lengths).
-Produces an `Uncertainty`: an ensemble of replays drawn from what the log allows, each
-weighted by how well it reproduces the stats lines, and from it
+Produces an `Uncertainty` (summarized by uncertainty.summarize, as every ensemble's): an
+ensemble of replays drawn from what the log allows, each weighted by how well it reproduces
+the stats lines, and from it
 
 * the preemption count, recomputed tokens and recompute ratio: median and 90% interval;
 * preemptions per stats interval (the storm timeline), with intervals;
@@ -37,8 +38,8 @@ import multiprocessing
 import os
 import random
 import threading
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
 
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
@@ -49,18 +50,15 @@ from kvreplay.progress import stage
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.runs import Run, timed_replay
 from kvreplay.inference.verify import anchored_loss, verify
+from kvreplay.inference.uncertainty import (LEAD_BELOW, TOL_STEPS, Member, Uncertainty, calibrated,
+                                           noise_weights, quantiles, summarize)
 from kvreplay.replay.records import PreemptionRecord, preemption_records, totals
 
 SAMPLES = 32  # the default ensemble
 MAX_REQUESTS = 2000  # beyond this the default ensemble is off (--samples N turns it on)
-TOL_STEPS = 5  # a preemption "found again": same victim within this many steps
-NOISE_K = 4.0  # the weights' temperature in units of the best member's loss per line
-NOISE_FLOOR = 0.5  # ... at least this (a best member that fits every line exactly)
-ESS_MIN = 0.2  # ... and high enough that this share of the members stays effective
 INEXACT_COST = 2.0  # SSE added per stats line missed by the exact check
 BETTER = 0.5  # a member whose SSE is below BETTER x the placed run's is shown instead
 ROUNDS = 2  # ... and the ensemble draws a second round around it
-LEAD_BELOW = 0.5  # a row with a lower probability is a lead, not a fact
 # member i draws KINDS[pattern][i % len]: Poisson arrivals anywhere in their second; a
 # burst or a closed loop (requests sent together, or each after a completion) only a
 # step or two from where the placement put them
@@ -68,70 +66,6 @@ KINDS = {"poisson": ("jitter", "redraw", "model", "warp", "shift", "model"), "ot
 MODEL_SPREAD = 2.0  # "model": each step-time coefficient scaled log-uniformly in [1/2, 2]
 WARP = 1.5  # "warp": inside each stats interval the clock's time -> step map is bent by
 # f -> f ** g, g log-uniform in [1/WARP, WARP]: the step-time model's uncertainty
-
-
-@dataclass(slots=True)
-class Member:
-    weight: float
-    sse: float  # loss + INEXACT_COST * inexact
-    loss: float  # the anchored loss summed over the stats lines
-    inexact: int  # stats lines the exact check misses
-    count: int
-    recomputed: int
-    processed: int
-    by_victim: dict[str, list[int]]
-    windows: list[int]
-    # the member's arrival step per request (what-if runs re-run it under other settings)
-    arrival_steps: array | None = None
-    # what it drew of its own workload (member_workload rebuilds it): prompt lengths after
-    # the shared prefix, priorities; None where it kept the replay's
-    prompt_lens: tuple[int, ...] | None = None
-    priorities: tuple[int, ...] | None = None
-
-
-@dataclass(slots=True)
-class Uncertainty:
-    samples: int
-    seed: int
-    effective_samples: float
-    preemptions: dict[str, int]
-    recomputed_tokens: dict[str, int]
-    recompute_ratio: dict[str, float]
-    windows: list[dict[str, Any]]
-    requests: list[dict[str, Any]]
-    headline: str = ""  # what to trust, what not, how to make it exact (headline())
-    fit_per_line: float = 0.0  # the best member's SSE per stats line
-    poor_fit: bool = False  # no member reproduces the stats lines (>= POOR_FIT per line)
-    members: list[Member] = field(default_factory=list, repr=False)
-    # a member that agrees far better with the stats lines than the placed run (< BETTER x
-    # its SSE): the replay to show instead; None when the placed run is the best
-    representative: Run | None = field(default=None, repr=False)
-    row_map: Sequence[tuple[float, float]] | None = field(default=None, repr=False)
-    shared_prefix: int = 0  # the tokens every estimated prompt shares (member_workload)
-    weighted_by: str = "the stats lines"  # the evidence each member's weight measures
-
-    def assign(self, pre: Sequence[PreemptionRecord]) -> None:
-        """Each row's probability: the weighted share of members that preempt its victim
-        within TOL_STEPS of its step."""
-        total = sum(m.weight for m in self.members)
-        for p in pre:
-            hit = sum(m.weight for m in self.members
-                      if any(abs(s - p.step) <= TOL_STEPS for s in m.by_victim.get(p.victim, ())))
-            q = hit / total
-            if self.row_map is not None:
-                q = min(calibrated(q, self.row_map), self.p_preempted(p.victim))
-            p.probability = round(q, 3)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"headline": self.headline, "samples": self.samples, "seed": self.seed,
-                "fit_per_line": round(self.fit_per_line, 2), "poor_fit": self.poor_fit,
-                "effective_samples": round(self.effective_samples, 1),
-                "preemptions": self.preemptions, "recomputed_tokens": self.recomputed_tokens,
-                "recompute_ratio": self.recompute_ratio, "windows": self.windows,
-                "requests": self.requests, "weighted_by": self.weighted_by}
-
-    def p_preempted(self, request: str) -> float:
-        return next((r["p_preempted"] for r in self.requests if r["id"] == request), 0.0)
 
 
 def samples_wanted(samples: int | None, facts: LogFacts, fmt: LogFormat) -> int:
@@ -142,28 +76,6 @@ def samples_wanted(samples: int | None, facts: LogFacts, fmt: LogFormat) -> int:
     if samples is not None:
         return max(0, samples)
     return SAMPLES if len(facts.requests) <= MAX_REQUESTS else 0
-
-
-def request_probabilities(members: Sequence[Member], total: float,
-                          p_of: Callable[[float], float] | None = None) -> list[dict[str, Any]]:
-    """Each request some member of weight preempts: `p_preempted`, the weighted share of
-    members that preempt it (mapped by `p_of`, e.g. calibrated, the expected count scaled
-    with it), and `expected_preemptions`; the most likely first."""
-    reqs = []
-    for rid in dict.fromkeys(v for m in members for v in m.by_victim):
-        raw = sum(m.weight for m in members if rid in m.by_victim) / total
-        if raw <= 0.0:
-            continue  # only members of no weight preempt it
-        e = sum(m.weight * len(m.by_victim.get(rid, ())) for m in members) / total
-        p = raw if p_of is None else p_of(raw)
-        reqs.append({"id": rid, "p_preempted": round(p, 3),
-                     "expected_preemptions": round(e if p_of is None else e * p / raw, 3)})
-    reqs.sort(key=lambda r: (-r["p_preempted"], -r["expected_preemptions"], r["id"]))
-    return reqs
-
-
-def _ess(w: Sequence[float]) -> float:
-    return sum(w) ** 2 / sum(x * x for x in w)
 
 
 # Poisson logs: the ensemble's members share the replay's errors, so its raw shares are too
@@ -204,80 +116,6 @@ def widen_for(prompts_known: bool, fit_per_line: float) -> float:
 def count_noise(prompts_known: bool, median_count: float) -> float:
     """The widening added for a count's own noise (COUNT_NOISE)."""
     return COUNT_NOISE[prompts_known] / math.sqrt(max(1.0, median_count))
-
-
-def calibrated(p: float, knots: Sequence[tuple[float, float]]) -> float:
-    """A raw ensemble share through a calibration map; 0 stays 0 (no replay the log
-    allows has it)."""
-    if p <= 0.0:
-        return 0.0
-    if p <= knots[0][0]:
-        return knots[0][1]
-    for (x0, y0), (x1, y1) in zip(knots, knots[1:]):
-        if p <= x1:
-            return y0 + (y1 - y0) * (p - x0) / (x1 - x0)
-    return knots[-1][1]
-
-
-def noise_weights(sse: Sequence[float], lines: int) -> list[float]:
-    """exp(-(SSE - best) / 2T): the stats lines' likelihood under Gaussian read noise whose
-    variance is estimated from the best member's residual (T = NOISE_K x its SSE per line,
-    at least NOISE_FLOOR). Where every member misfits alike (estimated prompts, a model
-    that cannot hit the lines) the weights stay broad; where one member fits far better
-    than the rest it takes most of the weight, but never all: T is raised until ESS_MIN of
-    the members stay effective (the members cover what the log allows only coarsely, and
-    one lucky draw is not the truth). Calibrated on rendered logs (docs/accuracy.md)."""
-    best = min(sse)
-    return temper(sse, NOISE_K * max(NOISE_FLOOR, best / max(1, lines)), ESS_MIN)
-
-
-def temper(sse: Sequence[float], t: float, share: float) -> list[float]:
-    """exp(-(SSE - best) / 2T) with T = `t`, or higher, the lowest that keeps `share` of
-    the members effective (ESS)."""
-    best = min(sse)
-    n = len(sse)
-
-    def at(t: float) -> list[float]:
-        return [math.exp(-(x - best) / (2.0 * t)) for x in sse]
-
-    if n > 1 and _ess(at(t)) < share * n:
-        lo, hi = t, 1e12
-        for _ in range(80):  # bisection on log T: the ESS grows with T
-            mid = math.sqrt(lo * hi)
-            if _ess(at(mid)) >= share * n:
-                hi = mid
-            else:
-                lo = mid
-        t = hi
-    return at(t)
-
-
-def _quantiles(values: Sequence[float], weights: Sequence[float]) -> tuple[float, float, float]:
-    """Weighted 5%, 50%, 95% quantiles (the lower value at a tie)."""
-    pairs = sorted(zip(values, weights))
-    total = sum(w for _, w in pairs) or 1.0
-    out = []
-    for q in (0.05, 0.5, 0.95):
-        acc = 0.0
-        pick = pairs[-1][0]
-        for v, w in pairs:
-            acc += w
-            if acc >= q * total - 1e-12:
-                pick = v
-                break
-        out.append(pick)
-    return out[0], out[1], out[2]
-
-
-def _interval(values: Sequence[float], weights: Sequence[float], digits: int | None = 0,
-              widen: float = 0.0) -> dict[str, Any]:
-    """Median and 90% interval, each side moved out by `widen` x the median (the replay's
-    own error the ensemble does not cover, measured: WIDEN)."""
-    lo, med, hi = _quantiles(values, weights)
-    pad = round(widen * med) if digits == 0 else widen * med
-    lo, hi = max(0, lo - pad), hi + pad
-    f = (lambda x: int(round(x))) if digits == 0 else (lambda x: round(x, digits or 6))
-    return {"median": f(med), "low": f(lo), "high": f(hi)}
 
 
 class _Draw:
@@ -453,7 +291,7 @@ def _draw_member(c: _Context, i: int) -> tuple[Member, Run | None]:
                              c.placement, order_window_s=c.fmt.order_window_s)
         arr = c.draw._fix_order([max(a, 0) for a in timed.arrival_steps])
     alt = placed(rb, c.facts, c.fmt, c.profile, arr, c.run.model, c.phase)
-    m = _member(alt.run, c.facts, c.fmt, c.phase, c.bounds, c.known)
+    m = stats_member(alt.run, c.facts, c.fmt, c.phase, c.bounds, c.known)
     m.arrival_steps = array("i", alt.run.arrival_steps)
     if lens is not None:
         m.prompt_lens = tuple(lens)  # (not an int32 array: a damaged log's can overflow it)
@@ -512,7 +350,7 @@ def _map_members(c: _Context, samples: int, steps: int) -> list[tuple[Member, Ru
             _CTX = None
 
 
-def _member(run: Run, facts: LogFacts, fmt: LogFormat, phase: float, bounds: list[float],
+def stats_member(run: Run, facts: LogFacts, fmt: LogFormat, phase: float, bounds: list[float],
             prompts_known: bool) -> Member:
     anchors = token_anchors(run, facts, fmt, cum_generated(run))
     loss, inexact = _disagreement(run, facts, fmt, phase, anchors, prompts_known)
@@ -549,7 +387,7 @@ def ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, run: R
     estimated prompt lengths (after `shared_prefix`) when the log has none."""
     bounds = [line_time(s, phase) for s in facts.stats]
     known = not rebuilt.prompts_estimated
-    members = [_member(run, facts, fmt, phase, bounds, known)]
+    members = [stats_member(run, facts, fmt, phase, bounds, known)]
     best_run: Run | None = None  # the best-fitting member's run, if it beats the placed one
     best_sse = members[0].sse * BETTER
     kinds = KINDS["poisson" if pattern == "poisson" else "other"]
@@ -568,40 +406,23 @@ def ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, run: R
             break
         around = best_run
     w = noise_weights([m.sse for m in members], len(facts.stats))
-    for m, x in zip(members, w):
-        m.weight = x
-    total = sum(w)
-    ess = _ess(w)
-    ratios = [m.recomputed / m.processed if m.processed else 0.0 for m in members]
-    win_rows = []
     starts = [facts.requests[0].time if facts.requests and facts.requests[0].time is not None
               else (bounds[0] if bounds else 0.0)] + bounds
-    ends_ = bounds + [run.end]
     cal = pattern == "poisson"  # calibrated on Poisson logs (bursts need no correction)
     fit = min(m.sse for m in members) / max(1, len(facts.stats))
     widen = widen_for(known, fit) if cal else 0.0
-    counts = [m.count for m in members]
-    widen_n = widen + (count_noise(known, _quantiles(counts, w)[1]) if cal else 0.0)
-    for k in range(len(bounds) + 1):
-        iv = _interval([m.windows[k] for m in members], w, widen=widen)
-        if k == len(bounds) and iv["high"] == 0:
-            continue
-        win_rows.append({"start": round(starts[k], 3), "end": round(ends_[k], 3), **iv})
+    widen_n = widen + (count_noise(known, quantiles([m.count for m in members], w)[1])
+                       if cal else 0.0)
     maps = (CALIBRATION[("requests", known)], CALIBRATION[("rows", known)]) if cal else None
 
     def p_of(raw: float) -> float:
         p = calibrated(raw, maps[0]) if maps else raw
         return min(p, POOR_FIT_P_MAX) if cal and fit >= POOR_FIT else p
 
-    reqs = request_probabilities(members, total, p_of)
-    return Uncertainty(
-        samples=len(members) - 1, seed=seed, effective_samples=ess,
-        preemptions=_interval(counts, w, widen=widen_n),
-        recomputed_tokens=_interval([m.recomputed for m in members], w, widen=widen_n),
-        recompute_ratio=_interval(ratios, w, digits=4, widen=widen_n),
-        windows=win_rows, requests=reqs, members=members, representative=best_run,
-        row_map=maps[1] if maps else None, fit_per_line=fit, poor_fit=cal and fit >= POOR_FIT,
-        shared_prefix=shared_prefix)
+    return summarize(members, w, seed=seed, lines=len(facts.stats),
+                     windows=(starts, bounds + [run.end]), widen=widen, widen_count=widen_n,
+                     p_of=p_of, representative=best_run, row_map=maps[1] if maps else None,
+                     poor_fit=cal and fit >= POOR_FIT, shared_prefix=shared_prefix)
 
 
 def headline(unc: Uncertainty, pre: Sequence[PreemptionRecord], make_exact: str) -> str:

@@ -14,7 +14,7 @@ at all ("estimated"). Each member replays the same arrival steps with lengths th
 allow: exact kept, a sum split at random with its total kept (log-normal shares), a block
 moved within +-1 block, a bound raised, an estimate redrawn log-normally; under the
 priority policy without logged priorities, random priorities 0-4. Weight: how many
-Iteration lines the member reproduces (ensemble.noise_weights on the lines it misses).
+Iteration lines the member reproduces (uncertainty.noise_weights on the lines it misses).
 The count's interval is over every member; a row's and a request's probability over the
 drawn members only (the search's replay names the rows: its agreement is not evidence).
 Seeded: the same log gives the same ensemble.
@@ -27,9 +27,8 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from kvreplay.inference.engines import make_engine
-from kvreplay.inference.ensemble import (NOISE_FLOOR, NOISE_K, TOL_STEPS, Member, Uncertainty,
-                                         _ess, _interval, noise_weights, request_probabilities,
-                                         temper)
+from kvreplay.inference.uncertainty import (NOISE_FLOOR, NOISE_K, TOL_STEPS, Member,
+                                           Uncertainty, noise_weights, summarize, temper)
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
 from kvreplay.replay.records import PreemptionRecord, preemption_records, totals
@@ -161,10 +160,6 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
         mem.prompt_lens = tuple(new)
         members.append(mem)
     w = noise_weights([x.sse for x in members], max(1, len(facts.iterations)))
-    ratios = [x.recomputed / x.processed if x.processed else 0.0 for x in members]
-    count = _interval([x.count for x in members], w, widen=WIDEN)
-    recomputed = _interval([x.recomputed for x in members], w, widen=WIDEN)
-    ratio = _interval(ratios, w, digits=4, widen=WIDEN)
     # The probabilities: the drawn members only. The search's replay (member 0) names the
     # rows and matches the most lines by construction (its lengths were fitted to them), so
     # its agreement with itself is no evidence; its weight would make every row sure.
@@ -176,15 +171,9 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
         drawn = members[1:] or members
         dw = temper([x.sse for x in drawn], NOISE_K * max(
             NOISE_FLOOR, min(x.sse for x in drawn) / max(1, len(facts.iterations))), ROW_ESS)
-    for x, y in zip(drawn, dw):
-        x.weight = y
-    reqs = request_probabilities(drawn, sum(dw))
-    return Uncertainty(
-        samples=len(members) - 1, seed=seed, effective_samples=_ess(w),
-        preemptions=count, recomputed_tokens=recomputed, recompute_ratio=ratio,
-        windows=[],  # (no storm timeline: the members are not counted per stats line)
-        requests=reqs, members=drawn, fit_per_line=min(x.sse for x in members)
-        / max(1, len(facts.iterations)), weighted_by="the Iteration lines")
+    # (no storm timeline: the members are not counted per stats line)
+    return summarize(members, w, seed=seed, lines=len(facts.iterations), voters=(drawn, dw),
+                     widen=WIDEN, weighted_by="the Iteration lines")
 
 
 def iteration_headline(unc: Uncertainty, pre: Sequence[PreemptionRecord], make_exact: str,

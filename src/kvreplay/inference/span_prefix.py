@@ -86,14 +86,14 @@ def shared_workload(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat) -> tuple[
 def prefix_ensemble(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile, marks: SpanMarks,
                     run: Run, phase: float, prefix: int, *, samples: int = SAMPLES,
                     seed: int = 0) -> Any:
-    """The ensemble over prefix sharings (module doc): an ensemble.Uncertainty, member 0
+    """The ensemble over prefix sharings (module doc): an uncertainty.Uncertainty, member 0
     the replay shown (`run`)."""
-    from kvreplay.inference.ensemble import (POOR_FIT, Uncertainty, _ess, _interval, _member,
-                                             noise_weights, request_probabilities)
+    from kvreplay.inference.ensemble import POOR_FIT, stats_member
+    from kvreplay.inference.uncertainty import noise_weights, summarize
     from kvreplay.inference.lines import line_time
 
     bounds = [line_time(s, phase) for s in facts.stats]
-    members = [_member(run, facts, fmt, phase, bounds, False)]
+    members = [stats_member(run, facts, fmt, phase, bounds, False)]
     n = len(facts.requests)
     for k in range(samples):
         rng = random.Random(f"kvreplay-span-prefix:{seed}:{k}")
@@ -107,27 +107,11 @@ def prefix_ensemble(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: 
         sizes = [int(prefix * scale * rng.uniform(1 - SPREAD, 1 + SPREAD)) for _ in range(g)]
         rb = with_prefixes(rebuilt, facts, group, sizes)
         alt, _ = span_placement(rb, facts, fmt, profile, run.model, marks, fixed_model=True)
-        members.append(_member(alt, facts, fmt, phase, bounds, False))
+        members.append(stats_member(alt, facts, fmt, phase, bounds, False))
     w = noise_weights([m.sse for m in members], len(facts.stats))
-    for m, x in zip(members, w):
-        m.weight = x
-    total = sum(w)
-    starts = [facts.requests[0].time or 0.0] + bounds
-    win_rows = []
-    for k in range(len(bounds) + 1):
-        iv = _interval([m.windows[k] for m in members], w)
-        if k == len(bounds) and iv["high"] == 0:
-            continue
-        win_rows.append({"start": round(starts[k], 3),
-                         "end": round((bounds + [run.end])[k], 3), **iv})
-    reqs = request_probabilities(members, total)
-    ratios = [m.recomputed / m.processed if m.processed else 0.0 for m in members]
     # no member reproduces the stats lines: the headline calls the range rough, not a 90%
     # interval, and no row likely (driver.py caps the rows' p as ensemble.py does)
     fit = min(m.sse for m in members) / max(1, len(facts.stats))
-    return Uncertainty(
-        samples=len(members) - 1, seed=seed, effective_samples=_ess(w),
-        preemptions=_interval([m.count for m in members], w),
-        recomputed_tokens=_interval([m.recomputed for m in members], w),
-        recompute_ratio=_interval(ratios, w, digits=4), windows=win_rows, requests=reqs,
-        members=members, fit_per_line=fit, poor_fit=fit >= POOR_FIT, shared_prefix=prefix)
+    return summarize(members, w, seed=seed, lines=len(facts.stats),
+                     windows=([facts.requests[0].time or 0.0] + bounds, bounds + [run.end]),
+                     poor_fit=fit >= POOR_FIT, shared_prefix=prefix)

@@ -63,7 +63,7 @@ class Replay:
     step_check: dict[str, Any] | None = None  # step-trace logs: every step checked
     log_lines: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
     estimate: dict[str, Any] | None = None  # a count interval where the log cannot pin it
-    uncertainty: Any = None  # inference.ensemble.Uncertainty: what the log leaves open
+    uncertainty: Any = None  # inference.uncertainty.Uncertainty: what the log leaves open
     notes: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     info: Provenance = field(default_factory=Provenance)

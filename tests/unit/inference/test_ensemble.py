@@ -16,7 +16,7 @@ from helpers.examples import many
 
 from kvreplay.cli.replay_report import render_table, to_json
 from kvreplay.inference import replay_facts
-from kvreplay.inference.ensemble import LEAD_BELOW, TOL_STEPS, _quantiles
+from kvreplay.inference.uncertainty import LEAD_BELOW, TOL_STEPS, quantiles
 from kvreplay.sources import read_facts
 
 CASES = Path(__file__).parents[2] / "data" / "logcases"
@@ -43,18 +43,18 @@ def poisson():
 def test_weighted_quantiles_by_hand() -> None:
     # equal weights: the 5%, 50%, 95% order statistics of 20 values 1..20
     vals = list(range(1, 21))
-    assert _quantiles(vals, [1.0] * 20) == (1, 10, 19)
+    assert quantiles(vals, [1.0] * 20) == (1, 10, 19)
     # all the weight on one value: it is the whole interval
-    assert _quantiles([3, 7, 9], [0.0, 1.0, 0.0]) == (7, 7, 7)
+    assert quantiles([3, 7, 9], [0.0, 1.0, 0.0]) == (7, 7, 7)
     # 60% of the weight on 9: the median is 9, the 5% quantile the lightest low value
-    assert _quantiles([3, 7, 9], [0.1, 0.3, 0.6]) == (3, 9, 9)
+    assert quantiles([3, 7, 9], [0.1, 0.3, 0.6]) == (3, 9, 9)
 
 
 @settings(many())
 @given(st.lists(st.tuples(st.integers(0, 100), st.floats(0.001, 10.0)), min_size=1, max_size=40))
 def test_quantiles_are_ordered_members(pairs) -> None:
     vals, ws = zip(*pairs)
-    lo, med, hi = _quantiles(vals, ws)
+    lo, med, hi = quantiles(vals, ws)
     assert lo <= med <= hi
     assert {lo, med, hi} <= set(vals)
 
