@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
             log = read_log([p for p in paths if p == "-" or spans_format(p) is None],
                            vllm_version=args.vllm_version, year=args.year)
-            missing = log.facts.missing
+            missing = list(log.facts.missing)
         except UserError:
             missing = []
         from kvreplay.audit import default_report
