@@ -26,7 +26,7 @@ from kvreplay.inference.log_shape import arrival_pattern, response_starts, large
 from kvreplay.inference.formats import interval_of, log_format
 from kvreplay.inference.lines import phase_estimate
 from kvreplay.inference.placement import LARGE_LOG_ROUNDS
-from kvreplay.inference.iterations import unusable
+from kvreplay.inference.iteration_lines import unusable
 from kvreplay.inference.prompts import fit_prompts
 from kvreplay.inference import span_prefix
 from kvreplay.inference.span_clock import span_marks, span_placement

@@ -1,0 +1,171 @@
+"""Iteration lines against a replay: one `Iteration(N)` line checked against the step that
+printed it, and what a placement by the lines yields.
+
+Consumes: `LogFacts` (the first engine's iteration lines), the `LogFormat` (whether the
+lines print KV usage), the replay's step records. Produces: `LineCheck` (the steps against
+their lines, in order: N advances with each step that scheduled a token), `Mismatch` (a
+line the replay does not match, and how), `IterationMatch` (the placed run, the lines
+checked and matched, the first mismatch); `unusable` (why a log's lines cannot place its
+arrivals), `kv_within_split` (a KV-usage difference a sum of prompts' split explains).
+What a line says: iterations.py's docstring (spec: vllm-log-formats.md 4.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, TYPE_CHECKING
+
+from kvreplay.inference.facts import LogFacts
+from kvreplay.inference.formats import LogFormat
+from kvreplay.inference.runs import Run
+from kvreplay.replay.records import StepRecord
+
+if TYPE_CHECKING:
+    from kvreplay.inference.line_lengths import LineLengths
+
+
+def unusable(facts: LogFacts, fmt: LogFormat) -> str | None:
+    """Why the iteration lines cannot place the arrivals (None: they can)."""
+    its = facts.iterations
+    if not its:
+        return "no Iteration lines"
+    if fmt.engine != "V1":
+        return "a V0 log"
+    if len(facts.iteration_engines) > 1:
+        return (f"the lines come from {len(facts.iteration_engines)} engines (data parallel): "
+                "which engine ran which request is not logged")
+    back = next((b for a, b in zip(its, its[1:]) if b.step <= a.step), None)
+    if back is not None:
+        return (f"Iteration({back.step}) at {back.file}:{back.line} comes after a higher "
+                "number: the log holds more than one run of the engine")
+    if its[0].step != 0:
+        return (f"the first Iteration line is Iteration({its[0].step}): the log does not "
+                "start with the engine's first step")
+    if not facts.requests or facts.requests[0].iterations_before > 0:
+        return "Iteration lines before the first request line: the log starts mid-run"
+    return None
+
+
+@dataclass(slots=True)
+class Mismatch:
+    iteration: int  # N of the line
+    file: str
+    line: int
+    step: int  # the replay's step
+    differences: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "file": self.file, "line": self.line,
+                "step": self.step, "differences": self.differences}
+
+
+@dataclass(slots=True)
+class IterationMatch:
+    run: Run
+    lines: int  # iteration lines in the log
+    checked: int  # lines the replay had a step for
+    matched: int  # ... that it matched in every field
+    first_mismatch: Mismatch | None
+    exact_until_step: int  # steps before this one are pinned by the log (all, if no mismatch)
+    line_of_step: dict[int, int] = field(default_factory=dict)  # step -> N
+    lag: dict[int, int] = field(default_factory=dict)  # arrival line - lower bound: count
+    backtracks: int = 0
+    overhead_s: float = 0.0  # the clock's fixed cost between steps
+    prompt_lengths: dict[str, int] = field(default_factory=dict)  # status -> requests
+    kv_unsure: int = 0  # lines whose KV usage may differ by how a sum of prompts splits
+    # what the lines said of each estimated prompt (request index -> LineLengths status),
+    # and the requests whose prompts they showed only as one sum
+    length_status: dict[int, str] = field(default_factory=dict)
+    sum_groups: list[list[int]] = field(default_factory=list)
+    exhausted: bool = False  # the search ran out of its allowance (SEARCH_STEPS_PER_LINE)
+
+    def report(self) -> dict[str, Any]:
+        return {"lines": self.lines, "checked": self.checked, "matched": self.matched,
+                "first_mismatch": self.first_mismatch.to_dict() if self.first_mismatch else None,
+                "exact_until_step": self.exact_until_step,
+                "arrival_lag": {str(k): v for k, v in sorted(self.lag.items())},
+                "backtracks": self.backtracks, "prompt_lengths": self.prompt_lengths,
+                "kv_unsure_lines": self.kv_unsure,
+                **({"search_allowance_spent": True} if self.exhausted else {})}
+
+
+class LineCheck:
+    """Steps against their lines, in order: N advances with each step that scheduled a
+    token; the KV usage of a step's line is compared once its output was applied (the
+    next step, with async scheduling)."""
+
+    def __init__(self, facts: LogFacts, fmt: LogFormat, cut: bool) -> None:
+        self.by_n = {it.step: it for it in facts.iterations}
+        self.last_n = facts.iterations[-1].step
+        self.check_kv = fmt.iteration_kv
+        self.cut = cut
+        self.n = 0  # N of the next line a token step prints
+        self.kv_due: dict[int, int] = {}  # step -> its N, KV usage not compared yet
+        self.line_of_step: dict[int, int] = {}
+
+    def state(self) -> tuple[int, dict[int, int]]:
+        return self.n, dict(self.kv_due)
+
+    def reset(self, state: tuple[int, dict[int, int]], step: int) -> None:
+        self.n, self.kv_due = state[0], dict(state[1])
+        for s in [s for s in self.line_of_step if s >= step]:
+            del self.line_of_step[s]
+
+    def check(self, rec: StepRecord) -> list[str]:
+        diffs: list[str] = []
+        if rec.num_scheduled_tokens > 0:
+            n = self.n
+            self.n += 1
+            self.line_of_step[rec.step] = n
+            it = self.by_n.get(n)
+            if it is None:
+                if n > self.last_n and not self.cut:
+                    diffs.append(f"the replay runs a step the log has no Iteration({n}) line for")
+            else:
+                ours = (rec.num_ctx_requests, rec.num_ctx_tokens,
+                        rec.num_scheduled - rec.num_ctx_requests,
+                        rec.num_scheduled_tokens - rec.num_ctx_tokens)
+                logged = (it.context_requests, it.context_tokens, it.generation_requests,
+                          it.generation_tokens)
+                for name, a, b in zip(("context requests", "context tokens",
+                                       "generation requests", "generation tokens"), ours, logged):
+                    if a != b:
+                        diffs.append(f"{name} {a} vs logged {b}")
+                if self.check_kv and it.kv_usage is not None:
+                    self.kv_due[rec.step] = n
+        if self.kv_due and rec.updated_batch in self.kv_due:
+            it = self.by_n[self.kv_due.pop(rec.updated_batch)]  # type: ignore[index]
+            ours_kv = f"{rec.kv_usage * 100:.1f}"  # as the line prints it
+            if ours_kv != f"{it.kv_usage:.1f}":
+                diffs.append(f"KV usage {ours_kv}% vs logged {it.kv_usage:.1f}%"
+                             + (f" (after Iteration({it.step}))" if rec.updated_batch != rec.step
+                                else ""))
+        return diffs
+
+    def mismatch(self, rec: StepRecord, diffs: list[str]) -> Mismatch:
+        n = self.line_of_step.get(rec.step, self.n - 1)
+        if rec.updated_batch is not None and any("after Iteration" in d for d in diffs):
+            n = self.line_of_step.get(rec.updated_batch, n)
+        it = self.by_n.get(n) or self.by_n[self.last_n]
+        return Mismatch(n, it.file, it.line, rec.step, diffs)
+
+
+def kv_within_split(rec: StepRecord, diffs: list[str], lc: LineCheck, sched: Any,
+                    lengths: LineLengths) -> bool:
+    if not lengths or not all(d.startswith("KV usage") for d in diffs):
+        return False
+    n = lc.line_of_step.get(rec.updated_batch if rec.updated_batch is not None else rec.step)
+    it = lc.by_n.get(n) if n is not None else None
+    if it is None or it.kv_usage is None:
+        return False
+    # a prompt known only as a sum holds any share of its group's blocks until a line
+    # splits it: the blocks its group holds in all (a wrong split is not a wrong step:
+    # the context counts and tokens, exact, place the arrivals)
+    unsure = sum(lengths.group_blocks(r) for r in sched.running if lengths.uncertain(r.request_id))
+    if not unsure:
+        return False
+    blocks = sched.pool.num_usable_blocks
+    ours = round(rec.kv_usage * blocks)  # blocks in use
+    lo = (it.kv_usage - 0.05) / 100.0 * blocks  # the blocks the printed 0.1 % allows
+    hi = (it.kv_usage + 0.05) / 100.0 * blocks
+    return lo - unsure - 1e-6 <= ours <= hi + unsure + 1e-6
