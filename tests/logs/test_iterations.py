@@ -182,7 +182,7 @@ def test_a_log_that_starts_mid_run_does_not_use_the_lines(tmp_path: Path) -> Non
 def test_the_report_names_the_flag_first_when_the_lines_are_missing() -> None:
     rep = _replay("p1_poisson_fcfs_200", "server.log")
     assert any("--enable-logging-iteration-details" in m for m in rep.missing)
-    assert rep.estimate is None or rep.estimate["make_it_exact"].startswith(
+    assert rep.estimate is None or rep.estimate.make_it_exact.startswith(
         "start vLLM (0.14+) with --enable-logging-iteration-details")
 
 

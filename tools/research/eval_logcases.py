@@ -42,8 +42,8 @@ def score(case: Path, log_name: str, tol: int = 5, spans: str | None = None) -> 
     if rep.uncertainty is not None:
         u = rep.uncertainty.preemptions
         out["interval"] = [u["low"], u["median"], u["high"]]
-    elif rep.estimate:
-        out["estimate"] = [rep.estimate["preemptions_low"], rep.estimate["preemptions_high"]]
+    elif rep.estimate is not None:
+        out["estimate"] = [rep.estimate.preemptions_low, rep.estimate.preemptions_high]
     return out
 
 

@@ -441,10 +441,10 @@ def _fill_replay(rec, rp, origin: float) -> None:
         rec["recomputed_tokens_low"] = unc.recomputed_tokens["low"]
         rec["recomputed_tokens_high"] = unc.recomputed_tokens["high"]
         rec["preemptions_interval_source"] = f"ensemble of {unc.samples + 1} replays, 90%"
-    elif rp.estimate:
-        rec["preemptions_replayed_low"] = rp.estimate.get("preemptions_low")
-        rec["preemptions_replayed_high"] = rp.estimate.get("preemptions_high")
-        rec["preemptions_replayed_median"] = rp.estimate.get("preemptions_median")
+    elif rp.estimate is not None:
+        rec["preemptions_replayed_low"] = rp.estimate.preemptions_low
+        rec["preemptions_replayed_high"] = rp.estimate.preemptions_high
+        rec["preemptions_replayed_median"] = rp.estimate.preemptions_median
         rec["preemptions_interval_source"] = "prompt-length variants (min-max)"
     rec["self_preemptions"] = cost.self_preemptions
     rec["requests_preempted"] = cost.requests_preempted

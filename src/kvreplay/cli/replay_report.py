@@ -39,7 +39,7 @@ def to_json(rep: Replay) -> dict[str, Any]:
         "preemptions": [preemption_json(p) for p in rep.preemptions],
         "storms": rep.storms(),
         "verification": rep.verification.to_json() if rep.verification is not None else None,
-        "estimate": rep.estimate,
+        "estimate": rep.estimate.to_json() if rep.estimate is not None else None,
         # what the log leaves open: an ensemble of replays it allows (inference/ensemble.py)
         "uncertainty": rep.uncertainty.to_json() if rep.uncertainty is not None else None,
         "config": {"values": asdict(cfg) if is_dataclass(cfg) else dict(cfg),

@@ -29,7 +29,7 @@ from kvreplay.inference.runs import Run, step_replay, timed_replay
 from kvreplay.inference.verify import verify
 from kvreplay.replay.checks import Verification
 from kvreplay.replay.records import PreemptionRecord, preemption_records
-from kvreplay.replay.result import Provenance, Replay
+from kvreplay.replay.result import CountEstimate, Provenance, Replay
 
 if TYPE_CHECKING:
     from kvreplay.inference.engines import Profile
@@ -174,7 +174,7 @@ def log_lines(facts: LogFacts, run: Run, check: Verification) -> dict[int, list[
 def make_replay(facts: LogFacts, fmt: LogFormat, prof: Profile, rebuilt: Rebuilt, run: Run,
                 pre: list[PreemptionRecord], check: Verification, *, loss: float,
                 pattern: str, phase: float, placement: tuple[float, float],
-                estimate: dict | None, warnings: dict | None, uncertainty: Any) -> Replay:
+                estimate: CountEstimate | None, warnings: dict | None, uncertainty: Any) -> Replay:
     notes = list(rebuilt.notes)
     if fmt.placement != "anchored":
         phase, spread = run.placement

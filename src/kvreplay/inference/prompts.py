@@ -23,6 +23,7 @@ from kvreplay.inference.lines import token_anchors
 from kvreplay.inference.rebuild import Rebuilt, rebuild_workload
 from kvreplay.inference.runs import Run, step_replay, timed_replay
 from kvreplay.inference.verify import _state_at
+from kvreplay.replay.result import CountEstimate
 
 
 
@@ -110,13 +111,6 @@ def length_variants(lens: list[int]) -> list[tuple[str, list[int]]]:
     return out
 
 
-def count_interval(counts: dict[str, int]) -> dict[str, int]:
-    """Low, high and median of the variants' preemption counts."""
-    values = sorted(counts.values())
-    return {"preemptions_low": values[0], "preemptions_high": values[-1],
-            "preemptions_median": values[len(values) // 2]}
-
-
 class UnknownPrompts:
     """The estimate for a log without prompts: the rebuilt workload with estimated
     lengths, its fit, and the count interval over the variants."""
@@ -151,9 +145,9 @@ class UnknownPrompts:
         if self.priority_unknown:
             why += "; the scheduling policy is priority but no priority is logged"
         self.why = why
-        self.estimate: dict[str, Any] | None = None
+        self.estimate: CountEstimate | None = None
 
-    def count_variants(self) -> dict[str, Any]:
+    def count_variants(self) -> CountEstimate:
         """The count interval over the variants (lengths x0.8-1.2, two log-normal mixes,
         random priorities 0-4 when they are unknown), each replayed by the clock: the
         estimate of formats without an ensemble (ensemble.py)."""
@@ -176,8 +170,11 @@ class UnknownPrompts:
         why = self.why + "; the count is replayed over plausible variants of them (total and mix)"
         if self.priority_unknown:
             why += " and over random priorities 0-4"
-        self.estimate = {**count_interval(counts), "variants": counts, "why": why,
-                         "make_it_exact": make_it_exact(facts)}
+        values = sorted(counts.values())
+        self.estimate = CountEstimate(
+            preemptions_low=values[0], preemptions_high=values[-1],
+            preemptions_median=values[len(values) // 2], variants=counts, why=why,
+            make_it_exact=make_it_exact(facts))
         return self.estimate
 
 

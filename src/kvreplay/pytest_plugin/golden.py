@@ -212,9 +212,9 @@ def _build_log(paths: list[str], *, profile: str | None, vllm_version: str | Non
         u = rep.uncertainty
         replay["preemptions_low"] = u.preemptions["low"]
         replay["preemptions_high"] = u.preemptions["high"]
-    elif rep.estimate:
-        replay["preemptions_low"] = rep.estimate.get("preemptions_low")
-        replay["preemptions_high"] = rep.estimate.get("preemptions_high")
+    elif rep.estimate is not None:
+        replay["preemptions_low"] = rep.estimate.preemptions_low
+        replay["preemptions_high"] = rep.estimate.preemptions_high
     doc["replay"] = replay
     if "spans" in summary:  # request spans: join, coverage, clock offset, contradictions
         doc["spans"] = {k: v for k, v in summary["spans"].items() if not k.endswith("_ids")}

@@ -42,6 +42,21 @@ class Provenance(msgspec.Struct, kw_only=True):
     spans: dict[str, Any] | None = None  # request spans: the join and the replay's check
 
 
+class CountEstimate(msgspec.Struct, kw_only=True):
+    """The preemption count over plausible variants of what the log lacks (formats without
+    an uncertainty ensemble): low, high and median of the variants' counts."""
+
+    preemptions_low: int
+    preemptions_high: int
+    preemptions_median: int
+    variants: dict[str, int]  # variant -> its replay's preemptions
+    why: str
+    make_it_exact: str
+
+    def to_json(self) -> dict[str, Any]:
+        return msgspec.structs.asdict(self)
+
+
 class ReplayMismatch(RuntimeError):
     """A re-run of a replay's inputs did not give its records (a bug: the engine is
     deterministic)."""
@@ -62,7 +77,7 @@ class Replay:
     warnings: dict[str, Any] | None = None  # V0: the every-50th warnings against it
     step_check: dict[str, Any] | None = None  # step-trace logs: every step checked
     log_lines: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
-    estimate: dict[str, Any] | None = None  # a count interval where the log cannot pin it
+    estimate: CountEstimate | None = None  # a count interval where the log cannot pin it
     uncertainty: Any = None  # inference.uncertainty.Uncertainty: what the log leaves open
     notes: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
