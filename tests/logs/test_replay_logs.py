@@ -4,6 +4,8 @@ key, read only here)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import subprocess
 import sys
@@ -415,7 +417,7 @@ def _facts_of(tmp_path: Path, lines: list[str], name: str = "server.log"):
     log = tmp_path / name
     log.write_text("\n".join(lines) + "\n")
     facts = read_facts([str(log)], year=2026)
-    facts.interval_s = 2.0
+    facts = dataclasses.replace(facts, interval_s=2.0)
     return facts
 
 
@@ -765,9 +767,9 @@ def test_non_streaming_log_stopped_by_max_model_len_is_not_taken_for_streaming(t
     records, _ = simulate(wl)
     lines = render_log(wl, records, step_time_s=0.008, stats_interval_s=1.0)
     facts = _facts_of(tmp_path, lines)
-    facts.interval_s = 1.0
+    facts = dataclasses.replace(facts, interval_s=1.0)
     assert len(facts.completions) == 11 and response_starts(facts, 1.0) is None
     # streamed, the same run is still recognised (its access lines follow the requests)
     facts = _facts_of(tmp_path, _streaming(lines, True), "s.log")
-    facts.interval_s = 1.0
+    facts = dataclasses.replace(facts, interval_s=1.0)
     assert response_starts(facts, 1.0) is not None

@@ -11,6 +11,8 @@ replay's rows; the truth (tools/oracle/calib_corpus.py's truth.json).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import argparse
 import json
 import multiprocessing
@@ -30,7 +32,7 @@ def dump_one(job: tuple[str, str, int]) -> str:
         return name + " (cached)"
     truth = json.load(open(os.path.join(d, "truth.json")))
     facts = read_facts([os.path.join(d, "server.log")], year=2026)
-    facts.interval_s = truth["stats_interval_s"]
+    facts = dataclasses.replace(facts, interval_s=truth["stats_interval_s"])
     t0 = time.perf_counter()
     rep = replay_facts(facts, samples=samples)
     dt = time.perf_counter() - t0

@@ -83,7 +83,7 @@ def main() -> int:
             with open(path, "w") as f:
                 f.write("\n".join(lines) + "\n")
             facts = read_facts([path], year=2026)
-            facts.interval_s = args.stats_s
+            facts = dataclasses.replace(facts, interval_s=args.stats_s)
             rep = replay_facts(facts)
         found = [(q.step, q.victim) for q in rep.preemptions]
         used = match_preemptions(true, found)
