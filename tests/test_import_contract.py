@@ -34,6 +34,7 @@ LAYERS: dict[str, str] = {
     "kvreplay.sources": "front",
     "kvreplay.kvevents": "front",
     "kvreplay.cli": "front",
+    "kvreplay.live": "front",
     "kvreplay.audit": "front",
     "kvreplay.pytest_plugin": "front",
     "kvreplay.tui": "tui",

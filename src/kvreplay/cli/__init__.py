@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tui": ("kvreplay.cli.tui", "step through every scheduling decision in a terminal debugger"),
     "audit": ("kvreplay.cli.audit", "audit logs or Prometheus scrapes: one record per log, status, storms, CI gates"),
     "whatif": ("kvreplay.cli.whatif", "replay a log's workload under other settings or concurrencies"),
+    "watch": ("kvreplay.cli.watch", "follow a running server's log and print each preemption as it is decided"),
     "export": ("kvreplay.cli.export", "write the replay as a Perfetto or Chrome trace (timeline viewers)"),
 }
 
