@@ -205,6 +205,10 @@ class Session:
             return []
         out: list[Row] = []
         mode = _mode(rep)
+        if mode == "intervals" and not final and (self.events_last >= 0 or not self.stats_seen):
+            # the Iteration lines have not come yet (the first requests come before them),
+            # or no stats line has: nothing is decided by the lines so far
+            return out
         if mode != self.mode:
             self.mode = mode
             out.append(NoticeRow(event="mode", run=self.run, text=_mode_text(rep, mode)))
@@ -235,6 +239,7 @@ class Session:
         log = LogInput([self.label], events, detect_version(events, self.opts.get("vllm_version")),
                        merge_config(events))
         self.events_last = _last_step(events)
+        self.stats_seen = any(isinstance(e, ev.Stats) for e in events)
         try:  # ("-": no file to look at beside the lines: no span or KV-event files here)
             return open_replay(["-"], log=log, **self.opts)
         except (ReplayError, UserError):
