@@ -81,11 +81,13 @@ SLOW = ["b_fcfs_heavy/server.iter.log", "f_prefix_caching/server.iter.log",
 
 @pytest.mark.parametrize("name", FAST + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW])
 def test_printed_rows_equal_the_offline_replay(name):
-    """Replayed after every 40 lines (each prefix a log cut there), the rows standing at the
-    end are the offline replay's: its preemptions, or (stats lines only) its intervals."""
+    """Replayed after every 40 lines (a tenth of the log for a long one; each prefix a log
+    cut there), the rows standing at the end are the offline replay's: its preemptions, or
+    (stats lines only) its intervals."""
     path = CASES / name
     assert path.is_file()
-    rows = _watch(_lines(path), 40, str(path), mtime=os.path.getmtime(path))
+    lines = _lines(path)
+    rows = _watch(lines, max(40, len(lines) // 10), str(path), mtime=os.path.getmtime(path))
     pre, wins = _offline(path)
     assert [r.event for r in rows].count("mode") == 1 and rows[0].event == "mode"
     if "stats lines only" in rows[0].text:

@@ -16,9 +16,8 @@ the lines are replayed:
 * replayed: a replay costs about the lines read so far (W). One is started when a deciding
   line arrived since the last one and either the run grew by GROWTH x W lines since
   (total cost a geometric sum: O(W / GROWTH) line-replays per run, a bounded cost per line),
-  or the input has been quiet for QUIET_S seconds while the last replay took at most a
-  DUTY share of the time since it ended (a slow server's rows come within a line, and a
-  replay never takes more than about DUTY of a core at a fast one).
+  or the last replay took at most a DUTY share of the time since it began (the rows come
+  about one replay after their line, and these replays take at most DUTY of a core).
 
 Memory: the current run's lines (the replay needs them), the keys of the rows given in
 this run, nothing of earlier runs.
@@ -35,8 +34,7 @@ import msgspec
 from kvreplay.errors import ReplayError, UserError
 
 GROWTH = 0.25  # replay when the run grew by this share of its lines since the last replay
-QUIET_S = 0.05  # ... or the input has paused this long
-DUTY = 0.5  # ... and replays took at most this share of the wall time since the last one
+DUTY = 0.5  # ... or replays took at most this share of the wall time since the last began
 SETTLE = 1  # lines after a preemption's step before it is given (Iteration / step trace)
 CHECK_LINES = 2000  # lines read before input with no vLLM line is refused
 
@@ -111,7 +109,6 @@ class Session:
         self.clock = clock
         self.run = 1
         self._new_run()
-        self.last_input = clock()
         self.replays = 0
         self.replay_s = 0.0
 
@@ -133,7 +130,6 @@ class Session:
         lines = list(lines)
         if not lines:
             return []
-        self.last_input = self.clock()
         out: list[Row] = []
         while lines:
             cut = _restart_at(lines, self.label) if self.served else None
@@ -168,9 +164,8 @@ class Session:
         grown = len(self.lines) - self.at_replay
         if grown >= GROWTH * max(self.at_replay, 1):
             return True
-        now = self.clock()
-        quiet = now - self.last_input >= QUIET_S
-        return quiet and self.last_cost <= DUTY * (now - self.replay_end)
+        # replays (this one included) take at most DUTY of the time since the last began
+        return self.last_cost <= DUTY * (self.clock() - self.replay_end + self.last_cost)
 
     def update(self) -> list[Row]:
         """Replay the run's lines now; the rows they decide that were not given yet."""
