@@ -26,6 +26,7 @@ this run, nothing of earlier runs.
 from __future__ import annotations
 
 import io
+import re
 import time
 from typing import Any, Callable, Iterable
 
@@ -36,6 +37,7 @@ from kvreplay.errors import ReplayError, UserError
 GROWTH = 0.25  # replay when the run grew by this share of its lines since the last replay
 DUTY = 0.5  # ... or replays took at most this share of the wall time since the last began
 SETTLE = 1  # lines after a preemption's step before it is given (Iteration / step trace)
+WINDOWS = True  # cut the window at quiet points (Session._cut)
 CHECK_LINES = 2000  # lines read before input with no vLLM line is refused
 
 
@@ -111,6 +113,7 @@ class Session:
         self._new_run()
         self.replays = 0
         self.replay_s = 0.0
+        self.failed: list[str] = []  # replays of a prefix that failed (the CLI says so once)
 
     def _new_run(self) -> None:
         self.lines: list[str] = []
@@ -122,6 +125,12 @@ class Session:
         self.given: dict[tuple, Any] = {}  # key -> the row given
         self.mode: str | None = None
         self.checked = False
+        # the window: the run's startup lines (header_len of them) and its lines since the
+        # last quiet point; steps and Iteration numbers before it are offsets
+        self.header_len: int | None = None
+        self.step_offset = 0
+        self.n_offset = 0
+        self.cuts = 0
 
     # -- input ---------------------------------------------------------------------
     def feed(self, lines: Iterable[str]) -> list[Row]:
@@ -149,6 +158,8 @@ class Session:
 
     def _take(self, lines: list[str]) -> None:
         for s in lines:
+            if self.n_offset and "Iteration(" in s:
+                s = _renumber(s, self.n_offset)
             self.lines.append(s)
             if _deciding(s):
                 self.pending = True
@@ -211,7 +222,60 @@ class Session:
             out += self._intervals(rep, final)
         else:
             out += self._preemptions(rep, final)
+            if mode == "iterations" and not final and WINDOWS:
+                self._cut(rep)
         return out
+
+    def _cut(self, rep: Any) -> None:
+        """Start the window at the last quiet point the lines have decided: a step after
+        which no request was running or waiting (all rows before it are given). From there
+        the replay is the same as one of the whole run, when nothing outlives the quiet
+        (no prefix cache: its blocks would; prompts logged, not estimated from the whole
+        run) and each window numbers its steps and its
+        Iteration lines from 0 again (the offsets put them back)."""
+        if (rep.workload.config.enable_prefix_caching or rep.info.get("prompts") != "exact"
+                or self.events_last < 0):
+            return  # (estimated prompts: the estimate is the whole run's, not a window's)
+        horizon = self.events_last - self.settle
+        steps = rep.steps
+        quiet = None
+        for rec in steps[:max(0, min(len(steps) - 1, horizon))]:
+            if rec.num_running == 0 and rec.num_waiting == 0 and not rec.idle:
+                quiet = rec.step
+        if quiet is None:
+            return
+        arrivals = rep.inputs.arrival_steps
+        nxt = [i for i, a in enumerate(arrivals) if a > quiet]
+        if not nxt or any(a < 0 for a in arrivals[:nxt[0]]):
+            return
+        first = rep.facts.requests[nxt[0]]
+        if self.header_len is None:  # the startup lines: up to the first request's first line
+            self.header_len = next((i for i, x in enumerate(self.lines) if any(
+                w in x for w in ("Received request", "JSON body", "Added request"))), None)
+            if self.header_len is None or self.header_len > rep.facts.requests[0].line - 1:
+                self.header_len = None
+                return
+        # from the line after the last Iteration line before it (between them the engine
+        # was idle: the old requests' access lines, stats lines, this one's JSON body)
+        cut = first.line - 1  # (the window's lines, 0-based)
+        while cut > self.header_len and "Iteration(" not in self.lines[cut - 1]:
+            cut -= 1
+        if cut <= self.header_len:
+            return
+        body = self.lines[cut:]
+        n0 = next((_iteration_n(x) for x in body if "Iteration(" in x), None)
+        if n0 is None or any("Iteration(" in x for x in self.lines[self.header_len:cut]
+                             if _iteration_n(x) >= n0):
+            return
+        self.lines = self.lines[:self.header_len] + [_renumber(x, n0) if "Iteration(" in x
+                                                     else x for x in body]
+        self.n_offset += n0
+        self.step_offset += quiet + 1
+        self.at_replay = len(self.lines)
+        # every row before the quiet point is given for good; those after it stay open
+        self.given = {k: r for k, r in self.given.items()
+                      if not isinstance(r, PreemptionRow) or r.step >= self.step_offset}
+        self.cuts += 1
 
     def _replay(self, strict: bool = False) -> Any:
         from kvreplay import events as ev
@@ -241,6 +305,11 @@ class Session:
             if strict:
                 raise
             return None  # too thin yet (no request, no config): more lines will tell
+        except Exception as exc:  # noqa: BLE001  (a prefix the pipeline cannot take yet)
+            if strict:
+                raise
+            self.failed.append(f"{type(exc).__name__}: {exc}")
+            return None
 
     def check_input(self) -> None:
         """Refuse input that has shown no vLLM line in CHECK_LINES lines (UserError)."""
@@ -254,8 +323,9 @@ class Session:
 
     def _preemptions(self, rep: Any, final: bool) -> list[Row]:
         horizon = (1 << 62) if final else self.events_last - self.settle
-        rows = [preemption_row(p, self.run) for p in rep.preemptions if p.step <= horizon]
-        return self._reconcile(rows, lambda r: r.step <= horizon)
+        off = self.step_offset
+        rows = [preemption_row(p, self.run, off) for p in rep.preemptions if p.step <= horizon]
+        return self._reconcile(rows, lambda r: r.step <= horizon + off)
 
     def _intervals(self, rep: Any, final: bool) -> list[Row]:
         unc = rep.uncertainty.to_json() if rep.uncertainty is not None else None
@@ -290,14 +360,27 @@ def _key(r: Any) -> tuple:
     return ("preemption", r.step, r.victim, r.trigger, r.tokens_lost, r.confidence, r.rule)
 
 
-def preemption_row(p: Any, run: int) -> PreemptionRow:
+def preemption_row(p: Any, run: int, offset: int = 0) -> PreemptionRow:
     """A replay's PreemptionRecord as a watch row."""
     rule = (p.victim_rule or "").split(":")[0] + (" self" if p.self_preemption and
                                                    p.victim_rule != "self" else "")
-    return PreemptionRow(run=run, step=p.step, time=p.time, victim=str(p.victim),
+    return PreemptionRow(run=run, step=p.step + offset, time=p.time, victim=str(p.victim),
                          trigger=p.trigger, rule=rule, self_preemption=p.self_preemption,
                          tokens_lost=p.computed_tokens_lost, confidence=p.confidence,
                          probability=p.probability)
+
+
+_IT = re.compile(r"Iteration\((\d+)\)")
+
+
+def _iteration_n(line: str) -> int:
+    m = _IT.search(line)
+    return int(m.group(1)) if m else -1
+
+
+def _renumber(line: str, n0: int) -> str:
+    """The line with its Iteration(N) as Iteration(N - n0): the window's numbering."""
+    return _IT.sub(lambda m: f"Iteration({int(m.group(1)) - n0})", line, count=1)
 
 
 def _last_step(events: list[Any]) -> int:
