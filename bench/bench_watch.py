@@ -93,6 +93,8 @@ def run(path: Path, speed: float) -> dict:
         _, status, ru = os.wait4(p.pid, 0)
         reader.join()
     lat = sorted(t - written[step + 1] for step, t in printed if step + 1 in written)
+    if status:
+        print(f"  (watch ended with status {status})")
     return {"rows": len(printed), "median": statistics.median(lat) if lat else float("nan"),
             "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan"),
             "maxrss_mb": ru.ru_maxrss / 1024, "cpu_s": ru.ru_utime + ru.ru_stime,

@@ -267,3 +267,48 @@ def test_table_row_words():
                       self_preemption=True, tokens_lost=240, confidence="exact-by-log")
     assert row_text(r) == ("  step    41  10:01:00.250  victim v  trigger t  rule fcfs self  "
                            "lost 240  exact-by-log")
+
+
+def _bursty_log(tmp_path: Path, bursts: int) -> Path:
+    """A rendered vLLM 0.33 log with Iteration lines and prompts: `bursts` bursts of 8
+    requests on a 64-block pool (preemptions), the engine idle between them."""
+    import random
+
+    from kvreplay.replay import parse_workload, simulate
+    from kvreplay.replay.render import render_log
+
+    rng = random.Random(1)
+    reqs = []
+    for b in range(bursts):
+        for i in range(8):
+            reqs.append({"id": f"cmpl-burst-{b}-{i}-0", "arrival_step": b * 400 + rng.randrange(5),
+                         "prompt_token_ids": [rng.randrange(10, 30000)
+                                              for _ in range(rng.randrange(100, 400))],
+                         "max_tokens": rng.randrange(60, 160)})
+    reqs.sort(key=lambda r: r["arrival_step"])
+    wl = parse_workload({"name": "bursty", "config": {
+        "num_gpu_blocks": 64, "block_size": 16, "max_num_seqs": 16, "max_num_batched_tokens": 2048,
+        "max_model_len": 1008, "enable_prefix_caching": False}, "requests": reqs})
+    records, _ = simulate(wl)
+    path = tmp_path / "bursty.log"
+    path.write_text("\n".join(render_log(wl, records, step_time_s=0.012, stats_interval_s=1.0,
+                                         iteration_lines=True, with_prompts=True)) + "\n")
+    return path
+
+
+def test_quiet_points_bound_the_window_and_keep_the_offline_rows(tmp_path):
+    """Between bursts the engine is idle: the window restarts there (the lines kept are the
+    startup lines and the last burst's), and the steps, put back by the offsets, are the
+    offline replay's."""
+    path = _bursty_log(tmp_path, 4)
+    lines = _lines(path)
+    s = Session(str(path))
+    rows: list = []
+    for i in range(0, len(lines), 60):
+        rows += s.feed(lines[i:i + 60])
+        rows += s.update()
+    rows += s.finish(end=True)
+    pre, _ = _offline(path)
+    assert _net(rows) == pre and len(pre) > 4
+    assert s.cuts >= 2 and len(s.lines) < len(lines) / 2
+    assert not any(r.event == "withdrawn" for r in rows)

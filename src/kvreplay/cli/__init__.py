@@ -91,8 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_samples(args)
         spool_stdin(args, stdin)
         args._stdin = stdin
-        # stderr a terminal: long stages show a bar (not under the TUI, which owns it)
-        with progress_bar(False if args.command == "tui" else None,
+        # stderr a terminal: long stages show a bar (not under the TUI, which owns it, nor
+        # watch, whose replays are many and whose stderr says what happened to the file)
+        with progress_bar(False if args.command in ("tui", "watch") else None,
                           prog=f"kvreplay {args.command}"):
             return int(args._module.run(args) or 0)
     except UserError as exc:

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
                                    "step_time": step_time})
     out = sys.stdout
     write = _jsonl if args.format == "jsonl" else _text
-    seen_any = False
+    seen_any = told = False
     idle_since = time.monotonic()
     try:
         while True:
@@ -80,7 +80,13 @@ def run(args: argparse.Namespace) -> int:
                 break
             if session.due():
                 write(out, session.update())
-            if args.exit_idle is not None and time.monotonic() - idle_since >= args.exit_idle:
+                if session.failed and not told:
+                    told = True
+                    print(f"kvreplay watch: the lines so far could not be replayed "
+                          f"({session.failed[-1]}); trying again as more come", file=sys.stderr)
+                idle_since = time.monotonic()  # (time spent replaying is not the log's idle)
+            elif (args.exit_idle is not None and not batch.lines
+                  and time.monotonic() - idle_since >= args.exit_idle):
                 tail = getattr(follower, "partial", b"")
                 if tail:  # a last line without its newline: the end of the log
                     write(out, session.feed([tail.decode("utf-8", "replace")]))
