@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Latency and memory of `kvreplay watch` on a log appended as a server writes it.
 
-    python -m bench.bench_watch [--log PATH] [--speeds 1,10,100] [--synthetic N]
+    python -m bench.bench_watch [--log PATH] [--speeds 1,10,100] [--synthetic N] [--long 10,40]
 
 A writer appends the log to a file line by line at the pace its time stamps give (lines of
 one second spread evenly over it; gaps over a second, such as model loading, cut to one
@@ -11,7 +11,9 @@ Iteration line of its step + 1, watch's --settle 1) to the row on watch's stdout
 and p99. Also the watch process's peak memory (ru_maxrss) and CPU time. Baseline, in the
 same run: the offline replay (`kvreplay.sources.open_replay`) of the whole file.
 `--synthetic N`: also a rendered Iteration-line log of N requests with up to 256 running
-(bench_iterations' workload, prompts in the JSON bodies).
+(bench_iterations' workload, prompts in the JSON bodies). `--long 10,40`: bursty logs of
+10 and 40 bursts (idle between them: watch's window restarts) at the last speed: peak
+memory and latency should not grow with the log.
 """
 from __future__ import annotations
 
@@ -131,17 +133,41 @@ def synthetic(n: int, dest: Path) -> Path:
     return dest
 
 
+def bursty(bursts: int, dest: Path) -> Path:
+    from tools.oracle.bursty_log import render_bursty
+
+    dest.write_text("\n".join(render_bursty(bursts)) + "\n")
+    return dest
+
+
+def long_runs(bursts: list[int], speed: float) -> None:
+    """Peak memory and latency of watch over logs of growing length (quiet points between
+    bursts): flat when the window restarts."""
+    print(f"bursty logs (8 requests a burst, idle between), appended at {speed:g}x:")
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in bursts:
+            path = bursty(n, Path(tmp) / f"bursty{n}.log")
+            r = run(path, speed)
+            print(f"  {n:>4} bursts ({r['wall_s']:6.1f} s): {r['rows']} rows, latency median "
+                  f"{r['median']:.3f} s, p99 {r['p99']:.3f} s; watch {r['cpu_s']:.1f} s CPU, "
+                  f"peak {r['maxrss_mb']:.0f} MB")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--log", type=Path, default=DEFAULT)
     ap.add_argument("--speeds", default="1,10,100")
     ap.add_argument("--synthetic", type=int, default=0, metavar="N")
+    ap.add_argument("--long", default="", metavar="B1,B2",
+                    help="also bursty logs of B1, B2... bursts at the last speed (memory)")
     args = ap.parse_args()
     speeds = [float(s) for s in args.speeds.split(",")]
     bench(args.log, speeds)
     if args.synthetic:
         with tempfile.TemporaryDirectory() as tmp:
             bench(synthetic(args.synthetic, Path(tmp) / "synthetic.log"), speeds)
+    if args.long:
+        long_runs([int(b) for b in args.long.split(",")], speeds[-1])
     return 0
 
 

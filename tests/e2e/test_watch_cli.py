@@ -19,6 +19,7 @@ from kvreplay.cli.watch import row_text
 from kvreplay.live.session import IntervalRow, PreemptionRow, Session
 from kvreplay.samples import DEFAULT_LOG, DEFAULT_LOG_YEAR, sample_path
 from kvreplay.sources import open_replay
+from tools.oracle.bursty_log import render_bursty
 
 DATA = Path(__file__).parent.parent / "data"
 CASES = DATA / "logcases"
@@ -270,29 +271,9 @@ def test_table_row_words():
 
 
 def _bursty_log(tmp_path: Path, bursts: int) -> Path:
-    """A rendered vLLM 0.33 log with Iteration lines and prompts: `bursts` bursts of 8
-    requests on a 64-block pool (preemptions), the engine idle between them."""
-    import random
-
-    from kvreplay.replay import parse_workload, simulate
-    from kvreplay.replay.render import render_log
-
-    rng = random.Random(1)
-    reqs = []
-    for b in range(bursts):
-        for i in range(8):
-            reqs.append({"id": f"cmpl-burst-{b}-{i}-0", "arrival_step": b * 400 + rng.randrange(5),
-                         "prompt_token_ids": [rng.randrange(10, 30000)
-                                              for _ in range(rng.randrange(100, 400))],
-                         "max_tokens": rng.randrange(60, 160)})
-    reqs.sort(key=lambda r: r["arrival_step"])
-    wl = parse_workload({"name": "bursty", "config": {
-        "num_gpu_blocks": 64, "block_size": 16, "max_num_seqs": 16, "max_num_batched_tokens": 2048,
-        "max_model_len": 1008, "enable_prefix_caching": False}, "requests": reqs})
-    records, _ = simulate(wl)
+    """tools.oracle.bursty_log: bursts of 8 requests with preemptions, idle between them."""
     path = tmp_path / "bursty.log"
-    path.write_text("\n".join(render_log(wl, records, step_time_s=0.012, stats_interval_s=1.0,
-                                         iteration_lines=True, with_prompts=True)) + "\n")
+    path.write_text("\n".join(render_bursty(bursts)) + "\n")
     return path
 
 

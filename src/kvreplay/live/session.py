@@ -19,8 +19,14 @@ the lines are replayed:
   or the last replay took at most a DUTY share of the time since it began (the rows come
   about one replay after their line, and these replays take at most DUTY of a core).
 
-Memory: the current run's lines (the replay needs them), the keys of the rows given in
-this run, nothing of earlier runs.
+* windowed: with prompts logged and no prefix cache, the lines before the last quiet point
+  the lines have decided (no request running or waiting) are dropped: the replay from
+  there equals the whole run's (steps and Iteration numbers put back by offsets), and a
+  replay costs the lines since. Estimated prompts (the estimate is the whole run's) or a
+  prefix cache (its blocks outlive the quiet) keep the whole run.
+
+Memory: the window's lines (the startup lines and those since the last quiet point), the
+rows given since it, nothing of earlier runs; no step record outlives its replay.
 """
 
 from __future__ import annotations
