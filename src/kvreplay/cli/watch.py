@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
                   and time.monotonic() - idle_since >= args.exit_idle):
                 tail = getattr(follower, "partial", b"")
                 if tail:  # a last line without its newline: the end of the log
+                    seen_any = True
                     write(out, session.feed([tail.decode("utf-8", "replace")]))
                 break
         if not seen_any:
