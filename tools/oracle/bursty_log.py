@@ -28,7 +28,8 @@ def render_bursty(bursts: int, seed: int = 1) -> list[str]:
     reqs.sort(key=lambda r: r["arrival_step"])
     wl = parse_workload({"name": "bursty", "config": {
         "num_gpu_blocks": 64, "block_size": 16, "max_num_seqs": 16, "max_num_batched_tokens": 2048,
-        "max_model_len": 1008, "enable_prefix_caching": False}, "requests": reqs})
+        "max_model_len": 1008, "enable_prefix_caching": False, "max_steps": 10**7},
+        "requests": reqs})
     records, _ = simulate(wl)
     return render_log(wl, records, step_time_s=0.012, stats_interval_s=1.0,
                       iteration_lines=True, with_prompts=True)
