@@ -33,6 +33,7 @@ LAYERS: dict[str, str] = {
     "kvreplay.__main__": "front",
     "kvreplay.sources": "front",
     "kvreplay.cli": "front",
+    "kvreplay.live": "front",
     "kvreplay.audit": "front",
     "kvreplay.pytest_plugin": "front",
     "kvreplay.tui": "tui",

@@ -60,10 +60,12 @@ def _argv(cmd: str, path: str, out: Path) -> list[str]:
         "audit": ["audit", path, "-o", str(out)],
         "audit-gate": ["audit", path, "--fail-on", "recompute_ratio > 0.05"],
         "tui": ["tui", path],
+        "watch": ["watch", path, "--exit-idle", "0.1"],
     }[cmd]
 
 
-COMMANDS = ["replay", "export", "whatif", "simulate", "parse", "audit", "audit-gate", "tui"]
+COMMANDS = ["replay", "export", "whatif", "simulate", "parse", "audit", "audit-gate", "tui",
+            "watch"]
 
 
 def _one_line_exit_2(capsys, argv: list[str], out: Path, want: str | None = None) -> str:
@@ -91,6 +93,8 @@ def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, monkeypatch
         want = "not JSON"  # simulate reads workloads: it says so, and where logs go
     if cmd.startswith("audit") and kind == "folder":
         want = "no .log / .prom files in this folder"  # audit reads folders of logs
+    if cmd == "watch" and kind == "gzip-nginx":
+        want = "compressed file does not grow"  # watch follows a growing file
     line = _one_line_exit_2(capsys, _argv(cmd, str(path), out), out, want)
     assert "--enable-log-requests" not in line  # not a vLLM log is not a log without requests
 

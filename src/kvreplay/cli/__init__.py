@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tui": ("kvreplay.cli.tui", "step through every scheduling decision in a terminal debugger"),
     "audit": ("kvreplay.cli.audit", "audit logs or Prometheus scrapes: one record per log, status, storms, CI gates"),
     "whatif": ("kvreplay.cli.whatif", "replay a log's workload under other settings or concurrencies"),
+    "watch": ("kvreplay.cli.watch", "follow a running server's log and print each preemption as it is decided"),
     "export": ("kvreplay.cli.export", "write the replay as a Perfetto or Chrome trace (timeline viewers)"),
 }
 
@@ -90,8 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_samples(args)
         spool_stdin(args, stdin)
         args._stdin = stdin
-        # stderr a terminal: long stages show a bar (not under the TUI, which owns it)
-        with progress_bar(False if args.command == "tui" else None,
+        # stderr a terminal: long stages show a bar (not under the TUI, which owns it, nor
+        # watch, whose replays are many and whose stderr says what happened to the file)
+        with progress_bar(False if args.command in ("tui", "watch") else None,
                           prog=f"kvreplay {args.command}"):
             return int(args._module.run(args) or 0)
     except UserError as exc:

@@ -1,0 +1,139 @@
+"""`kvreplay watch LOG|-`: follow a running server's log and print each preemption as the
+lines that decide it arrive (kvreplay.live)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, TextIO
+
+import msgspec
+
+from kvreplay.errors import UserError
+
+POLL_S = 0.05  # how long a read waits for new lines before the session may replay
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    # (not `logs`: the CLI spools a `-` among those to a file, and stdin here never ends)
+    p.add_argument("source", metavar="LOG",
+                   help="the log to follow (as `tail -F` does: appended, rotated, truncated), "
+                        "or '-' for stdin (kubectl logs -f ... | kvreplay watch -)")
+    p.add_argument("--format", choices=("table", "jsonl"), default="table",
+                   help="jsonl: one JSON object per line (preemptions, intervals, notices)")
+    p.add_argument("--exit-idle", type=float, metavar="S",
+                   help="stop when the log has not grown for S seconds, after giving every "
+                        "row its lines decide (default: follow until Ctrl-C or end of stdin)")
+    p.add_argument("--settle", type=int, default=1, metavar="LINES",
+                   help="Iteration / step-trace lines after a preemption's step before it is "
+                        "printed (default 1)")
+    from kvreplay.cli.replay import add_replay_inputs
+
+    add_replay_inputs(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvreplay.live.follow import open_follower
+    from kvreplay.live.session import Session
+
+    if args.exit_idle is not None and args.exit_idle < 0:
+        raise UserError("--exit-idle must be 0 or more")
+    if args.settle < 0:
+        raise UserError("--settle must be 0 or more")
+    step_time = None
+    if args.step_time_ms is not None:
+        from kvreplay.inference.clock import fixed_step_time
+
+        if args.step_time_ms <= 0:
+            raise UserError("--step-time-ms must be positive")
+        step_time = fixed_step_time(args.step_time_ms)
+    if args.samples is not None and args.samples < 0:
+        raise UserError("--samples must be 0 or more")
+    if args.config is not None:
+        raise UserError("--config is for request spans replayed alone; a watched log "
+                        "carries its own config")
+    import kvreplay.inference  # noqa: F401  (loaded now: not counted in the first replay's cost)
+    import kvreplay.sources  # noqa: F401
+
+    follower = open_follower(args.source)
+    label = "<stdin>" if args.source == "-" else args.source
+    session = Session(label, mtime=follower.mtime, year=args.year, settle=args.settle,
+                      replay_opts={"profile": args.profile, "vllm_version": args.vllm_version,
+                                   "samples": args.samples, "seed": args.seed,
+                                   "step_time": step_time})
+    out = sys.stdout
+    write = _jsonl if args.format == "jsonl" else _text
+    seen_any = told = False
+    idle_since = time.monotonic()
+    try:
+        while True:
+            batch = follower.read(POLL_S)
+            for n in batch.notices:
+                print(f"kvreplay watch: {n}", file=sys.stderr)
+            if batch.lines:
+                seen_any = True
+                idle_since = time.monotonic()
+                write(out, session.feed(batch.lines))
+                session.check_input()
+            if batch.eof:
+                break
+            if session.due():
+                write(out, session.update())
+                if session.failed and not told:
+                    told = True
+                    print(f"kvreplay watch: the lines so far could not be replayed "
+                          f"({session.failed[-1]}); trying again as more come", file=sys.stderr)
+                idle_since = time.monotonic()  # (time spent replaying is not the log's idle)
+            elif (args.exit_idle is not None and not batch.lines
+                  and time.monotonic() - idle_since >= args.exit_idle):
+                tail = getattr(follower, "partial", b"")
+                if tail:  # a last line without its newline: the end of the log
+                    seen_any = True
+                    write(out, session.feed([tail.decode("utf-8", "replace")]))
+                break
+        if not seen_any:
+            raise UserError(f"{label}: empty log")
+        write(out, session.finish(end=True))
+    finally:
+        follower.close()
+    return 0
+
+
+def _jsonl(out: TextIO, rows: list[Any]) -> None:
+    for r in rows:
+        out.write(msgspec.json.encode(r).decode() + "\n")
+    if rows:
+        out.flush()
+
+
+def _text(out: TextIO, rows: list[Any]) -> None:
+    for r in rows:
+        out.write(row_text(r) + "\n")
+    if rows:
+        out.flush()
+
+
+def row_text(r: Any) -> str:
+    """A row as one line, in the words of `kvreplay replay`'s preemption table."""
+    from kvreplay.live.session import IntervalRow, NoticeRow
+
+    if isinstance(r, NoticeRow):
+        return f"# run {r.run}: {r.text}"
+    head = "  withdrawn:" if r.event == "withdrawn" else " "
+    if isinstance(r, IntervalRow):
+        return (f"{head} {_hms(r.start, 1)}-{_hms(r.end, 1)}  preemptions: median {r.median}, "
+                f"{r.low}-{r.high} (interval)")
+    t = _hms(r.time, 3) if r.time is not None else "-"
+    row = (f"{head} step {r.step:>5}  {t:>12}  victim {r.victim}  trigger {r.trigger or '-'}  "
+           f"rule {r.rule}  lost {r.tokens_lost}  {r.confidence}")
+    if r.probability is not None:
+        from kvreplay.inference.ensemble import LEAD_BELOW
+
+        row += f"  p {r.probability:.2f}" + ("  lead" if r.probability < LEAD_BELOW else "")
+    return row
+
+
+def _hms(t: float, digits: int) -> str:
+    frac = int((t % 1) * 10 ** digits)
+    return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{frac:0{digits}d}"

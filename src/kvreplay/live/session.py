@@ -1,0 +1,429 @@
+"""One watched log, replayed as it grows: each preemption given once, when decided.
+
+A server run is the lines from one startup banner to the next (a restart starts a new
+replay: its steps count from 0 again). The run's lines are replayed by the same pipeline
+as `kvreplay replay` (sources.open_replay on the lines read so far), so a finished log
+gives the offline replay's rows. What is new here is *when* a row is given and *how often*
+the lines are replayed:
+
+* decided: with Iteration lines (or the step-trace plugin's lines) a preemption at step s is
+  given once the line of step s + `settle` has arrived (a line is an engine step; vLLM's
+  Iteration(N) numbers only steps that scheduled a token, so the replay's step of line N is
+  N or later: s <= N_last - settle is conservative). From stats lines only, the arrivals
+  are placed against the whole log and a prefix cannot pin single rows: what is given is
+  each stats interval's count with its 90% interval, once the next interval's line has
+  arrived. Everything is decided at the end of the input.
+* replayed: a replay costs about the lines read so far (W). One is started when a deciding
+  line arrived since the last one and either the run grew by GROWTH x W lines since
+  (total cost a geometric sum: O(W / GROWTH) line-replays per run, a bounded cost per line),
+  or the last replay took at most a DUTY share of the time since it began (the rows come
+  about one replay after their line, and these replays take at most DUTY of a core).
+
+* windowed: with prompts logged and no prefix cache, the lines before the last quiet point
+  the lines have decided (no request running or waiting) are dropped: the replay from
+  there equals the whole run's (steps and Iteration numbers put back by offsets), and a
+  replay costs the lines since. Estimated prompts (the estimate is the whole run's) or a
+  prefix cache (its blocks outlive the quiet) keep the whole run.
+
+Memory: the window's lines (the startup lines and those since the last quiet point), the
+rows given since it, nothing of earlier runs; no step record outlives its replay.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+from typing import Any, Callable, Iterable
+
+import msgspec
+
+from kvreplay.errors import ReplayError, UserError
+
+GROWTH = 0.25  # replay when the run grew by this share of its lines since the last replay
+DUTY = 0.5  # ... or replays took at most this share of the wall time since the last began
+SETTLE = 1  # lines after a preemption's step before it is given (Iteration / step trace)
+WINDOWS = True  # cut the window at quiet points (Session._cut)
+CHECK_LINES = 2000  # lines read before input with no vLLM line is refused
+
+
+class PreemptionRow(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """A decided preemption, in the words of the replay report's rows."""
+
+    event: str = "preemption"  # "withdrawn": a row given earlier that later lines undid
+    run: int  # server run within the watched log (1: the first banner's)
+    step: int
+    time: float | None
+    victim: str
+    trigger: str | None
+    rule: str
+    self_preemption: bool
+    tokens_lost: int
+    confidence: str  # exact | exact-by-log | consistent | inferred
+    probability: float | None = None
+
+
+class IntervalRow(msgspec.Struct, kw_only=True):
+    """A stats interval's preemptions (stats lines only): the ensemble's median and 90%."""
+
+    event: str = "interval"  # "withdrawn": as for a preemption
+    run: int
+    start: float
+    end: float
+    median: int
+    low: int
+    high: int
+    confidence: str = "interval"
+
+
+class NoticeRow(msgspec.Struct, kw_only=True):
+    """What the rows after it are: how they are decided (`mode`), or a new server run."""
+
+    event: str  # "mode" | "restart"
+    run: int
+    text: str
+
+
+Row = PreemptionRow | IntervalRow | NoticeRow
+
+
+def _deciding(line: str) -> bool:
+    """A line that can decide a row: an Iteration line, a step-trace step, a stats line."""
+    return ("Iteration(" in line or "kvtrace step" in line or "throughput" in line)
+
+
+def _restart_at(lines: list[str], label: str) -> int | None:
+    """Index of the first line of a startup banner (version / args) in `lines`, if any."""
+    from kvreplay import events as ev
+    from kvreplay.parsers import parse_lines
+
+    if not any("version" in s or "args" in s for s in lines):
+        return None
+    for e in parse_lines(lines, file=label):
+        if isinstance(e, ev.EngineConfig) and e.origin in ("banner", "args", "non_default_args"):
+            return e.line - 1
+    return None
+
+
+class Session:
+    """Feed lines, take rows. `replay_opts`: open_replay's keyword arguments (profile,
+    vllm_version, samples, seed, step_time)."""
+
+    def __init__(self, label: str, *, mtime: float | None = None, year: int | None = None,
+                 settle: int = SETTLE, replay_opts: dict[str, Any] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.label, self.mtime, self.year, self.settle = label, mtime, year, settle
+        self.opts = dict(replay_opts or {})
+        self.clock = clock
+        self.run = 1
+        self._new_run()
+        self.replays = 0
+        self.replay_s = 0.0
+        self.failed: list[str] = []  # replays of a prefix that failed (the CLI says so once)
+
+    def _new_run(self) -> None:
+        self.lines: list[str] = []
+        self.served = False  # a request or step line seen in this run (a banner then restarts)
+        self.pending = False  # a deciding line since the last replay
+        self.at_replay = 0  # lines at the last replay
+        self.replay_end = 0.0
+        self.last_cost = 0.0
+        self.given: dict[tuple, Any] = {}  # key -> the row given
+        self.mode: str | None = None
+        self.checked = False
+        # the window: the run's startup lines (header_len of them) and its lines since the
+        # last quiet point; steps and Iteration numbers before it are offsets
+        self.header_len: int | None = None
+        self.step_offset = 0
+        self.n_offset = 0
+        self.cuts = 0
+
+    # -- input ---------------------------------------------------------------------
+    def feed(self, lines: Iterable[str]) -> list[Row]:
+        """Take new lines; the rows a restart banner among them decides (the old run's
+        last rows and the restart notice)."""
+        lines = list(lines)
+        if not lines:
+            return []
+        out: list[Row] = []
+        while lines:
+            cut = _restart_at(lines, self.label) if self.served else None
+            if cut is None:
+                self._take(lines)
+                break
+            self._take(lines[:cut])
+            out += self.finish()
+            first = lines[cut]
+            self.run += 1
+            self._new_run()
+            out.append(NoticeRow(event="restart", run=self.run, text=(
+                f"vLLM restarted (a new startup banner{_at(first)}): a new replay starts, "
+                "its steps count from 0")))
+            lines = lines[cut:]  # (the new run has served nothing: taken whole)
+        return out
+
+    def _take(self, lines: list[str]) -> None:
+        for s in lines:
+            if self.n_offset and "Iteration(" in s:
+                s = _renumber(s, self.n_offset)
+            self.lines.append(s)
+            if _deciding(s):
+                self.pending = True
+                self.served = True
+            elif "request" in s:
+                self.served = True
+
+    # -- replays ---------------------------------------------------------------------
+    def due(self) -> bool:
+        """Whether a replay now is worth its cost (see the module docstring)."""
+        if not self.pending:
+            return False
+        grown = len(self.lines) - self.at_replay
+        if grown >= GROWTH * max(self.at_replay, 1):
+            return True
+        # replays (this one included) take at most DUTY of the time since the last began
+        return self.last_cost <= DUTY * (self.clock() - self.replay_end + self.last_cost)
+
+    def update(self) -> list[Row]:
+        """Replay the run's lines now; the rows they decide that were not given yet."""
+        return self._rows(final=False)
+
+    def finish(self, end: bool = False) -> list[Row]:
+        """The end of a run: every row its lines give, not given yet. `end`: the end of
+        the input, where lines that are no vLLM log, or too thin to replay, are refused
+        (UserError) as `kvreplay replay` refuses them."""
+        if end and not self.checked and self.lines:
+            from kvreplay.parsers import parse_lines
+            from kvreplay.sources import check_vllm_log
+
+            check_vllm_log(list(parse_lines(self.lines[:CHECK_LINES], file=self.label)),
+                           [self.label])
+        if not self.lines or not self.served:
+            return []
+        return self._rows(final=True, strict=end)
+
+    def _rows(self, final: bool, strict: bool = False) -> list[Row]:
+        t0 = self.clock()
+        self.pending = False
+        self.at_replay = len(self.lines)
+        try:
+            rep = self._replay(strict)
+        finally:
+            self.replay_end = self.clock()
+            self.last_cost = self.replay_end - t0
+            self.replays += 1
+            self.replay_s += self.last_cost
+        if rep is None:
+            return []
+        out: list[Row] = []
+        mode = _mode(rep)
+        if mode == "intervals" and not final and (self.events_last >= 0 or not self.stats_seen):
+            # the Iteration lines have not come yet (the first requests come before them),
+            # or no stats line has: nothing is decided by the lines so far
+            return out
+        if mode != self.mode:
+            self.mode = mode
+            out.append(NoticeRow(event="mode", run=self.run, text=_mode_text(rep, mode)))
+        if mode == "intervals":
+            out += self._intervals(rep, final)
+        else:
+            out += self._preemptions(rep, final)
+            if mode == "iterations" and not final and WINDOWS:
+                self._cut(rep)
+        return out
+
+    def _cut(self, rep: Any) -> None:
+        """Start the window at the last quiet point the lines have decided: a step after
+        which no request was running or waiting (all rows before it are given). From there
+        the replay is the same as one of the whole run, when nothing outlives the quiet
+        (no prefix cache: its blocks would; prompts logged, not estimated from the whole
+        run) and each window numbers its steps and its
+        Iteration lines from 0 again (the offsets put them back)."""
+        if (rep.workload.config.enable_prefix_caching or rep.info.prompts != "exact"
+                or self.events_last < 0):
+            return  # (estimated prompts: the estimate is the whole run's, not a window's)
+        horizon = self.events_last - self.settle
+        steps = rep.steps
+        quiet = None
+        for rec in steps[:max(0, min(len(steps) - 1, horizon))]:
+            if rec.num_running == 0 and rec.num_waiting == 0 and not rec.idle:
+                quiet = rec.step
+        if quiet is None:
+            return
+        arrivals = rep.inputs.arrival_steps
+        nxt = [i for i, a in enumerate(arrivals) if a > quiet]
+        if not nxt or any(a < 0 for a in arrivals[:nxt[0]]):
+            return
+        first = rep.facts.requests[nxt[0]]
+        if self.header_len is None:  # the startup lines: up to the first request's first line
+            self.header_len = next((i for i, x in enumerate(self.lines) if any(
+                w in x for w in ("Received request", "JSON body", "Added request"))), None)
+            if self.header_len is None or self.header_len > rep.facts.requests[0].line - 1:
+                self.header_len = None
+                return
+        # from the line after the last Iteration line before it (between them the engine
+        # was idle: the old requests' access lines, stats lines, this one's JSON body)
+        cut = first.line - 1  # (the window's lines, 0-based)
+        while cut > self.header_len and "Iteration(" not in self.lines[cut - 1]:
+            cut -= 1
+        if cut <= self.header_len:
+            return
+        body = self.lines[cut:]
+        n0 = next((_iteration_n(x) for x in body if "Iteration(" in x), None)
+        if n0 is None or any("Iteration(" in x for x in self.lines[self.header_len:cut]
+                             if _iteration_n(x) >= n0):
+            return
+        self.lines = self.lines[:self.header_len] + [_renumber(x, n0) if "Iteration(" in x
+                                                     else x for x in body]
+        self.n_offset += n0
+        self.step_offset += quiet + 1
+        self.at_replay = len(self.lines)
+        # every row before the quiet point is given for good; those after it stay open
+        self.given = {k: r for k, r in self.given.items()
+                      if not isinstance(r, PreemptionRow) or r.step >= self.step_offset}
+        self.cuts += 1
+
+    def _replay(self, strict: bool = False) -> Any:
+        from kvreplay import events as ev
+        from kvreplay.parsers import detect_version, merge_config
+        from kvreplay.parsers.timestamps import _clock_for
+        from kvreplay.parsers.pipeline import parse_stream
+        from kvreplay.sources import LogInput, check_vllm_log, open_replay
+
+        text = "".join(self.lines)
+        if not text.endswith("\n"):
+            text += "\n"
+        events = list(parse_stream(io.StringIO(text, newline="\n"), self.label,
+                                   _clock_for(self.year, self.mtime)))
+        if not self.checked:
+            if len(self.lines) < CHECK_LINES and all(
+                    isinstance(e, (ev.Unparsed, ev.Noise)) for e in events):
+                return None  # nothing of vLLM's yet: wait for more before refusing
+            check_vllm_log(events, [self.label])
+            self.checked = True
+        log = LogInput([self.label], events, detect_version(events, self.opts.get("vllm_version")),
+                       merge_config(events))
+        self.events_last = _last_step(events)
+        self.stats_seen = any(isinstance(e, ev.Stats) for e in events)
+        try:  # ("-": no file to look at beside the lines: no span or KV-event files here)
+            return open_replay(["-"], log=log, **self.opts)
+        except (ReplayError, UserError):
+            if strict:
+                raise
+            return None  # too thin yet (no request, no config): more lines will tell
+        except Exception as exc:  # noqa: BLE001  (a prefix the pipeline cannot take yet)
+            if strict:
+                raise
+            self.failed.append(f"{type(exc).__name__}: {exc}")
+            return None
+
+    def check_input(self) -> None:
+        """Refuse input that has shown no vLLM line in CHECK_LINES lines (UserError)."""
+        if not self.checked and len(self.lines) >= CHECK_LINES:
+            from kvreplay.parsers import parse_lines
+            from kvreplay.sources import check_vllm_log
+
+            check_vllm_log(list(parse_lines(self.lines[:CHECK_LINES], file=self.label)),
+                           [self.label])
+            self.checked = True
+
+    def _preemptions(self, rep: Any, final: bool) -> list[Row]:
+        horizon = (1 << 62) if final else self.events_last - self.settle
+        off = self.step_offset
+        rows = [preemption_row(p, self.run, off) for p in rep.preemptions if p.step <= horizon]
+        return self._reconcile(rows, lambda r: r.step <= horizon + off)
+
+    def _intervals(self, rep: Any, final: bool) -> list[Row]:
+        unc = rep.uncertainty.to_json() if rep.uncertainty is not None else None
+        if unc is None:  # no ensemble (a very large log): its rows, as inferred
+            return self._preemptions(rep, final)
+        wins = unc["windows"] if final else unc["windows"][:-1]  # the last may still grow
+        rows = [IntervalRow(run=self.run, start=w["start"], end=w["end"], median=w["median"],
+                            low=w["low"], high=w["high"]) for w in wins if w["high"] > 0]
+        until = wins[-1]["start"] if wins else float("-inf")
+        return self._reconcile(rows, lambda r: isinstance(r, IntervalRow) and r.start <= until)
+
+    def _reconcile(self, rows: list[Any], covered: Callable[[Any], bool]) -> list[Row]:
+        """The rows not given yet, and a withdrawal of each given row of the decided part
+        that this replay no longer has (an estimated prompt corrected by a later line)."""
+        keys = {_key(r): r for r in rows}
+        out: list[Row] = []
+        for k, r in list(self.given.items()):
+            if k not in keys and covered(r):
+                del self.given[k]
+                out.append(msgspec.structs.replace(r, event="withdrawn"))
+        for k, r in keys.items():
+            if k not in self.given:
+                self.given[k] = r
+                out.append(r)
+        return out
+
+
+def _key(r: Any) -> tuple:
+    """What a row says in words (not its probability: a figure, revised by every replay)."""
+    if isinstance(r, IntervalRow):
+        return ("interval", r.start, r.end, r.median, r.low, r.high)
+    return ("preemption", r.step, r.victim, r.trigger, r.tokens_lost, r.confidence, r.rule)
+
+
+def preemption_row(p: Any, run: int, offset: int = 0) -> PreemptionRow:
+    """A replay's PreemptionRecord as a watch row."""
+    rule = (p.victim_rule or "").split(":")[0] + (" self" if p.self_preemption and
+                                                   p.victim_rule != "self" else "")
+    return PreemptionRow(run=run, step=p.step + offset, time=p.time, victim=str(p.victim),
+                         trigger=p.trigger, rule=rule, self_preemption=p.self_preemption,
+                         tokens_lost=p.computed_tokens_lost, confidence=p.confidence,
+                         probability=p.probability)
+
+
+_IT = re.compile(r"Iteration\((\d+)\)")
+
+
+def _iteration_n(line: str) -> int:
+    m = _IT.search(line)
+    return int(m.group(1)) if m else -1
+
+
+def _renumber(line: str, n0: int) -> str:
+    """The line with its Iteration(N) as Iteration(N - n0): the window's numbering."""
+    return _IT.sub(lambda m: f"Iteration({int(m.group(1)) - n0})", line, count=1)
+
+
+def _last_step(events: list[Any]) -> int:
+    """The highest step a line of the log numbers (Iteration N, kvtrace step N); -1: none."""
+    from kvreplay import events as ev
+
+    last = -1
+    for e in events:
+        if isinstance(e, (ev.Iteration, ev.StepTrace)):
+            last = max(last, e.step)
+    return last
+
+
+def _mode(rep: Any) -> str:
+    if rep.kind == "step-trace":
+        return "step-trace"
+    if rep.info.placement == "iteration lines":
+        return "iterations"
+    return "intervals"
+
+
+def _mode_text(rep: Any, mode: str) -> str:
+    if mode == "step-trace":
+        return ("kvreplay's step-trace lines: one row per preemption, exact, within a line "
+                "of its step")
+    version = rep.info.vllm_version or "?"
+    if mode == "iterations":
+        return (f"vLLM {version}, Iteration lines: one row per preemption, within a line "
+                "of its step")
+    return (f"vLLM {version}, stats lines only: no line pins a single preemption; one row per "
+            "stats interval with preemptions (the median of the replays the log allows and "
+            "their 90% interval), given when the next stats line arrives")
+
+
+def _at(line: str) -> str:
+    """' at HH:MM:SS' of a log line's time stamp, when it has one."""
+    import re
+
+    m = re.search(r"\d\d-\d\d (\d\d:\d\d:\d\d)", line)
+    return f" at {m.group(1)}" if m else ""
