@@ -29,7 +29,8 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from kvreplay.errors import UserError
 from kvreplay.replay.timeline import StepView, Timeline, diff_states
 from kvreplay.tui import render
-from kvreplay.tui.opening import Opening
+from kvreplay.tui.later import adopt, ensemble_pending, same_run
+from kvreplay.tui.opening import Computing, Opening
 from kvreplay.tui.prompts import GotoScreen, SearchScreen, parse_goto, parse_step  # noqa: F401
 
 PAGE = 100
@@ -172,6 +173,15 @@ class Progress(Message):
     pass
 
 
+class EnsembleReady(Message):
+    """The full replay (with its uncertainty ensemble); `timeline`: its own, built, when
+    the ensemble showed another run than the one on screen (else None: adopt it)."""
+
+    def __init__(self, replay: Any, timeline: Timeline | None, error: str | None = None) -> None:
+        super().__init__()
+        self.replay, self.timeline, self.error = replay, timeline, error
+
+
 class SourceReady(Message):
     def __init__(self, tl: Timeline) -> None:
         super().__init__()
@@ -195,6 +205,7 @@ class ReplayApp(App[None]):
         year: int | None = None,
         snapshot_every: int | None = None,
         config: str | None = None,
+        ensemble_later: bool = True,
     ) -> None:
         super().__init__()
         self.paths = list(paths)
@@ -213,6 +224,11 @@ class ReplayApp(App[None]):
         self.load_error: str | None = None
         self.load_exception: BaseException | None = None
         self.loaded = False
+        # the uncertainty ensemble, computed after the point replay is shown (tui/later.py):
+        # None (none to compute), "computing", "done", "stopped", or the error line
+        self.ensemble_later = ensemble_later
+        self.ensemble: str | None = None
+        self.ensemble_stage = ""
         self.export_dir = Path.cwd()  # where `e` writes its trace
         self.exported: Path | None = None
 
@@ -258,7 +274,7 @@ class ReplayApp(App[None]):
             from kvreplay.sources import open_replay
 
             rep = open_replay(self.paths, profile=self.profile_name, year=self.year,
-                              config=self.config)
+                              config=self.config, samples=0 if self.ensemble_later else None)
         except UserError as exc:
             self.post_message(Loaded(error=str(exc)))
             return
@@ -266,9 +282,69 @@ class ReplayApp(App[None]):
             progress.set_sink(old)
         tl = Timeline(rep, snapshot_every=self.snapshot_every)
         self.post_message(SourceReady(tl))
+        pending = self.ensemble_later and ensemble_pending(rep)
+        if pending:
+            self.ensemble = "computing"
         tl.build(progress=lambda _tl: self.post_message(Progress()),
                  cancelled=lambda: worker.is_cancelled, progress_every_s=0.25)
         self.post_message(Loaded())
+        if pending:
+            self._ensemble_later(rep, worker)
+
+    def _ensemble_later(self, rep: Any, worker: Any) -> None:
+        """In the load worker, after the steps are in: the full replay, posted to the app."""
+        from kvreplay import progress
+        from kvreplay.tui.opening import OpeningSink
+
+        if worker.is_cancelled:
+            return
+        old = progress.set_sink(OpeningSink(self, later=True))
+        try:
+            full = self.compute_full_replay()
+        except UserError as exc:
+            self.post_message(EnsembleReady(None, None, error=str(exc)))
+            return
+        finally:
+            progress.set_sink(old)
+        if worker.is_cancelled:
+            return
+        tl = None
+        if not same_run(rep, full):
+            tl = Timeline(full, snapshot_every=self.snapshot_every)
+            tl.build(cancelled=lambda: worker.is_cancelled)
+        self.post_message(EnsembleReady(full, tl))
+
+    def compute_full_replay(self) -> Any:
+        """The replay `kvreplay replay` gives (its ensemble, default samples and seed)."""
+        from kvreplay.sources import open_replay
+
+        return open_replay(self.paths, profile=self.profile_name, year=self.year,
+                           config=self.config)
+
+    def on_computing(self, message: Computing) -> None:
+        if self.ensemble == "computing":
+            self.ensemble_stage = message.text
+            self._refresh_status()
+
+    def on_ensemble_ready(self, message: EnsembleReady) -> None:
+        if self.ensemble != "computing":
+            return  # stopped meanwhile
+        if message.error or message.replay is None:
+            self.ensemble = f"uncertainty not computed: {message.error}"
+            self._refresh_status()
+            return
+        if message.timeline is not None:
+            # the ensemble found a run that fits the stats lines far better: it is shown
+            self.tl = message.timeline
+            self.cursor = min(self.cursor, max(self.tl.num_steps - 1, 0))
+            self.notify("The uncertainty ensemble found a replay that agrees with the stats "
+                        "lines far better: it is shown now.", severity="warning", timeout=8)
+        elif self.tl is not None:
+            adopt(self.tl, message.replay)
+        self.ensemble = "done"
+        self.view = None
+        self.show_step()
+        self._refresh_status()
 
     def on_opening(self, message: Opening) -> None:
         if self.tl is None:
@@ -319,10 +395,13 @@ class ReplayApp(App[None]):
             self.notify(f"Export failed: {event.worker.error!r}", severity="error", timeout=8)
 
     def action_stop(self) -> None:
-        if not self.loaded:
+        if not self.loaded or self.ensemble == "computing":
             for w in self.workers:
                 if w.group == "load":
                     w.cancel()
+        if self.loaded and self.ensemble == "computing":
+            self.ensemble = "stopped"
+            self._refresh_status()
 
     # -- state ---------------------------------------------------------------------------
     def window(self) -> tuple[int, int]:
@@ -411,6 +490,14 @@ class ReplayApp(App[None]):
             return
         src = tl.source
         state = ("loaded" if tl.done else ("stopped" if tl.cancelled else "loading (Esc stops)"))
+        if self.ensemble == "computing":
+            state += (" · uncertainty still computing"
+                      + (f" ({self.ensemble_stage})" if self.ensemble_stage else "")
+                      + "; figures are this replay's until it is in (Esc stops)")
+        elif self.ensemble == "stopped":
+            state += " · uncertainty stopped: figures are this one replay's"
+        elif self.ensemble and self.ensemble != "done":
+            state += f" · {self.ensemble}"
         sel = f" · selected {self.selected}" if self.selected else ""
         marks = f" · bookmarks {len(self.bookmarks)}" if self.bookmarks else ""
         at = render.clock(tl, self.cursor) if tl.num_steps else None
