@@ -26,7 +26,7 @@ from textual.widgets import (
 from textual.widgets.option_list import Option
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from kvreplay.errors import UserError
+from kvreplay.errors import ReplayError, UserError
 from kvreplay.replay.timeline import StepView, Timeline, diff_states
 from kvreplay.tui import render
 from kvreplay.tui.later import adopt, ensemble_pending, same_run
@@ -167,6 +167,7 @@ class HelpScreen(ModalScreen[None]):
 @dataclass
 class Loaded(Message):
     error: str | None = None
+    default_text: str | None = None  # a default log's answer (tui/default_screen.py)
 
 
 class Progress(Message):
@@ -229,6 +230,7 @@ class ReplayApp(App[None]):
         self.ensemble_later = ensemble_later
         self.ensemble: str | None = None
         self.ensemble_stage = ""
+        self.default_answer: Any = None  # a default log's DefaultAnswer, once loaded
         self.export_dir = Path.cwd()  # where `e` writes its trace
         self.exported: Path | None = None
 
@@ -275,6 +277,10 @@ class ReplayApp(App[None]):
 
             rep = open_replay(self.paths, profile=self.profile_name, year=self.year,
                               config=self.config, samples=0 if self.ensemble_later else None)
+        except ReplayError as exc:
+            # a default log (no request lines): its answer on a summary screen, not a refusal
+            self.post_message(self._default_log(exc))
+            return
         except UserError as exc:
             self.post_message(Loaded(error=str(exc)))
             return
@@ -290,6 +296,23 @@ class ReplayApp(App[None]):
         self.post_message(Loaded())
         if pending:
             self._ensemble_later(rep, worker)
+
+    def _default_log(self, exc: ReplayError) -> "Loaded":
+        from kvreplay import progress
+        from kvreplay.tui.default_screen import default_answer
+        from kvreplay.tui.opening import OpeningSink
+
+        old = progress.set_sink(OpeningSink(self))
+        try:
+            got = default_answer(self.paths, profile=self.profile_name, year=self.year)
+        except UserError as why:
+            return Loaded(error=f"{exc} | no answer from its stats lines either: {why}")
+        finally:
+            progress.set_sink(old)
+        if got is None:
+            return Loaded(error=str(exc))
+        self.default_answer = got[1]
+        return Loaded(default_text=got[0])
 
     def _ensemble_later(self, rep: Any, worker: Any) -> None:
         """In the load worker, after the steps are in: the full replay, posted to the app."""
@@ -370,6 +393,13 @@ class ReplayApp(App[None]):
         self.loaded = True
         gc.freeze()  # the loaded records live as long as the app: keep them out of GC passes
         self.query_one("#progress", ProgressBar).display = False
+        if message.default_text is not None:
+            from kvreplay.tui.default_screen import DefaultLogScreen
+
+            self.query_one("#status-label", Label).update(
+                "kvreplay: a default log (no request lines): its answer, no steps")
+            self.push_screen(DefaultLogScreen(message.default_text))
+            return
         if message.error:
             # nothing to show: leave the screen, `kvreplay tui` prints the one-line error
             self.load_error = message.error
