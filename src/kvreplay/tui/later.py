@@ -30,11 +30,13 @@ def ensemble_pending(rep: Any) -> bool:
 
 
 def same_run(a: Any, b: Any) -> bool:
-    """The two replays ran the same steps: same arrivals, step count and preemptions."""
+    """The two replays ran the same steps: same arrivals, preemptions and step records
+    (the shown timeline re-runs and checks its steps against the replay's)."""
     return (len(a.steps) == len(b.steps)
             and list(a.inputs.arrival_steps) == list(b.inputs.arrival_steps)
             and [(p.step, p.victim) for p in a.preemptions] ==
-            [(p.step, p.victim) for p in b.preemptions])
+            [(p.step, p.victim) for p in b.preemptions]
+            and all(x == y for x, y in zip(a.steps, b.steps)))
 
 
 def adopt(tl: Any, full: Any) -> None:
