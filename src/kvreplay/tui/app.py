@@ -29,8 +29,8 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from kvreplay.errors import ReplayError, UserError
 from kvreplay.replay.timeline import StepView, Timeline, diff_states
 from kvreplay.tui import render
-from kvreplay.tui.later import adopt, ensemble_pending, same_run
-from kvreplay.tui.opening import Computing, Opening
+from kvreplay.tui.later import EnsembleLater, ensemble_pending
+from kvreplay.tui.opening import Opening
 from kvreplay.tui.prompts import GotoScreen, SearchScreen, parse_goto, parse_step  # noqa: F401
 
 PAGE = 100
@@ -174,22 +174,13 @@ class Progress(Message):
     pass
 
 
-class EnsembleReady(Message):
-    """The full replay (with its uncertainty ensemble); `timeline`: its own, built, when
-    the ensemble showed another run than the one on screen (else None: adopt it)."""
-
-    def __init__(self, replay: Any, timeline: Timeline | None, error: str | None = None) -> None:
-        super().__init__()
-        self.replay, self.timeline, self.error = replay, timeline, error
-
-
 class SourceReady(Message):
     def __init__(self, tl: Timeline) -> None:
         super().__init__()
         self.tl = tl
 
 
-class ReplayApp(App[None]):
+class ReplayApp(EnsembleLater, App[None]):
     CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses elsewhere
     TITLE = "kvreplay"
     BINDINGS = [Binding(k, a, FOOTER_LABELS.get(a, d), show=s,
@@ -313,61 +304,6 @@ class ReplayApp(App[None]):
             return Loaded(error=str(exc))
         self.default_answer = got[1]
         return Loaded(default_text=got[0])
-
-    def _ensemble_later(self, rep: Any, worker: Any) -> None:
-        """In the load worker, after the steps are in: the full replay, posted to the app."""
-        from kvreplay import progress
-        from kvreplay.tui.opening import OpeningSink
-
-        if worker.is_cancelled:
-            return
-        old = progress.set_sink(OpeningSink(self, later=True))
-        try:
-            full = self.compute_full_replay()
-        except UserError as exc:
-            self.post_message(EnsembleReady(None, None, error=str(exc)))
-            return
-        finally:
-            progress.set_sink(old)
-        if worker.is_cancelled:
-            return
-        tl = None
-        if not same_run(rep, full):
-            tl = Timeline(full, snapshot_every=self.snapshot_every)
-            tl.build(cancelled=lambda: worker.is_cancelled)
-        self.post_message(EnsembleReady(full, tl))
-
-    def compute_full_replay(self) -> Any:
-        """The replay `kvreplay replay` gives (its ensemble, default samples and seed)."""
-        from kvreplay.sources import open_replay
-
-        return open_replay(self.paths, profile=self.profile_name, year=self.year,
-                           config=self.config)
-
-    def on_computing(self, message: Computing) -> None:
-        if self.ensemble == "computing":
-            self.ensemble_stage = message.text
-            self._refresh_status()
-
-    def on_ensemble_ready(self, message: EnsembleReady) -> None:
-        if self.ensemble != "computing":
-            return  # stopped meanwhile
-        if message.error or message.replay is None:
-            self.ensemble = f"uncertainty not computed: {message.error}"
-            self._refresh_status()
-            return
-        if message.timeline is not None:
-            # the ensemble found a run that fits the stats lines far better: it is shown
-            self.tl = message.timeline
-            self.cursor = min(self.cursor, max(self.tl.num_steps - 1, 0))
-            self.notify("The uncertainty ensemble found a replay that agrees with the stats "
-                        "lines far better: it is shown now.", severity="warning", timeout=8)
-        elif self.tl is not None:
-            adopt(self.tl, message.replay)
-        self.ensemble = "done"
-        self.view = None
-        self.show_step()
-        self._refresh_status()
 
     def on_opening(self, message: Opening) -> None:
         if self.tl is None:

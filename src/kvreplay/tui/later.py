@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from textual.message import Message
+
+from kvreplay.errors import UserError
 from kvreplay.inference.ensemble import MAX_REQUESTS
+from kvreplay.replay.timeline import Timeline
+from kvreplay.tui.opening import Computing
 
 
 def ensemble_pending(rep: Any) -> bool:
@@ -46,3 +51,74 @@ def adopt(tl: Any, full: Any) -> None:
         tl.replay = full
         tl.preemptions = full.preemptions
         tl._cache.clear()  # its views hold the point replay's records
+
+
+class EnsembleReady(Message):
+    """The full replay (with its uncertainty ensemble); `timeline`: its own, built, when
+    the ensemble showed another run than the one on screen (else None: adopt it)."""
+
+    def __init__(self, replay: Any, timeline: Timeline | None, error: str | None = None) -> None:
+        super().__init__()
+        self.replay, self.timeline, self.error = replay, timeline, error
+
+
+class EnsembleLater:
+    """ReplayApp's part that computes the full replay after the steps are shown: called in
+    the load worker (`_ensemble_later`), its messages handled on the UI thread. The app
+    holds `ensemble` (None, "computing", "done", "stopped" or the error line) and
+    `ensemble_stage` (the stage shown on the status line)."""
+
+    def _ensemble_later(self, rep: Any, worker: Any) -> None:
+        """In the load worker, after the steps are in: the full replay, posted to the app."""
+        from kvreplay import progress
+        from kvreplay.tui.opening import OpeningSink
+
+        if worker.is_cancelled:
+            return
+        old = progress.set_sink(OpeningSink(self, later=True))
+        try:
+            full = self.compute_full_replay()
+        except UserError as exc:
+            self.post_message(EnsembleReady(None, None, error=str(exc)))
+            return
+        finally:
+            progress.set_sink(old)
+        if worker.is_cancelled:
+            return
+        tl = None
+        if not same_run(rep, full):
+            tl = Timeline(full, snapshot_every=self.snapshot_every)
+            tl.build(cancelled=lambda: worker.is_cancelled)
+        self.post_message(EnsembleReady(full, tl))
+
+    def compute_full_replay(self) -> Any:
+        """The replay `kvreplay replay` gives (its ensemble, default samples and seed)."""
+        from kvreplay.sources import open_replay
+
+        return open_replay(self.paths, profile=self.profile_name, year=self.year,
+                           config=self.config)
+
+    def on_computing(self, message: Computing) -> None:
+        if self.ensemble == "computing":
+            self.ensemble_stage = message.text
+            self._refresh_status()
+
+    def on_ensemble_ready(self, message: EnsembleReady) -> None:
+        if self.ensemble != "computing":
+            return  # stopped meanwhile
+        if message.error or message.replay is None:
+            self.ensemble = f"uncertainty not computed: {message.error}"
+            self._refresh_status()
+            return
+        if message.timeline is not None:
+            # the ensemble found a run that fits the stats lines far better: it is shown
+            self.tl = message.timeline
+            self.cursor = min(self.cursor, max(self.tl.num_steps - 1, 0))
+            self.notify("The uncertainty ensemble found a replay that agrees with the stats "
+                        "lines far better: it is shown now.", severity="warning", timeout=8)
+        elif self.tl is not None:
+            adopt(self.tl, message.replay)
+        self.ensemble = "done"
+        self.view = None
+        self.show_step()
+        self._refresh_status()
