@@ -73,6 +73,11 @@ def check_one_server(events: Sequence[Any], vllm_version: str | None) -> None:
         by_file.setdefault(e.file, []).append(e)
     if len(by_file) < 2:
         return
+    from kvreplay.cli.clocks import check_clocks  # the files' clocks (refuses, or warns)
+
+    for w in check_clocks(by_file):
+        import sys
+        print(f"kvreplay: warning: {w}", file=sys.stderr)
     info = {}
     for f, evs in by_file.items():
         d = detect_version(evs, None)

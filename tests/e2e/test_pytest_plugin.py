@@ -255,8 +255,12 @@ def test_thin_log_records_the_reason(pytester: pytest.Pytester) -> None:
     """)
     _run(pytester, "--kvreplay-update").assert_outcomes(passed=1)
     doc = g.parse((pytester.path / "golden/test_thin.golden").read_text())
-    assert "no request lines" in doc["replay"]["error"]
-    assert doc["events"] and doc["preemptions"] == []
+    # a default log (a stats line, no request line): its answer's intervals, not a refusal
+    assert doc["replay"]["answered"].startswith("default log (no request lines)")
+    assert doc["events"] and "preemptions" not in doc
+    d = doc["default_log"]
+    assert d["requests"] == 12 and d["preemptions_low"] <= d["preemptions_high"]
+    assert len(doc["windows"]) == 1  # its one stats line
     _run(pytester).assert_outcomes(passed=1)
 
 

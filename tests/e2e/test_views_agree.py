@@ -106,6 +106,18 @@ class Join:
                 and all(kw.get(k, v[0]) in v for k, v in defaults.items())
                 and (log is None or list(log.paths) == [self.path]))
 
+    def check_tui_calls(self) -> None:
+        """The TUI opens the point replay first (samples=0: the same run, shown at once;
+        tui/later.py) and, when that leaves an ensemble to compute, the full replay with
+        every option at its default."""
+        assert 1 <= len(self.calls) <= 2, f"tui: opened its input {len(self.calls)} times"
+        paths, kw = self.calls[0]
+        assert kw.get("samples") == 0, f"tui: {self.calls[0]}"
+        assert self.same_replay(paths, {**kw, "samples": None}), f"tui: {self.calls[0]}"
+        if len(self.calls) == 2:
+            assert self.same_replay(*self.calls[1]), f"tui: {self.calls[1]}"
+        self.calls.clear()
+
     def check_one_call(self, view: str) -> None:
         assert len(self.calls) == 1, f"{view}: opened its input {len(self.calls)} times"
         assert self.same_replay(*self.calls[0]), f"{view}: {self.calls[0]}"
@@ -178,7 +190,7 @@ def tui_view(path: Path):
     got = None if tl is None else [key(p.step, p.victim, p.trigger, p.computed_tokens_lost,
                                       p.tokens_recomputed, p.prefix_hit_at_readmission)
                                   for p in tl.preemptions]
-    return got, why, app.load_error, app.load_exception
+    return got, why, app.load_error, app.load_exception, app.default_answer
 
 
 def _snapshot(rep: Any) -> str:
@@ -228,9 +240,9 @@ def test_every_view_renders_the_one_replay(path: Path, variant: str, tmp_path: P
     join.check_one_call("kvreplay audit")
     doc = golden.build(str(path), year=YEAR).doc
     join.check_one_call("golden plugin")
-    tui, why, tui_error, tui_exc = tui_view(path)
+    tui, why, tui_error, tui_exc, tui_default = tui_view(path)
     assert tui_exc is None, tui_exc
-    join.check_one_call("tui")
+    join.check_tui_calls()
 
     if error is not None and rc == 0:  # no request lines: replay answers as a default log
         report = json.loads(out.read_text())
@@ -238,8 +250,13 @@ def test_every_view_renders_the_one_replay(path: Path, variant: str, tmp_path: P
         assert "victims" not in report and "preemptions" in report
         reason = str(error)
         assert audit["replay"] == "inferred (default log)", audit["replay"]
-        assert doc["replay"]["error"] == reason and doc["preemptions"] == []
-        assert tui is None and tui_error.startswith(reason)
+        # the golden and the TUI give the same answer's intervals (seed 0), no victims
+        assert doc["replay"]["answered"].startswith("default log") and "preemptions" not in doc
+        assert tui is None and tui_error is None and tui_default is not None
+        got = report["preemptions"]
+        for k in ("median", "low", "high"):
+            assert doc["default_log"][f"preemptions_{k}"] == got[k]
+            assert getattr(tui_default.preemptions, k) == got[k]
         return
     if error is not None:  # a log that cannot be replayed: every view says the same why
         assert rc == 2
@@ -325,7 +342,7 @@ def test_every_entry_point_goes_through_the_one_join(tmp_path: Path, capsys, mon
     assert golden.build(str(log), year=YEAR).doc["replay"] == {"error": words}
     assert calls == [[str(log)]]
     calls.clear()
-    _, _, tui_error, tui_exc = tui_view(log)
+    _, _, tui_error, tui_exc, _ = tui_view(log)
     assert tui_exc is None and tui_error == words and calls == [[str(log)]]
 
 

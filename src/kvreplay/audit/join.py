@@ -62,7 +62,21 @@ def match_span(log_model: str | None, span: tuple[float, float] | None, scrapes:
     if q and abs(q) <= 14 * 3600 and lo + q <= b and hi + q >= a:
         return q, (f"joined by model and time, the log's clock {q / 3600:+.2f} h from the scrapes' "
                    "(its time zone)")
-    return None, "not joined: the scrapes' time span does not overlap the log's"
+    gap = a - hi if hi < a else lo - b  # > 0: how far apart the two spans are
+    when = "end" if hi < a else "start"
+    return None, (f"not joined: the scrapes' time span does not overlap the log's (they {when} "
+                  f"{_duration(gap)} {'before the log starts' if hi < a else 'after it ends'}, "
+                  "not a whole number of quarter hours off: another server, or a host clock "
+                  "that far off)")
+
+
+def _duration(s: float) -> str:
+    s = abs(s)
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
 
 
 def window(scrapes: list, shift: float, span: tuple[float, float], slack: float) -> list:

@@ -16,7 +16,9 @@ Files may be gzipped (`.gz`). The Prometheus HTTP API's JSON is read too: what
 vector: one `value` each) returns, one or many files; every (time, series, value) becomes
 the sample of a scrape at that time, so a series exported from Prometheus gives the same
 record as the scrape text it was scraped from (histograms as `_bucket` series with `le`).
-Several servers in one export are told apart by the `instance` label.
+Several servers in one export are told apart by the `instance` label. Grafana's "Download
+CSV" of a panel's vLLM series (a time column, a column per series) is read the same way
+(audit/grafana_csv.py).
 
 Each scrape is parsed with prometheus_client's `text_string_to_metric_families`. Series are
 split by the `engine` label (data-parallel rank, vLLM V1 >= 0.8). Counters are read as
@@ -87,7 +89,8 @@ def looks_like_prometheus(path: str) -> bool:
     if os.path.isdir(path):
         names = sorted(os.listdir(path))
         return any(n.endswith((".prom", ".prom.gz")) for n in names) or any(
-            n.endswith((".json", ".json.gz")) and looks_like_prometheus(os.path.join(path, n)) for n in names)
+            n.endswith((".json", ".json.gz", ".csv", ".csv.gz"))
+            and looks_like_prometheus(os.path.join(path, n)) for n in names)
     if path.endswith((".prom", ".metrics", ".prom.gz", ".metrics.gz")):
         return True
     try:
@@ -95,6 +98,10 @@ def looks_like_prometheus(path: str) -> bool:
     except OSError:
         return False
     if _API.search(head[:2048]):
+        return True
+    from kvreplay.audit.grafana_csv import looks_like_grafana_csv
+
+    if looks_like_grafana_csv(head):
         return True
     for line in head.splitlines():
         s = line.strip()
@@ -276,12 +283,17 @@ def read_scrapes(path: str | list[str]) -> list[Scrape]:
     scrapes: list[Scrape] = []
     for p in paths:
         files = ([os.path.join(p, n) for n in sorted(os.listdir(p))
-                  if n.endswith((".prom", ".prom.gz", ".json", ".json.gz"))]
+                  if n.endswith((".prom", ".prom.gz", ".json", ".json.gz", ".csv", ".csv.gz"))]
                  if os.path.isdir(p) else [p])
         for f in files:
             text = _read(f)
             if _API.search(text[:2048]):
                 scrapes.extend(parse_api_json(text, f))
+                continue
+            from kvreplay.audit.grafana_csv import looks_like_grafana_csv, parse_grafana_csv
+
+            if looks_like_grafana_csv(text[:4096]):
+                scrapes.extend(parse_grafana_csv(text, f))
                 continue
             for t, chunk in split_scrapes(text):
                 scrapes.append(parse_scrape(chunk, t, f))

@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 
-from kvreplay.cli.replay import add_replay_inputs, input_paths, open_from_args
+from kvreplay.cli.replay import add_replay_inputs, default_log_answer, input_paths, open_from_args
 from kvreplay.errors import ReplayError, UserError
 
 
@@ -50,12 +50,21 @@ def run(args: argparse.Namespace) -> int:
         from kvreplay.export.perfetto import protos
 
         protos()  # a missing package is said before the replay runs
+    from kvreplay.audit.prom import looks_like_prometheus
+
     paths = input_paths(list(args.paths), args)
+    metric_paths = [p for p in paths if p != "-" and looks_like_prometheus(p)]  # same server's
+    paths = [p for p in paths if p not in metric_paths]
+    if not paths:
+        raise UserError("Prometheus scrapes are read beside their server's log: give the log too")
     t0 = time.perf_counter()
     try:
         rep = open_from_args(paths, args)
     except ReplayError as exc:
-        raise UserError(str(exc)) from None
+        log, ans, how, _missing = default_log_answer(paths, metric_paths, args)
+        if ans is None:
+            raise UserError(str(exc)) from None
+        return _export_default(log, ans, how, outputs, args)
     t1 = time.perf_counter()
     with stage("export: trace", None):
         trace = build_trace(rep, parse_steps(args.steps, rep.num_steps))
@@ -69,4 +78,24 @@ def run(args: argparse.Namespace) -> int:
               f"preemptions; open it in https://ui.perfetto.dev"
               + (" or chrome://tracing" if path == args.chrome else ""), file=sys.stderr)
     print(f"kvreplay export: replay {t1 - t0:.2f} s, export {t2 - t1:.2f} s", file=sys.stderr)
+    return 0
+
+
+def _export_default(log, ans, how, outputs: dict[str, str], args: argparse.Namespace) -> int:
+    """A default log (no request lines): no steps or requests to draw; the stats lines'
+    counters as logged and the answer's intervals (export/default_log.py)."""
+    from kvreplay.export import write_trace
+    from kvreplay.export.default_log import default_trace
+
+    if args.steps is not None:
+        raise UserError(f"--steps {args.steps}: a default log (no request lines) has no steps "
+                        "to pick; leave --steps out")
+    trace = default_trace(log.facts, ans, how)
+    for fmt, path in outputs.items():
+        size = write_trace(trace, path, fmt)
+        print(f"kvreplay export: {path}: {size:,} bytes; a default log (no request lines): its "
+              f"{trace.meta['stats_lines']} stats lines' counters as logged and the preemptions "
+              "per interval as 90% intervals, no steps or requests; open it in "
+              "https://ui.perfetto.dev" + (" or chrome://tracing" if path == args.chrome else ""),
+              file=sys.stderr)
     return 0

@@ -75,11 +75,35 @@ def open_from_args(paths: list[str], args: argparse.Namespace) -> Any:
                        step_time=step_time, config=args.config)
 
 
-def run(args: argparse.Namespace) -> int:
-    from kvreplay.cli.replay_report import render_table, to_json
+def default_log_answer(paths: list[str], metric_paths: list[str],
+                       args: argparse.Namespace) -> tuple[Any, Any, str | None, list[str]]:
+    """After a ReplayError: (the log read, its default-log answer or None, how the scrapes
+    joined, what the log lacks). The answer is None unless the log is a default log (no
+    request lines, stats lines: audit.default_report) and it could be answered."""
+    from kvreplay.audit import default_report
+    from kvreplay.parsers.span_files import spans_format
     from kvreplay.sources import read_log
 
+    try:
+        log = read_log([p for p in paths if p == "-" or spans_format(p) is None],
+                       vllm_version=args.vllm_version, year=args.year)
+        missing = list(log.facts.missing)
+    except UserError:
+        return None, None, None, []
+    ans = how = None
+    if default_report.is_default_log(log.facts):
+        try:
+            ans, how = default_report.answer_for(log.facts, metric_paths, profile=args.profile,
+                                                 samples=args.samples, seed=args.seed)
+        except UserError as why:
+            missing.append(f"no answer from its stats lines either: {why}")
+    return log, ans, how, missing
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvreplay.audit import default_report
     from kvreplay.audit.prom import looks_like_prometheus
+    from kvreplay.cli.replay_report import render_table, to_json
 
     paths = input_paths(list(args.logs), args)
     metric_paths = [p for p in paths if p != "-" and looks_like_prometheus(p)]  # same server's
@@ -91,25 +115,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         rep = open_from_args(paths, args)
     except ReplayError as exc:
-        # say everything the log lacks, not only what stopped the replay
-        try:
-            from kvreplay.parsers.span_files import spans_format
-
-            log = read_log([p for p in paths if p == "-" or spans_format(p) is None],
-                           vllm_version=args.vllm_version, year=args.year)
-            missing = list(log.facts.missing)
-        except UserError:
-            missing = []
-        from kvreplay.audit import default_report
-
-        ans = None
-        if log is not None and default_report.is_default_log(log.facts):
-            # a default log: the workloads its stats lines (and scrapes) allow, not a refusal
-            try:
-                ans, how = default_report.answer_for(log.facts, metric_paths, profile=args.profile,
-                                                     samples=args.samples, seed=args.seed)
-            except UserError as why:
-                missing = missing + [f"no answer from its stats lines either: {why}"]
+        # say everything the log lacks, not only what stopped the replay; a default log:
+        # the workloads its stats lines (and scrapes) allow, not a refusal
+        log, ans, how, missing = default_log_answer(paths, metric_paths, args)
         if ans is not None:
             if args.format == "json":
                 text = json.dumps(default_report.to_dict(ans, how), indent=1, sort_keys=True) + "\n"

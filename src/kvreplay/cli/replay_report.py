@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, is_dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import msgspec
 
-from kvreplay.inference.uncertainty import LEAD_BELOW
+from kvreplay.inference.uncertainty import LEAD_BELOW, TOL_STEPS
 
 from kvreplay.replay.result import Replay
 from kvreplay.words import count
@@ -114,7 +114,7 @@ def render_table(rep: Replay, report: dict[str, Any], elapsed: float) -> str:
         f"tokens thrown away, {s['tokens_recomputed']:,} recomputed at readmission"
         + (f" ({rep.confidence})" if rep.kind == "log" else ""))
     if unc:
-        lines += uncertainty_lines(unc)
+        lines += uncertainty_lines(unc, rep.preemptions)
     est = report.get("estimate")
     if est:
         lines.append(
@@ -158,7 +158,7 @@ def _step_check_lines(c: dict[str, Any]) -> list[str]:
     return out
 
 
-def uncertainty_lines(u: dict[str, Any]) -> list[str]:
+def uncertainty_lines(u: dict[str, Any], rows: Sequence[Any] = ()) -> list[str]:
     """The ensemble's figures: each an interval over the replays the log allows."""
     c, r, q = u["preemptions"], u["recomputed_tokens"], u["recompute_ratio"]
     out = [f"  uncertainty: {u['samples'] + 1} replays the log allows (seed {u['seed']}), "
@@ -174,11 +174,28 @@ def uncertainty_lines(u: dict[str, Any]) -> list[str]:
         for w in wins:
             span = _hms(w["start"]) + "-" + _hms(w["end"])
             out.append(f"      {span}  {w['median']:>3}  [{w['low']}-{w['high']}]")
-    likely = [x for x in u["requests"] if x["p_preempted"] >= 0.5]
-    out.append(f"    requests preempted with p >= 0.8: "
-               f"{sum(1 for x in u['requests'] if x['p_preempted'] >= 0.8)}, p >= 0.5: "
-               f"{len(likely)}, any p > 0: {len(u['requests'])} (per request: --format json)")
+    out.append("    " + probability_line(u, rows))
     return out
+
+
+def probability_line(u: dict[str, Any], rows: Sequence[Any] = ()) -> str:
+    """The two probabilities, each named for what it is about, so they never read as a
+    contradiction: a *request's* p is that it was preempted at least once, at any step; a
+    *row's* p is that this victim was preempted within TOL_STEPS steps of this row's step
+    (under LEAD_BELOW the row is a lead). A request can be surely preempted while every row
+    naming it is a lead: the log pins that it happened, not when."""
+    reqs = u["requests"]
+    hi = sum(1 for x in reqs if x["p_preempted"] >= 0.8)
+    mid = sum(1 for x in reqs if x["p_preempted"] >= LEAD_BELOW)
+    line = (f"requests preempted at least once (at any step): {count(hi, 'request')} with "
+            f"p >= 0.8, {mid} with p >= {LEAD_BELOW}, {len(reqs)} with p > 0")
+    with_p = [p for p in rows if p.probability is not None]
+    if with_p:
+        leads = sum(1 for p in with_p if p.probability < LEAD_BELOW)
+        line += (f"; table rows (that victim within {TOL_STEPS} steps of that step): "
+                 f"{leads} of {count(len(with_p), 'row')} "
+                 f"{'is a lead' if leads == 1 else 'are leads'} (p < {LEAD_BELOW})")
+    return line + " (per request: --format json)"
 
 
 def preemption_table(pre: list[Any], probabilities: bool = False) -> list[str]:

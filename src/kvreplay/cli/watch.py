@@ -128,7 +128,7 @@ def row_text(r: Any) -> str:
     row = (f"{head} step {r.step:>5}  {t:>12}  victim {r.victim}  trigger {r.trigger or '-'}  "
            f"rule {r.rule}  lost {r.tokens_lost}  {r.confidence}")
     if r.probability is not None:
-        from kvreplay.inference.ensemble import LEAD_BELOW
+        from kvreplay.inference.uncertainty import LEAD_BELOW
 
         row += f"  p {r.probability:.2f}" + ("  lead" if r.probability < LEAD_BELOW else "")
     return row

@@ -453,6 +453,7 @@ def headline(unc: Uncertainty, pre: Sequence[PreemptionRecord], make_exact: str)
                 f"each row's victim is likely (p >= {LEAD_BELOW}), not certain: the log pins "
                 f"each arrival only to a window of steps; to make it exact: {make_exact}")
     return (f"trust the count ({count}), the storm windows and the recomputed tokens; do not "
-            f"trust single victims: {leads} of {len(pre)} rows are leads (p < {LEAD_BELOW}), "
+            f"trust single victims: {leads} of {len(pre)} rows are leads (p < {LEAD_BELOW} that the "
+            f"row's victim was preempted within {TOL_STEPS} steps of its step), "
             f"the log pins each arrival only to a window of steps; to make it exact: "
             f"{make_exact}")

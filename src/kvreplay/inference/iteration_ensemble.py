@@ -187,7 +187,8 @@ def iteration_headline(unc: Uncertainty, pre: Sequence[PreemptionRecord], make_e
                                                   else ""))
     count = f"{c['low']}-{c['high']} preemptions, 90% interval, median {c['median']}"
     if leads:
-        rows = (f"do not trust single victims: {leads} of {len(pre)} rows are leads (p < 0.5)")
+        rows = (f"do not trust single victims: {leads} of {len(pre)} rows are leads (p < 0.5 that "
+                f"the row's victim was preempted within {TOL_STEPS} steps of its step)")
     else:
         rows = "each row's victim is likely (p >= 0.5), not certain"
     return f"trust the count ({count}) and the recomputed tokens; {rows}: {why}; to make it exact: {make_exact}"

@@ -15,6 +15,9 @@ so that a code review can read it and a change shows as a small diff:
     [replay]                        totals of the replay, or `error = "..."` when it cannot run
     [preemptions]                   one line per preemption, fixed column order:
     step=41 victim=r3 trigger=r3 self=true rule="fcfs: running[-1]" lost=240 recompute=241 prefix_hit=0 readmitted=150
+    [default_log]                   a default log (no request lines): its answer's 90% intervals
+    [windows]                       ... and its preemptions per stats interval, one line each:
+    start=10:01:00 end=10:01:01 median=2 low=0 high=4
 
 Keys inside a section are sorted. Values are JSON, except that plain words are written bare
 and a missing value is `-`. Comment lines (`#`) and blank lines are not compared.
@@ -41,8 +44,11 @@ from kvreplay.events import LINE_FIELDS
 
 Doc = dict[str, Any]  # section name -> {key: value} or, for "preemptions", [record, ...]
 
-SECTIONS = ("input", "events", "version", "config", "workload", "replay", "spans", "preemptions")
-LIST_SECTIONS = ("preemptions",)
+SECTIONS = ("input", "events", "version", "config", "workload", "replay", "spans", "preemptions",
+            "default_log", "windows")
+LIST_SECTIONS = ("preemptions", "windows")
+# a default log's preemptions per stats interval (inference/default_log.py: 90% intervals)
+WINDOW_COLUMNS = ("start", "end", "median", "low", "high")
 
 # Preemption columns, in the order they are written (unknown extra keys follow, sorted).
 COLUMNS = (
@@ -80,6 +86,12 @@ LOG_REPLAY_NOTE = (
     "with `pytest --kvreplay-update` and review the diff.",
 )
 
+DEFAULT_LOG_NOTE = (
+    "NOTE: a default log (no request lines): [default_log] and [windows] are 90% intervals",
+    "over the workloads its stats lines allow (drawn with seed 0; no victim can be named);",
+    "when kvreplay's inference improves, refresh with `pytest --kvreplay-update`.",
+)
+
 _LOCATION_FIELDS = LINE_FIELDS | {"origin"}  # where a config line was, not what it says
 _SUMMARY_KEYS = (
     "profile",
@@ -107,6 +119,7 @@ class Golden:
     doc: Doc
     kind: str  # "log" | "workload"
     from_log_replay: bool = False  # the replay sections depend on log-replay heuristics
+    default_log: bool = False  # [default_log] and [windows]: a default log's answer
 
     def header(self, source_label: str | None = None, fields: Sequence[str] | None = None) -> list[str]:
         out = ["kvreplay golden file: written by `pytest --kvreplay-update`; review it like code."]
@@ -114,7 +127,9 @@ class Golden:
             out.append(f"source: {source_label}")
         if fields:
             out.append("compared fields: " + ", ".join(fields))
-        if self.from_log_replay:
+        if self.default_log:
+            out.extend(DEFAULT_LOG_NOTE)
+        elif self.from_log_replay:
             out.extend(LOG_REPLAY_NOTE)
         return out
 
@@ -195,6 +210,10 @@ def _build_log(paths: list[str], *, profile: str | None, vllm_version: str | Non
     except UserError as exc:
         doc["replay"] = {"error": str(exc)}
         doc["preemptions"] = []
+        if _default_log(doc, log, profile):
+            doc["replay"] = {"answered": "default log (no request lines): [default_log]"}
+            del doc["preemptions"]
+            return Golden(doc, "log", from_log_replay=True, default_log=True)
         return Golden(doc, "log", from_log_replay=True)
     summary = rep.summary()
     replay = {k: summary[k] for k in _SUMMARY_KEYS if k in summary}
@@ -220,6 +239,39 @@ def _build_log(paths: list[str], *, profile: str | None, vllm_version: str | Non
         doc["spans"] = {k: v for k, v in summary["spans"].items() if not k.endswith("_ids")}
     doc["preemptions"] = preemption_rows(rep.preemptions, confidence=True)
     return Golden(doc, "log", from_log_replay=rep.kind == "log")
+
+
+def _default_log(doc: Doc, log: Any, profile: str | None) -> bool:
+    """A default log's answer (inference/default_log.py, seed 0, as `kvreplay replay`) in
+    [default_log] (intervals; the count exact when a scraped counter bounds it) and
+    [windows]; False when the log is not one or cannot be answered."""
+    import time
+
+    from kvreplay.audit import default_report
+    from kvreplay.errors import UserError
+
+    if not default_report.is_default_log(log.facts):
+        return False
+    try:
+        ans, _how = default_report.answer_for(log.facts, [], profile=profile)
+    except UserError:
+        return False
+
+    def hms(t: float) -> str:
+        return time.strftime("%H:%M:%S", time.gmtime(t))
+
+    d: dict[str, Any] = {"requests": ans.requests, "samples": ans.samples, "seed": ans.seed,
+                         "certainty": "interval", "victims": "none named"}
+    for name in ("preemptions", "recomputed_tokens", "recompute_ratio"):
+        iv = getattr(ans, name)
+        for k in ("median", "low", "high"):
+            v = getattr(iv, k)
+            d[f"{name}_{k}"] = round(v, 4) if name == "recompute_ratio" else int(v)
+    doc["default_log"] = d
+    doc["windows"] = [{"start": hms(w.start), "end": hms(w.end), "median": int(w.preemptions.median),
+                       "low": int(w.preemptions.low), "high": int(w.preemptions.high)}
+                      for w in ans.windows]
+    return True
 
 
 def _build_workload(data: dict[str, Any], label: str, profile: str | None) -> Golden:
@@ -356,7 +408,8 @@ def _decode_at(text: str, pos: int) -> tuple[Any, int]:
 
 def _columns(records: Sequence[Mapping[str, Any]]) -> list[str]:
     keys = {k for r in records for k in r}
-    return [c for c in COLUMNS if c in keys] + sorted(keys.difference(COLUMNS))
+    order = WINDOW_COLUMNS if keys and keys <= set(WINDOW_COLUMNS) else COLUMNS
+    return [c for c in order if c in keys] + sorted(keys.difference(order))
 
 
 def render_record(rec: Mapping[str, Any], columns: Sequence[str] | None = None) -> str:
@@ -447,9 +500,13 @@ def normalize_fields(fields: str | Iterable[str] | None) -> list[str] | None:
                 f"unknown golden field {f!r}: sections are {', '.join(SECTIONS)} "
                 "(select a key with section.key, e.g. replay.preemptions or preemptions.victim)"
             )
-        if section in LIST_SECTIONS and key and key not in COLUMNS:
+        if section == "preemptions" and key and key not in COLUMNS:
             raise GoldenUsageError(
                 f"unknown preemption column {key!r}: columns are {', '.join(COLUMNS)}"
+            )
+        if section == "windows" and key and key not in WINDOW_COLUMNS:
+            raise GoldenUsageError(
+                f"unknown window column {key!r}: columns are {', '.join(WINDOW_COLUMNS)}"
             )
         if f not in out:
             out.append(f)
@@ -520,7 +577,8 @@ _GONE = object()
 PER_SECTION = 5  # differences listed per section before the next section's first
 
 # What a reader wants first: what was run, what the replay found, then the inputs to it.
-_DESCRIBE_ORDER = ("input", "replay", "preemptions", "version", "workload", "config", "events")
+_DESCRIBE_ORDER = ("input", "replay", "default_log", "windows", "preemptions", "version", "workload",
+                   "config", "events")
 
 
 def _describe(exp: Doc, act: Doc, max_items: int) -> list[str]:

@@ -26,9 +26,10 @@ from textual.widgets import (
 from textual.widgets.option_list import Option
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from kvreplay.errors import UserError
+from kvreplay.errors import ReplayError, UserError
 from kvreplay.replay.timeline import StepView, Timeline, diff_states
 from kvreplay.tui import panel_text
+from kvreplay.tui.later import EnsembleLater, ensemble_pending
 from kvreplay.tui.opening import Opening
 from kvreplay.tui.goto_search import GotoScreen, SearchScreen, parse_goto, parse_step  # noqa: F401
 
@@ -166,6 +167,7 @@ class HelpScreen(ModalScreen[None]):
 @dataclass
 class Loaded(Message):
     error: str | None = None
+    default_text: str | None = None  # a default log's answer (tui/default_screen.py)
 
 
 class Progress(Message):
@@ -178,7 +180,7 @@ class SourceReady(Message):
         self.tl = tl
 
 
-class ReplayApp(App[None]):
+class ReplayApp(EnsembleLater, App[None]):
     CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses elsewhere
     TITLE = "kvreplay"
     BINDINGS = [Binding(k, a, FOOTER_LABELS.get(a, d), show=s,
@@ -195,6 +197,7 @@ class ReplayApp(App[None]):
         year: int | None = None,
         snapshot_every: int | None = None,
         config: str | None = None,
+        ensemble_later: bool = True,
     ) -> None:
         super().__init__()
         self.paths = list(paths)
@@ -213,6 +216,12 @@ class ReplayApp(App[None]):
         self.load_error: str | None = None
         self.load_exception: BaseException | None = None
         self.loaded = False
+        # the uncertainty ensemble, computed after the point replay is shown (tui/later.py):
+        # None (none to compute), "computing", "done", "stopped", or the error line
+        self.ensemble_later = ensemble_later
+        self.ensemble: str | None = None
+        self.ensemble_stage = ""
+        self.default_answer: Any = None  # a default log's DefaultAnswer, once loaded
         self.export_dir = Path.cwd()  # where `e` writes its trace
         self.exported: Path | None = None
 
@@ -258,7 +267,11 @@ class ReplayApp(App[None]):
             from kvreplay.sources import open_replay
 
             rep = open_replay(self.paths, profile=self.profile_name, year=self.year,
-                              config=self.config)
+                              config=self.config, samples=0 if self.ensemble_later else None)
+        except ReplayError as exc:
+            # a default log (no request lines): its answer on a summary screen, not a refusal
+            self.post_message(self._default_log(exc))
+            return
         except UserError as exc:
             self.post_message(Loaded(error=str(exc)))
             return
@@ -266,9 +279,31 @@ class ReplayApp(App[None]):
             progress.set_sink(old)
         tl = Timeline(rep, snapshot_every=self.snapshot_every)
         self.post_message(SourceReady(tl))
+        pending = self.ensemble_later and ensemble_pending(rep)
+        if pending:
+            self.ensemble = "computing"
         tl.build(progress=lambda _tl: self.post_message(Progress()),
                  cancelled=lambda: worker.is_cancelled, progress_every_s=0.25)
         self.post_message(Loaded())
+        if pending:
+            self._ensemble_later(rep, worker)
+
+    def _default_log(self, exc: ReplayError) -> "Loaded":
+        from kvreplay import progress
+        from kvreplay.tui.default_screen import default_answer
+        from kvreplay.tui.opening import OpeningSink
+
+        old = progress.set_sink(OpeningSink(self))
+        try:
+            got = default_answer(self.paths, profile=self.profile_name, year=self.year)
+        except UserError as why:
+            return Loaded(error=f"{exc} | no answer from its stats lines either: {why}")
+        finally:
+            progress.set_sink(old)
+        if got is None:
+            return Loaded(error=str(exc))
+        self.default_answer = got[1]
+        return Loaded(default_text=got[0])
 
     def on_opening(self, message: Opening) -> None:
         if self.tl is None:
@@ -294,6 +329,13 @@ class ReplayApp(App[None]):
         self.loaded = True
         gc.freeze()  # the loaded records live as long as the app: keep them out of GC passes
         self.query_one("#progress", ProgressBar).display = False
+        if message.default_text is not None:
+            from kvreplay.tui.default_screen import DefaultLogScreen
+
+            self.query_one("#status-label", Label).update(
+                "kvreplay: a default log (no request lines): its answer, no steps")
+            self.push_screen(DefaultLogScreen(message.default_text))
+            return
         if message.error:
             # nothing to show: leave the screen, `kvreplay tui` prints the one-line error
             self.load_error = message.error
@@ -319,10 +361,13 @@ class ReplayApp(App[None]):
             self.notify(f"Export failed: {event.worker.error!r}", severity="error", timeout=8)
 
     def action_stop(self) -> None:
-        if not self.loaded:
+        if not self.loaded or self.ensemble == "computing":
             for w in self.workers:
                 if w.group == "load":
                     w.cancel()
+        if self.loaded and self.ensemble == "computing":
+            self.ensemble = "stopped"
+            self._refresh_status()
 
     # -- state ---------------------------------------------------------------------------
     def window(self) -> tuple[int, int]:
@@ -411,6 +456,14 @@ class ReplayApp(App[None]):
             return
         src = tl.source
         state = ("loaded" if tl.done else ("stopped" if tl.cancelled else "loading (Esc stops)"))
+        if self.ensemble == "computing":
+            state += (" · uncertainty still computing"
+                      + (f" ({self.ensemble_stage})" if self.ensemble_stage else "")
+                      + "; figures are this replay's until it is in (Esc stops)")
+        elif self.ensemble == "stopped":
+            state += " · uncertainty stopped: figures are this one replay's"
+        elif self.ensemble and self.ensemble != "done":
+            state += f" · {self.ensemble}"
         sel = f" · selected {self.selected}" if self.selected else ""
         marks = f" · bookmarks {len(self.bookmarks)}" if self.bookmarks else ""
         at = panel_text.clock(tl, self.cursor) if tl.num_steps else None

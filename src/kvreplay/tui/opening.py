@@ -18,11 +18,20 @@ class Opening(Message):
         self.text = text
 
 
-class OpeningSink:
-    """A kvreplay.progress sink that posts `Opening(text)` to the app (thread-safe)."""
+class Computing(Message):
+    """A stage of the uncertainty ensemble, computed while the point replay is shown."""
 
-    def __init__(self, app: Any, clock=time.monotonic) -> None:
-        self.app, self.clock = app, clock
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
+class OpeningSink:
+    """A kvreplay.progress sink that posts `Opening(text)` to the app (thread-safe); with
+    `later=True`, `Computing(text)` for work done after the steps are shown."""
+
+    def __init__(self, app: Any, clock=time.monotonic, later: bool = False) -> None:
+        self.app, self.clock, self.later = app, clock, later
         self.pid = os.getpid()  # a forked worker (the ensemble's pool) posts nothing
         self.t0 = clock()
         self.last = 0.0
@@ -49,5 +58,8 @@ class OpeningSink:
         self.last = now
         name, total, done = h
         count = f" {done}/{total}" if total else ""
+        if self.later:
+            self.app.post_message(Computing(f"{name}{count} · {now - self.t0:.0f} s"))
+            return
         self.app.post_message(Opening(f"opening: {name}{count} · {now - self.t0:.0f} s "
                                       "(Esc stops once steps come in)"))
