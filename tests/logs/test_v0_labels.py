@@ -3,8 +3,8 @@ preempted within 5 steps of its step in the simulated run the log was rendered f
 
 A V0 log pins lines and arrivals to a second only; with millisecond steps a second holds
 tens of steps, and neither a matched every-50th warning nor agreeing stats lines pin a
-row's step (tools/research/eval_v0_labels.py measures the labels over all V0 workloads;
-docs/accuracy.md). With 1 s steps both labels stay."""
+row's step (tools/research/eval_v0_labels.py measures the labels over all V0
+workloads). With 1 s steps both labels stay."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ on every `PreemptionRecord`:
   second, or arrivals' seconds between agreeing lines, leave the row within TOL_STEPS of
   its step. Faster steps (milliseconds: tens a second) leave the victim's step open, and
   the row is "inferred" (warning-matched rows keep the warning as their basis). Measured
-  with tools/research/eval_v0_labels.py (docs/accuracy.md): at 18 ms+ steps, exact-by-log
+  with tools/research/eval_v0_labels.py: at 18 ms+ steps, exact-by-log
   rows were within 5 steps 77% of the time and consistent rows 71%; at 200 ms, 100% / 95%.
 
 How likely each preemption is, where the log leaves it open, is the uncertainty
