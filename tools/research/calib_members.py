@@ -207,9 +207,9 @@ def score_product(recs: list[dict], *, weigh=None, widen=None, cost: float = 2.0
     intervals (widen_for, on Poisson logs) and its calibrated probabilities
     (ensemble.CALIBRATION); `weigh(sse, lines)`, `widen(prompts_known, fit)`, `cost` (SSE
     per inexact line) and `calibrate` try others (score)."""
-    from kvreplay.inference.ensemble import (CALIBRATION, POOR_FIT, POOR_FIT_P_MAX, TOL_STEPS,
-                                             _interval, _quantiles, calibrated, count_noise,
-                                             noise_weights, widen_for)
+    from kvreplay.inference.ensemble import (CALIBRATION, COUNT_UP, POOR_FIT, POOR_FIT_P_MAX,
+                                             TOL_STEPS, _interval, _quantiles, calibrated,
+                                             count_noise, noise_weights, widen_for)
     weigh = weigh or noise_weights
     widen = widen or widen_for
     n = cover = cover_r = cover_w = nwin = cover_q = nratio = 0
@@ -236,19 +236,20 @@ def score_product(recs: list[dict], *, weigh=None, widen=None, cost: float = 2.0
         tot = sum(w)
         true = r["truth"]["preemptions"]
         tc = len(true)
-        iv = _interval([m["count"] for m in ms], w, widen=wdt)
+        up = COUNT_UP[known] if poisson and noise else 0.0
+        iv = _interval([m["count"] for m in ms], w, widen=wdt, up=up)
         n += 1
         cover += iv["low"] <= tc <= iv["high"]
         widths.append((iv["high"] - iv["low"], (iv["high"] - iv["low"]) / max(1, tc)))
         tr = r["truth"].get("recomputed_tokens")
         if tr is not None:
-            ir = _interval([m["recomputed"] for m in ms], w, widen=wdt)
+            ir = _interval([m["recomputed"] for m in ms], w, widen=wdt, up=up)
             cover_r += ir["low"] <= tr <= ir["high"]
         tp = r["truth"].get("processed_tokens")
         if tr is not None and tp:
             nratio += 1
             iq = _interval([m["recomputed"] / m["processed"] if m["processed"] else 0.0
-                            for m in ms], w, digits=4, widen=wdt)
+                            for m in ms], w, digits=4, widen=wdt, up=up)
             cover_q += iq["low"] <= round(tr / tp, 4) <= iq["high"]
         tw = r["truth"].get("windows")
         if tw and len(tw) + 1 == len(ms[0]["windows"]):  # (members: and after the last)
