@@ -178,12 +178,15 @@ def quantiles(values: Sequence[float], weights: Sequence[float]) -> tuple[float,
 
 
 def interval(values: Sequence[float], weights: Sequence[float], digits: int | None = 0,
-              widen: float = 0.0) -> dict[str, Any]:
+             widen: float = 0.0, up: float = 0.0) -> dict[str, Any]:
     """Median and 90% interval, each side moved out by `widen` x the median (the replay's
-    own error the ensemble does not cover, measured: WIDEN)."""
+    own error the ensemble does not cover, measured: WIDEN); `up` moves that share of the
+    low side's pad to the high side (tried for replays that undercount; not used)."""
     lo, med, hi = quantiles(values, weights)
-    pad = round(widen * med) if digits == 0 else widen * med
-    lo, hi = max(0, lo - pad), hi + pad
+    pad_lo, pad_hi = widen * med * (1.0 - up), widen * med * (1.0 + up)
+    if digits == 0:
+        pad_lo, pad_hi = round(pad_lo), round(pad_hi)
+    lo, hi = max(0, lo - pad_lo), hi + pad_hi
     f = (lambda x: int(round(x))) if digits == 0 else (lambda x: round(x, digits or 6))
     return {"median": f(med), "low": f(lo), "high": f(hi)}
 

@@ -16,7 +16,7 @@ from helpers.examples import many
 
 from kvreplay.cli.replay_report import render_table, to_json
 from kvreplay.inference import replay_facts
-from kvreplay.inference.uncertainty import LEAD_BELOW, TOL_STEPS, quantiles
+from kvreplay.inference.uncertainty import LEAD_BELOW, TOL_STEPS, interval, quantiles
 from kvreplay.sources import read_facts
 
 CASES = Path(__file__).parents[2] / "data" / "logcases"
@@ -212,3 +212,13 @@ def test_the_bar_leaves_the_report_on_stdout(capsys, monkeypatch) -> None:
     strip = [line for line in out.splitlines() if "replayed in" not in line]
     assert strip == [line for line in plain.splitlines() if "replayed in" not in line]
     assert len(strip) > 10
+
+
+def test_interval_moves_a_share_of_the_widening_up():
+    # quantiles of 8, 10, 12 at equal weights: 5% -> 8, median 10, 95% -> 12; the pad is
+    # 0.2 x 10 = 2 a side, `up` 0.5 moves half the low side's to the high side
+    vals, w = [8, 10, 12], [1.0, 1.0, 1.0]
+    assert interval(vals, w, widen=0.2) == {"median": 10, "low": 6, "high": 14}
+    assert interval(vals, w, widen=0.2, up=0.5) == {"median": 10, "low": 7, "high": 15}
+    # never below 0
+    assert interval([0, 1, 2], w, widen=1.0, up=0.0)["low"] == 0
