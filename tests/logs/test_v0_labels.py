@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from kvreplay.inference import replay_facts
-from kvreplay.replay.render_v0 import render_v0_log
+from tools.oracle.render_v0_log import render_v0_log
 from kvreplay.replay.v0 import run_workload
 from kvreplay.sources import read_facts
 from tools.research.eval_v0_labels import ms_dt, true_preemptions

@@ -8,7 +8,7 @@ Logs with known answers: every V0 workload of tests/data/conformance/v0 and
 tests/data/v0_oracle without priorities (a V0 server does not log them), and seeded
 Poisson workloads built as tests/logs/test_replay_v0_logs.py's `realistic_workload`
 (90 requests, a pool that forces recompute preemptions), each simulated by
-kvreplay.replay.v0 and rendered as a vLLM 0.6.6 log (replay/render_v0.py) under a step
+kvreplay.replay.v0 and rendered as a vLLM 0.6.6 log (tools/oracle/render_v0_log.py) under a step
 clock: `ms` (18 ms + 40 us per scheduled token + 0.3 ms per group, the test's), `50ms`,
 `0.1s`, `0.2s` (that long a step), `1s` (1 s a step: the round trip is exact). Each log is replayed
 (`replay_facts`, the step-time model fitted) and each row scored: right at +-0 (the true
@@ -91,7 +91,7 @@ def score_log(w: dict[str, Any], clock: str, tmp: Path) -> list[dict[str, Any]] 
     could not be replayed."""
     from kvreplay.errors import ReplayError
     from kvreplay.inference import replay_facts
-    from kvreplay.replay.render_v0 import render_v0_log
+    from tools.oracle.render_v0_log import render_v0_log
     from kvreplay.replay.v0 import run_workload
     from kvreplay.sources import read_facts
 

@@ -8,6 +8,7 @@ log's rule is untouched."""
 from __future__ import annotations
 
 from kvreplay.inference.confidence import PIN_STEPS, set_confidence, steps_per_second
+from kvreplay.replay.checks import StatsLineCheck, Verification
 from kvreplay.replay.records import PreemptionRecord
 
 
@@ -20,10 +21,15 @@ def _pre(step: int, cumulative: int | None = None, time: float | None = None) ->
                             was_scheduled_this_step=True, cumulative=cumulative, time=time)
 
 
-def _lines(steps_per_s: float) -> list[dict]:
-    # stats lines every 5 s, each agreeing (tolerant check: no "exact" key)
-    return [{"step": int(k * 5 * steps_per_s), "time": 1000.0 + 5 * k, "agrees": True}
+def _lines(steps_per_s: float) -> list[StatsLineCheck]:
+    # stats lines every 5 s, each agreeing (tolerant check: no exact check)
+    return [StatsLineCheck(file="l", line=k, step=int(k * 5 * steps_per_s), time=1000.0 + 5 * k,
+                           read_at="step end", differences=[], agrees=True)
             for k in range(4)]
+
+
+def _check(rows: list[StatsLineCheck]) -> Verification:
+    return Verification(stats_lines=len(rows), agreeing_lines=len(rows), lines=rows)
 
 
 def _warnings(cumulative: int) -> dict:
@@ -41,7 +47,7 @@ def test_steps_per_second_between_the_lines_around_the_step():
 def test_v0_slow_steps_keep_exact_by_log_and_consistent():
     # 2 steps a second: a second pins a step to +-1
     pre = [_pre(12, cumulative=50), _pre(13)]
-    set_confidence(pre, {"lines": _lines(2.0)}, _warnings(50), prompts_estimated=False)
+    set_confidence(pre, _check(_lines(2.0)), _warnings(50), prompts_estimated=False)
     assert [p.confidence for p in pre] == ["exact-by-log", "consistent"]
 
 
@@ -49,7 +55,7 @@ def test_v0_fast_steps_make_every_row_inferred():
     # 40 steps a second (25 ms steps): neither the warning's second nor agreeing lines 5 s
     # apart (200 steps) pin a step to +-5
     pre = [_pre(300, cumulative=50), _pre(310)]
-    set_confidence(pre, {"lines": _lines(40.0)}, _warnings(50), prompts_estimated=False)
+    set_confidence(pre, _check(_lines(40.0)), _warnings(50), prompts_estimated=False)
     assert [p.confidence for p in pre] == ["inferred", "inferred"]
     assert "warning" in pre[0].basis and "the step is not" in pre[0].basis
 
@@ -58,17 +64,19 @@ def test_v0_threshold_is_pin_steps_a_second():
     at = _lines(PIN_STEPS)  # exactly PIN_STEPS a second: pinned
     over = _lines(PIN_STEPS + 1)
     a, b = [_pre(60)], [_pre(60)]
-    set_confidence(a, {"lines": at}, {"lines": []}, prompts_estimated=False)
-    set_confidence(b, {"lines": over}, {"lines": []}, prompts_estimated=False)
+    set_confidence(a, _check(at), {"lines": []}, prompts_estimated=False)
+    set_confidence(b, _check(over), {"lines": []}, prompts_estimated=False)
     assert (a[0].confidence, b[0].confidence) == ("consistent", "inferred")
 
 
 def test_v1_rule_unchanged_by_step_rate():
     # no warnings checked (V1): agreeing exact lines make a row consistent however fast
-    rows = [dict(r, exact=True) for r in _lines(100.0)]
+    rows = _lines(100.0)
+    for r in rows:
+        r.exact = True
     pre = [_pre(700)]
-    set_confidence(pre, {"lines": rows}, None, prompts_estimated=False)
+    set_confidence(pre, _check(rows), None, prompts_estimated=False)
     assert pre[0].confidence == "consistent"
-    rows[2]["exact"] = False  # the line after step 700 (step 1000) misses the exact check
-    set_confidence(pre, {"lines": rows}, None, prompts_estimated=False)
+    rows[2].exact = False  # the line after step 700 (step 1000) misses the exact check
+    set_confidence(pre, _check(rows), None, prompts_estimated=False)
     assert pre[0].confidence == "inferred"
