@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ import pytest
 from kvreplay.errors import ReplayError
 from kvreplay.inference import replay_facts
 from kvreplay.inference.clock import StepTimeModel
+from tools.oracle.realistic_v0 import realistic_workload
 from tools.oracle.render_v0_log import render_v0_log
 from kvreplay.replay.v0 import run_workload, summarize
 from kvreplay.sources import read_facts
@@ -119,23 +119,6 @@ def test_round_trip_fitted_step_time(tmp_path, name):
 
 
 # ---------------------------------------------------------------- realistic step times
-def realistic_workload(seed: int = 7, n: int = 90) -> dict:
-    """Poisson arrivals (one every ~6 steps), prompts 16-200 tokens, outputs 50-400,
-    a pool that forces recompute preemptions."""
-    rng = random.Random(seed)
-    t = 0.0
-    reqs = []
-    for _ in range(n):
-        t += rng.expovariate(1 / 6.0)
-        reqs.append({"id": f"cmpl-{rng.getrandbits(64):016x}-0", "arrival_step": int(t),
-                     "prompt_token_ids": [rng.randrange(1, 32000) for _ in range(rng.randint(16, 200))],
-                     "max_tokens": rng.randint(50, 400)})
-    return {"name": f"realistic-{seed}", "engine": "v0",
-            "config": {"num_gpu_blocks": 120, "block_size": 16, "max_num_seqs": 32,
-                       "max_num_batched_tokens": 2048, "max_model_len": 2048, "max_steps": 100000},
-            "requests": reqs}
-
-
 def realistic_dt(rec: dict) -> float:
     """18 ms + 40 us per scheduled token + 0.3 ms per scheduled group."""
     if rec.get("idle"):

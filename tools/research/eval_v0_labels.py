@@ -6,7 +6,7 @@ simulated truth, which the product never does)
 
 Logs with known answers: every V0 workload of tests/data/conformance/v0 and
 tests/data/v0_oracle without priorities (a V0 server does not log them), and seeded
-Poisson workloads built as tests/logs/test_replay_v0_logs.py's `realistic_workload`
+Poisson workloads from tools/oracle/realistic_v0.py (the V0 log-replay tests' `realistic_workload`)
 (90 requests, a pool that forces recompute preemptions), each simulated by
 kvreplay.replay.v0 and rendered as a vLLM 0.6.6 log (tools/oracle/render_v0_log.py) under a step
 clock: `ms` (18 ms + 40 us per scheduled token + 0.3 ms per group, the test's), `50ms`,
@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import random
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from tools.oracle.realistic_v0 import realistic_workload
 from tools.research.matching import match_preemptions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,24 +44,6 @@ def oracle_workloads() -> list[tuple[str, dict[str, Any]]]:
         w.setdefault("config", {})["fake_token_mode"] = "index"  # no output ids in the log
         out.append((d.name, w))
     return out
-
-
-def realistic_workload(seed: int, n: int = 90) -> dict[str, Any]:
-    """Poisson arrivals (one every ~6 steps), prompts 16-200 tokens, outputs 50-400, a
-    pool that forces recompute preemptions (the test's `realistic_workload`)."""
-    rng = random.Random(seed)
-    t = 0.0
-    reqs = []
-    for _ in range(n):
-        t += rng.expovariate(1 / 6.0)
-        reqs.append({"id": f"cmpl-{rng.getrandbits(64):016x}-0", "arrival_step": int(t),
-                     "prompt_token_ids": [rng.randrange(1, 32000) for _ in range(rng.randint(16, 200))],
-                     "max_tokens": rng.randint(50, 400)})
-    return {"name": f"realistic-{seed}", "engine": "v0",
-            "config": {"num_gpu_blocks": 120, "block_size": 16, "max_num_seqs": 32,
-                       "max_num_batched_tokens": 2048, "max_model_len": 2048,
-                       "max_steps": 100000, "fake_token_mode": "index"},
-            "requests": reqs}
 
 
 def ms_dt(rec: dict[str, Any]) -> float:
@@ -135,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="a line per log")
     args = ap.parse_args(argv)
     logs = [] if args.no_oracle else oracle_workloads()
-    logs += [(f"realistic-{s}", realistic_workload(s)) for s in args.seeds]
+    logs += [(f"realistic-{s}", realistic_workload(s, fake_token_mode="index"))
+             for s in args.seeds]
     by_clock: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     failed = collections.Counter()
     with tempfile.TemporaryDirectory() as tmp:

@@ -57,19 +57,26 @@ def input_paths(paths: list[str], args: argparse.Namespace) -> list[str]:
     return [str(sample_path(DEFAULT_LOG))]
 
 
+def step_time_of(args: argparse.Namespace) -> Any:
+    """--step-time-ms as a step-time model (None: fitted), after checking --step-time-ms and
+    --samples (one line each: UserError)."""
+    from kvreplay.inference.clock import fixed_step_time
+
+    if args.samples is not None and args.samples < 0:
+        raise UserError("--samples must be 0 or more")
+    if args.step_time_ms is None:
+        return None
+    if args.step_time_ms <= 0:
+        raise UserError("--step-time-ms must be positive")
+    return fixed_step_time(args.step_time_ms)
+
+
 def open_from_args(paths: list[str], args: argparse.Namespace) -> Any:
     """The `Replay` of `paths` under add_replay_inputs' options; raises ReplayError when
     the log is too thin."""
-    from kvreplay.inference.clock import fixed_step_time
     from kvreplay.sources import open_replay
 
-    step_time = None
-    if args.step_time_ms is not None:
-        if args.step_time_ms <= 0:
-            raise UserError("--step-time-ms must be positive")
-        step_time = fixed_step_time(args.step_time_ms)
-    if args.samples is not None and args.samples < 0:
-        raise UserError("--samples must be 0 or more")
+    step_time = step_time_of(args)
     return open_replay(paths, profile=args.profile, vllm_version=args.vllm_version,
                        year=args.year, samples=args.samples, seed=args.seed,
                        step_time=step_time, config=args.config)

@@ -41,15 +41,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--exit-idle must be 0 or more")
     if args.settle < 0:
         raise UserError("--settle must be 0 or more")
-    step_time = None
-    if args.step_time_ms is not None:
-        from kvreplay.inference.clock import fixed_step_time
+    from kvreplay.cli.replay import step_time_of
 
-        if args.step_time_ms <= 0:
-            raise UserError("--step-time-ms must be positive")
-        step_time = fixed_step_time(args.step_time_ms)
-    if args.samples is not None and args.samples < 0:
-        raise UserError("--samples must be 0 or more")
+    step_time = step_time_of(args)
     if args.config is not None:
         raise UserError("--config is for request spans replayed alone; a watched log "
                         "carries its own config")
