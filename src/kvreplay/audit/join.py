@@ -93,7 +93,7 @@ def join(log_recs: list[dict[str, Any]], scrapes: list, label: str) -> list[dict
     """The log's records with the scrapes' evidence, or None when they cannot be joined
     (the reason is then in each record's `metrics_join`)."""
     from kvreplay.audit import prom
-    from kvreplay.audit.record import _audit_scrapes
+    from kvreplay.audit.scrape_record import audit_scrapes
 
     engines = prom.engines_of(scrapes)
     out = []
@@ -109,7 +109,7 @@ def join(log_recs: list[dict[str, Any]], scrapes: list, label: str) -> list[dict
         span = log_span(rec)
         assert span is not None
         inside = window(scrapes, shift, span, slack=rec.get("interval_s") or 0.0)
-        p, = [r for r in _audit_scrapes(inside, label) if (r["engine"] is None or str(r["engine"]) == eng)] or [None]
+        p, = [r for r in audit_scrapes(inside, label) if (r["engine"] is None or str(r["engine"]) == eng)] or [None]
         if p is None:
             return None
         out.append(merge(rec, p, inside, eng, shift))
@@ -280,7 +280,8 @@ def audit_server(logs: list[str], proms: list[str], *, profile: str | None,
     """One server: its log and its scrapes, one joined record per engine (or both records
     apart, each saying why they could not be joined)."""
     from kvreplay.audit import prom
-    from kvreplay.audit.record import audit_prometheus, audit_vllm_log
+    from kvreplay.audit.record import audit_vllm_log
+    from kvreplay.audit.scrape_record import audit_prometheus
 
     mlabel = "+".join(proms)
     groups = prom.by_instance(prom.read_scrapes(proms))

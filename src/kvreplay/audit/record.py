@@ -120,7 +120,7 @@ def error_record(log: str, message: str, kind: str = "input") -> dict[str, Any]:
     return rec
 
 
-def _stamp(t: float | None) -> str | None:
+def stamp(t: float | None) -> str | None:
     import time
 
     return None if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
@@ -149,6 +149,8 @@ def audit_records(path: str | Sequence[str], *, profile: str | None = None,
 
     proms = [p for p in paths if p != "-" and prom.looks_like_prometheus(p)]
     if len(proms) == len(paths):
+        from kvreplay.audit.scrape_record import audit_prometheus
+
         return audit_prometheus(proms, label)
     logs = [p for p in paths if p not in proms]
     if not proms:
@@ -205,7 +207,7 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
         _fill_config(rec, config, dialect)
         stats = by_engine.get(eng, [])
         origin = _origin(events, stats)
-        rec["log_start"] = _stamp(origin) if origin else None
+        rec["log_start"] = stamp(origin) if origin else None
         _fill_stats(rec, stats, origin, dialect.vllm_version, dialect.engine_version, v0_pre)
         warned = [e for e in events if isinstance(e, ev.PreemptionWarning) and e.engine in (None, eng)]
         if warned:  # vLLM PR #42827: one WARNING per victim, each preemption named by vLLM
@@ -214,7 +216,9 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
             rec["null_reasons"] = [r for r in rec["null_reasons"] if not r.startswith("preemptions_logged")]
         if rp is not None:
             rec["replay"] = "ok"
-            _fill_replay(rec, rp, origin)
+            from kvreplay.audit.replay_fields import fill_replay
+
+            fill_replay(rec, rp, origin)
             if scrapes and not dp:
                 from kvreplay.audit.join import counter_check
 
@@ -359,7 +363,7 @@ def _fill_stats(rec, stats, origin, version, engine_version, v0_pre) -> None:
         rec["null_reasons"].append("preemptions_logged: " + why)
 
     # throughput by concurrency (running count buckets of the logged lines)
-    rec["tput_by_concurrency"] = _tput_by_running(
+    rec["tput_by_concurrency"] = tput_by_running(
         [(s.running, s.generation_throughput) for s in stats])
     tl = []
     for s in stats:
@@ -373,7 +377,7 @@ def _fill_stats(rec, stats, origin, version, engine_version, v0_pre) -> None:
         rec["storms"] = M.storm_windows(ev_, interval or 10.0)
 
 
-def _tput_by_running(pairs) -> list[dict[str, Any]]:
+def tput_by_running(pairs) -> list[dict[str, Any]]:
     """Mean generation throughput per bucket of running requests (8 buckets)."""
     rows = [(r, g) for r, g in pairs if r and g is not None]
     if not rows:
@@ -399,7 +403,7 @@ def _fill_workload_from_facts(rec, facts) -> None:
     outs = [r.output_len if r.output_len is not None else (r.max_tokens if r.ignore_eos else None)
             for r in reqs]
     outs = [x for x in outs if x]
-    _lengths(rec, ins, outs)
+    fill_lengths(rec, ins, outs)
     if reqs:
         src = []
         src.append("input lengths logged" if len(ins) == len(reqs) else
@@ -412,7 +416,7 @@ def _fill_workload_from_facts(rec, facts) -> None:
         rec["null_reasons"].append("workload: no request lines (--enable-log-requests)")
 
 
-def _lengths(rec, ins, outs) -> None:
+def fill_lengths(rec, ins, outs) -> None:
     if ins:
         rec["input_len_mean"] = M.rnd(M.mean(ins), 2)
         rec["input_len_p50"] = M.quantile(ins, 0.5)
@@ -423,139 +427,6 @@ def _lengths(rec, ins, outs) -> None:
         rec["output_len_p50"] = M.quantile(outs, 0.5)
         rec["output_len_p95"] = M.rnd(M.quantile(outs, 0.95), 2)
         rec["output_len_max"] = max(outs)
-
-
-def _fill_replay(rec, rp, origin: float) -> None:
-    """The replay's figures: every one read from the Replay (its totals and records)."""
-    steps = rp.steps
-    cost = rp.totals()
-    info = rp.info
-    estimated = info.prompts == "estimated"
-    rec["profile"] = rp.profile.name
-    rec["preemptions_replayed"] = cost.preemptions
-    unc = rp.uncertainty
-    if unc is not None:  # the 90% intervals over the ensemble (inference/ensemble.py)
-        rec["preemptions_replayed_low"] = unc.preemptions["low"]
-        rec["preemptions_replayed_high"] = unc.preemptions["high"]
-        rec["preemptions_replayed_median"] = unc.preemptions["median"]
-        rec["recomputed_tokens_low"] = unc.recomputed_tokens["low"]
-        rec["recomputed_tokens_high"] = unc.recomputed_tokens["high"]
-        rec["preemptions_interval_source"] = f"ensemble of {unc.samples + 1} replays, 90%"
-    elif rp.estimate is not None:
-        rec["preemptions_replayed_low"] = rp.estimate.preemptions_low
-        rec["preemptions_replayed_high"] = rp.estimate.preemptions_high
-        rec["preemptions_replayed_median"] = rp.estimate.preemptions_median
-        rec["preemptions_interval_source"] = "prompt-length variants (min-max)"
-    rec["self_preemptions"] = cost.self_preemptions
-    rec["requests_preempted"] = cost.requests_preempted
-    rec["computed_tokens_lost"] = cost.computed_tokens_lost
-    rec["recomputed_tokens"] = cost.tokens_recomputed
-    rec["processed_tokens"] = cost.processed_tokens
-    rec["recompute_ratio"] = M.rnd(cost.recompute_ratio, 6)
-    rec["recompute_source"] = "replay" + (" (prompt lengths estimated)" if estimated else "")
-    ver = rp.verification
-    if ver is not None and ver.stats_lines:
-        rec["replay_agreement"] = round(ver.agreeing_lines / ver.stats_lines, 4)
-        if ver.exact_lines is not None:  # matched without tolerance at the step each line saw
-            rec["replay_exact"] = round(ver.exact_lines / ver.stats_lines, 4)
-    model = rp.step_time_model
-    if model is not None:
-        rec["step_time_model"] = (info.step_time_model if rp.kind == "step-trace" else
-                                  f"{model.describe()} (fit loss {info.fit_loss or 0.0:.3g})")
-
-    # workload from the replayed requests (exact or estimated lengths)
-    wl = rp.workload
-    ins = [len(s.prompt_token_ids) for s in wl.requests]
-    outs = [s.max_tokens for s in wl.requests]
-    rec["requests"] = len(wl.requests) if info.requests is None else info.requests
-    facts = rp.facts
-    times = [r.time for r in facts.requests if r.time is not None] if facts is not None else []
-    if len(times) > 1 and times[-1] > times[0]:
-        rec["arrival_rate_rps"] = round((len(times) - 1) / (times[-1] - times[0]), 4)
-    _lengths(rec, ins, outs)
-    rec["lengths_source"] = ("input " + ("estimated" if estimated else "logged")
-                             + ", output " + ("estimated (max_tokens)"
-                                              if info.output_lengths == "estimated"
-                                              else "logged"))
-    cfg = wl.config
-    usable = (cfg.num_gpu_blocks - 1) * cfg.block_size
-    if usable > 0 and ins:
-        longest = max(min(i + o, cfg.max_model_len) for i, o in zip(ins, outs))
-        rec["longest_seq_pool_share"] = round(longest / usable, 4)
-    if rec["max_num_batched_tokens"] is None:
-        rec["max_num_batched_tokens"] = cfg.max_num_batched_tokens
-    if rec["block_size"] is None:
-        rec["block_size"] = cfg.block_size
-    if rec["num_gpu_blocks"] is None:
-        rec["num_gpu_blocks"] = cfg.num_gpu_blocks
-    if rp.clock is None or model is None:
-        return
-
-    # step times (estimated) -> latency and decode spikes
-    starts = rp.clock
-    ends = []
-    rows = []
-    for i, r in enumerate(steps):
-        dt = model.dt_record(r)
-        ends.append(starts[i] + dt)
-        if r.num_scheduled:
-            rows.append((dt, r.prefill_tokens, r.decode_tokens > 0))
-    lat = M.latency_from_records(steps, ends, _arrival_times(rp, starts))
-    rec["ttft_p50_s"] = M.rnd(M.quantile(lat["ttft"], 0.5))
-    rec["ttft_p95_s"] = M.rnd(M.quantile(lat["ttft"], 0.95))
-    rec["itl_p50_s"] = M.rnd(M.quantile(lat["itl"], 0.5), 5)
-    rec["itl_p95_s"] = M.rnd(M.quantile(lat["itl"], 0.95), 5)
-    rec["latency_source"] = "estimated: replay with the fitted step-time model"
-    st = M.decode_stalls(rows, cfg.max_num_batched_tokens)
-    rec["step_spike_ratio"] = M.rnd(st["spike_ratio"])
-    rec["step_spike_share"] = M.rnd(st["spike_share"])
-    rec["step_spike_prefill_share"] = M.rnd(st["spike_prefill_share"])
-    rec["step_time_source"] = "estimated by the replay's step-time model"
-
-    # storms and the requests hurt most
-    window = rec["interval_s"] or 10.0
-    ev_ = [(starts[p.step] - origin, 1, p.tokens_recomputed or 0) for p in rp.preemptions]
-
-    def kv_at(a, b):
-        xs = [steps[i].kv_usage for i in range(len(steps)) if a <= starts[i] - origin < b]
-        return M.mean(xs)
-
-    rec["storms"] = M.storm_windows(ev_, window, kv_at=kv_at)
-    rec["worst_requests"] = M.worst_requests(rp.preemptions, starts)
-    rec["replay_timeline"] = _replay_timeline(steps, starts, origin)
-
-
-def _arrival_times(rp, starts) -> dict[str, float]:
-    """Request (or V0 sequence group) id -> the wall-clock start of its arrival step."""
-    parent = getattr(rp.workload, "parent", {})
-    logged = list(dict.fromkeys(parent.get(s.id, s.id) for s in rp.workload.requests))
-    at = {rid: a for rid, a in zip(logged, rp.inputs.arrival_steps)}
-    out = {}
-    for s in rp.workload.requests:
-        a = at.get(parent.get(s.id, s.id), -1)
-        if 0 <= a < len(starts):
-            out[s.id] = starts[a]
-    return out
-
-
-def _replay_timeline(records, starts, origin, buckets: int = 300) -> list[dict[str, Any]]:
-    if not records:
-        return []
-    t0 = starts[0] - origin
-    span = max(1e-9, starts[-1] - starts[0])
-    width = span / buckets
-    out: dict[int, dict[str, Any]] = {}
-    for r, s in zip(records, starts):
-        k = min(buckets - 1, int((s - starts[0]) / width)) if width > 0 else 0
-        b = out.get(k)
-        if b is None:
-            b = out[k] = {"t": round(t0 + k * width, 3), "kv_usage": 0.0, "running": 0,
-                          "waiting": 0, "preemptions": 0}
-        b["kv_usage"] = max(b["kv_usage"], round(r.kv_usage, 4))
-        b["running"] = max(b["running"], r.num_running)
-        b["waiting"] = max(b["waiting"], r.num_waiting)
-        b["preemptions"] += len(r.preemptions)
-    return [out[k] for k in sorted(out)]
 
 
 def _fill_iterations(rec, its) -> None:
@@ -569,150 +440,6 @@ def _fill_iterations(rec, its) -> None:
         rec["step_spike_share"] = M.rnd(st["spike_share"])
         rec["step_spike_prefill_share"] = M.rnd(st["spike_prefill_share"])
         rec["step_time_source"] = "logged (Iteration lines)"
-
-
-# ---------------------------------------------------------------- Prometheus
-def audit_prometheus(path: str | list[str], label: str) -> list[dict[str, Any]]:
-    """One record per (instance, engine) of a scrape series or an HTTP API export."""
-    from kvreplay.audit import prom
-
-    out = []
-    for inst, scrapes in prom.by_instance(prom.read_scrapes(path)):
-        out.extend(_audit_scrapes(scrapes, label if inst is None else f"{label} instance={inst}"))
-    return out
-
-
-def _audit_scrapes(scrapes, label: str) -> list[dict[str, Any]]:
-    from kvreplay.audit import prom
-
-    out = []
-    engines = prom.engines_of(scrapes)
-    dp = len(engines) > 1
-    timed = all(s.time is not None for s in scrapes)
-    t0 = scrapes[0].time if timed else 0.0
-    start = _stamp(t0) if timed else None
-    for eng in engines:
-        rec = empty_record(label)
-        rec["source"] = "prometheus"
-        rec["log_start"] = start
-        rec["engine"] = int(eng) if dp and eng.isdigit() else None
-        rec["model"] = next((s.model for s in scrapes if s.model), None)
-        rec["block_size"] = next((s.block_size for s in scrapes if s.block_size), None)
-        rec["num_gpu_blocks"] = next((s.num_gpu_blocks for s in scrapes if s.num_gpu_blocks), None)
-        if rec["block_size"] and rec["num_gpu_blocks"]:
-            rec["kv_cache_tokens"] = rec["block_size"] * rec["num_gpu_blocks"]
-        rows = [(s.time, s.values.get(eng, {})) for s in scrapes if eng in s.values]
-        rec["samples"] = len(rows)
-        times = [t for t, _ in rows]
-        if timed and len(rows) > 1:
-            gaps = sorted(b - a for a, b in zip(times, times[1:]))
-            rec["interval_s"] = float(gaps[len(gaps) // 2])
-            rec["duration_s"] = float(times[-1] - times[0])
-        else:
-            rec["null_reasons"].append("rates and durations: scrapes carry no time (add '# SCRAPE "
-                                       "<epoch>' markers or sample timestamps)")
-
-        def col(key):
-            return [v.get(key) for _, v in rows]
-
-        run = [int(x) for x in col("running") if x is not None]
-        wait = [int(x) for x in col("waiting") if x is not None]
-        kv = [x for x in col("kv_usage") if x is not None]
-        rec["running_mean"] = M.rnd(M.mean(run))
-        rec["running_max"] = max(run) if run else None
-        busy = [r for r in run if r > 0]
-        rec["running_typical"] = int(round(M.quantile(busy, 0.5))) if busy else None
-        rec["waiting_mean"] = M.rnd(M.mean(wait))
-        rec["waiting_max"] = max(wait) if wait else None
-        if any(x is not None for x in col("waiting_deferred")) or any(x is not None for x in col("waiting_capacity")):
-            d = [x or 0 for x in col("waiting_deferred")]
-            rec["deferred_mean"] = M.rnd(M.mean(d))
-            rec["deferred_max"] = int(max(d)) if d else None
-            rec["waiting_capacity_mean"] = M.rnd(M.mean([x for x in col("waiting_capacity") if x is not None]))
-        rec["kv_usage_mean"] = M.rnd(M.mean(kv))
-        rec["kv_usage_p95"] = M.rnd(M.quantile(kv, 0.95))
-        rec["kv_time_ge95"] = M.rnd(sum(1 for x in kv if x >= KV_FULL) / len(kv)) if kv else None
-        conc = [r + w for r, w in zip(col("running"), col("waiting")) if r is not None and w is not None]
-        rec["concurrency_mean"] = M.rnd(M.mean(conc), 2)
-        rec["concurrency_max"] = int(max(conc)) if conc else None
-
-        def series(key):
-            return [(t, v[key]) for t, v in rows if v.get(key) is not None]
-
-        pre = series("preemptions")
-        if len(pre) > 1:
-            total, resets = M.counter_increase([v for _, v in pre])
-            rec["preemptions_logged"] = int(round(total))
-            rec["preemptions_logged_source"] = ("prometheus vllm:num_preemptions_total, increase over "
-                                                f"{len(pre)} scrapes" + (f" ({resets} counter reset"
-                                                f"{'s' if resets > 1 else ''})" if resets else ""))
-            deltas = M.counter_deltas([v for _, v in pre])
-            if timed:
-                ev_ = [(pre[i][0] - t0, int(round(d)), -1) for i, d in enumerate(deltas) if d > 0]
-                rec["storms"] = M.storm_windows(ev_, rec["interval_s"] or 10.0)
-        elif len(pre) == 1:
-            rec["null_reasons"].append("preemptions_logged: one scrape only (a counter needs two)")
-        else:
-            rec["null_reasons"].append("preemptions_logged: vllm:num_preemptions_total not scraped")
-        pt, gt, rt = series("prompt_tokens"), series("generation_tokens"), series("recomputed_tokens")
-        if len(pt) > 1 and len(gt) > 1:
-            p_inc = M.counter_increase([v for _, v in pt])[0]
-            g_inc = M.counter_increase([v for _, v in gt])[0]
-            rec["processed_tokens"] = int(round(p_inc + g_inc))
-            if timed and rec["duration_s"]:
-                rec["prompt_tput_mean"] = M.rnd(p_inc / rec["duration_s"], 2)
-                rec["gen_tput_mean"] = M.rnd(g_inc / rec["duration_s"], 2)
-                gdel = M.counter_deltas([v for _, v in gt])
-                rates = [d / (gt[i + 1][0] - gt[i][0]) for i, d in enumerate(gdel) if gt[i + 1][0] > gt[i][0]]
-                rec["gen_tput_p95"] = M.rnd(M.quantile(rates, 0.95), 2)
-                rec["gen_tput_max"] = M.rnd(max(rates) if rates else None, 2)
-                rr = [int(v.get("running") or 0) for _, v in rows]
-                rec["tput_by_concurrency"] = _tput_by_running(list(zip(rr[1:], rates)))
-            if len(rt) > 1:
-                r_inc = M.counter_increase([v for _, v in rt])[0]
-                rec["recomputed_tokens"] = int(round(r_inc))
-                tot = p_inc + g_inc
-                rec["recompute_ratio"] = M.rnd(r_inc / tot, 6) if tot else None
-                rec["recompute_source"] = "prometheus vllm:prompt_tokens_recomputed"
-        if rec["recompute_ratio"] is None:
-            rec["null_reasons"].append("recompute_ratio: scrapes give no recomputed-token counter "
-                                       "(vllm:prompt_tokens_recomputed, 0.16-0.19); replay the log "
-                                       "instead")
-        # latency from histograms: last scrape minus first
-        hs = [s.hist.get(eng, {}) for s in scrapes if eng in s.hist]
-        for key, p50, p95 in (("ttft", "ttft_p50_s", "ttft_p95_s"), ("itl", "itl_p50_s", "itl_p95_s")):
-            series_h = [h[key] for h in hs if key in h]
-            if not series_h:
-                continue
-            last = dict(series_h[-1])
-            first = dict(series_h[0]) if len(series_h) > 1 else {}
-            if first and all(last.get(le, 0) >= c for le, c in first.items()):
-                b = [(le, last[le] - first.get(le, 0.0)) for le in last]
-            else:
-                b = list(last.items())
-            rec[p50] = M.rnd(M.histogram_quantile(0.5, b), 5)
-            rec[p95] = M.rnd(M.histogram_quantile(0.95, b), 5)
-            rec["latency_source"] = "logged: prometheus histograms (bucket interpolation)"
-        tl = []
-        prev = None
-        for i, (t, v) in enumerate(rows):
-            p = v.get("preemptions")
-            d = None
-            if prev is not None and p is not None:
-                d = int(round(p - prev if p >= prev else p))
-            prev = p if p is not None else prev
-            tl.append({"t": round((t - t0) if timed else float(i), 3),
-                       "running": None if v.get("running") is None else int(v["running"]),
-                       "waiting": None if v.get("waiting") is None else int(v["waiting"]),
-                       "kv_usage": M.rnd(v.get("kv_usage")), "prompt_tput": None, "gen_tput": None,
-                       "preemptions": d})
-        rec["timeline"] = tl
-        rec["replay"] = "skipped"
-        rec["null_reasons"].append("replay fields: Prometheus scrapes carry no per-request data; "
-                                   "audit the server log to replay")
-        rec["status"], rec["status_evidence"] = classify(rec)
-        out.append(rec)
-    return out
 
 
 def path_label(p: str) -> str:

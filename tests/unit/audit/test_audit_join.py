@@ -58,7 +58,10 @@ def test_scrapes_of_another_model_are_not_joined(tmp_path):
 def test_scrapes_of_another_day_are_not_joined(tmp_path):
     recs = audit_records([LOG, _scrapes(tmp_path, shift=3 * 86400 + 1234.0)], replay=False)
     assert len(recs) == 2
-    assert recs[0]["metrics_join"] == "not joined: the scrapes' time span does not overlap the log's"
+    why = recs[0]["metrics_join"]
+    assert why.startswith("not joined: the scrapes' time span does not overlap the log's")
+    # 3 days and 1,234 s later, less the log's own span: 72.3 h, not a time zone's shift
+    assert "72.3 h after it ends" in why and "quarter hours" in why
 
 
 def test_log_clock_in_another_time_zone_is_joined_and_said(tmp_path):
