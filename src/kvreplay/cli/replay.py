@@ -112,9 +112,19 @@ def run(args: argparse.Namespace) -> int:
                 missing = missing + [f"no answer from its stats lines either: {why}"]
         if ans is not None:
             if args.format == "json":
-                text = json.dumps(default_report.to_dict(ans, how), indent=1, sort_keys=True) + "\n"
-            else:
-                text = default_report.report_text(", ".join(paths), log.facts, ans, how)
+                # written as encoded: json.dumps with indent joins millions of pieces (one
+                # window per stats line) in memory first; the bytes are the same
+                enc = json.JSONEncoder(indent=1, sort_keys=True)
+                data = default_report.to_dict(ans, how)
+
+                def put(f: Any) -> None:
+                    for chunk in enc.iterencode(data):
+                        f.write(chunk)
+                    f.write("\n")
+
+                write_output(args.output, put)
+                return 0
+            text = default_report.report_text(", ".join(paths), log.facts, ans, how)
             write_output(args.output, lambda f: f.write(text))
             return 0
         raise UserError(" | ".join([str(exc)] + (["missing from this log: " + "; ".join(missing)]
