@@ -88,9 +88,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("Prometheus scrapes are read beside their server's log: give the log too")
     t0 = time.perf_counter()
     log = None
+    rep = None
     try:
         rep = open_from_args(paths, args)
     except ReplayError as exc:
+        reason = str(exc)  # (the exception goes here, and with it its frames' parsed log)
+    if rep is None:
         # say everything the log lacks, not only what stopped the replay
         try:
             from kvreplay.parsers.spans import spans_format
@@ -98,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             log = read_log([p for p in paths if p == "-" or spans_format(p) is None],
                            vllm_version=args.vllm_version, year=args.year)
             missing = log.facts.missing
+            log.events = []  # from here on only the facts are read: a long log's events go
         except UserError:
             missing = []
         from kvreplay.audit import default_report
@@ -127,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             text = default_report.report_text(", ".join(paths), log.facts, ans, how)
             write_output(args.output, lambda f: f.write(text))
             return 0
-        raise UserError(" | ".join([str(exc)] + (["missing from this log: " + "; ".join(missing)]
+        raise UserError(" | ".join([reason] + (["missing from this log: " + "; ".join(missing)]
                                                   if missing else []))) from None
     elapsed = time.perf_counter() - t0
     stdin = getattr(args, "_stdin", None)
