@@ -107,6 +107,7 @@ class _Bounded(io.RawIOBase):
 
     def close(self) -> None:
         self.inner.close()
+        self.compressed.close()  # (GzipFile leaves the file it was given open)
         super().close()
 
 

@@ -391,3 +391,17 @@ def test_step_limit_stops_a_request_too_long_for_the_pool(tmp_path, monkeypatch,
     assert main(["simulate", str(p), "--format", "summary"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "limit of 2000 scheduler steps" in err[0], err
+
+
+def test_kv_events_gzip_bomb_is_bounded(tmp_path, monkeypatch):
+    """A KV-events .gz that expands without a newline: the sniff reads a bounded head and
+    the reader stops at the ratio limit (one UserError), neither reads it through."""
+    import kvreplay.limits
+    from kvreplay.parsers.kvevents import is_kv_events_file, read_kv_events
+
+    monkeypatch.setattr(kvreplay.limits, "GZIP_RATIO_FREE", 1 << 20)
+    p = tmp_path / "kv.jsonl.gz"
+    p.write_bytes(gzip.compress(b'{"seq": 1, "events": [' + b"0, " * (3 << 20), mtime=0))
+    assert is_kv_events_file(str(p)) is False
+    with pytest.raises(UserError, match="gzip bomb"):
+        read_kv_events(str(p))
