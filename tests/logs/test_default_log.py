@@ -175,6 +175,13 @@ def test_cli_replay_of_a_default_log_answers_instead_of_refusing(tmp_path):
     d = json.loads(out.stdout)
     assert d["kind"] == "default log (no request lines)" and d["requests"] == 200
     assert d["counted"] is None and d["preemptions"]["low"] <= d["preemptions"]["high"]
+    # written window by window (no dict per window held first): the bytes json.dumps gives
+    from kvreplay.audit.default_report import answer_for, to_dict
+    from kvreplay.sources import read_facts
+
+    ans, how = answer_for(read_facts([os.path.join(CASE, "server.default.log")]), [], samples=3)
+    assert len(d["windows"]) > 10
+    assert out.stdout == json.dumps(to_dict(ans, how), indent=1, sort_keys=True) + "\n"
 
 
 
