@@ -27,7 +27,10 @@ from typing import Any, Iterable, Iterator, Union
 import msgspec
 
 
-class Base(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=True):
+class Base(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=True, gc=False):
+    # gc=False: an event never takes part in a reference cycle (it holds strings, numbers
+    # and lists of them); untracked, a million events cost 16 bytes less each and no
+    # garbage-collector pass walks them
     file: str
     line: int
     lines: int = 1

@@ -49,9 +49,13 @@ def check_vllm_log(events: Sequence[Any], paths: Sequence[str]) -> None:
     JSON). A replay or a record of nulls would pass for a quiet server."""
     from kvreplay import events as ev
 
+    from kvreplay.parsers.reader import LABELS
+
     for e in events:
         if e.note and e.note.startswith("read error"):
-            raise UserError(f"{e.file}: unreadable at line {e.line}: {e.note[len('read error: '):]}")
+            # named by its path (the spooled stdin's is shown as `-`), not its events' label
+            name = next((p for p in paths if LABELS.get(p) == e.file), e.file)
+            raise UserError(f"{name}: unreadable at line {e.line}: {e.note[len('read error: '):]}")
     if (all(isinstance(e, (ev.Unparsed, ev.Noise)) for e in events)
             and not (len(paths) == 1 and _workload_file(paths[0]))):
         n = len(events)
@@ -111,13 +115,14 @@ def check_one_server(events: Sequence[Any], vllm_version: str | None) -> None:
 
 
 PRECHECK_LINES = 2000  # lines of a log read before a front end commits to it
+PRECHECK_BYTES = 16 << 20  # and at most this much of it (decompressed)
 
 
 def precheck_inputs(paths: Sequence[str]) -> None:
     """What check_vllm_log says, from the head of each file only: for a front end (the
     TUI) that must refuse bad input before it takes the screen. UserError as read_log."""
     import gzip
-    import itertools
+    import zlib
 
     from kvreplay.parsers import parse_lines
 
@@ -137,9 +142,16 @@ def precheck_inputs(paths: Sequence[str]) -> None:
             else:
                 raw.seek(0)
             with raw:
-                head = [b.decode("utf-8", "replace") for b in itertools.islice(raw, PRECHECK_LINES)]
-        except (OSError, EOFError) as exc:
+                data = raw.read(PRECHECK_BYTES)  # (bounded: a gzip bomb is not read through)
+        except (OSError, EOFError, zlib.error) as exc:
             raise UserError(f"{p}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+        whole = len(data) < PRECHECK_BYTES
+        parts = data.split(b"\n")
+        if parts and not parts[-1]:
+            parts.pop()
+        if not whole and parts:
+            parts.pop()  # a line cut by the read
+        head = [b.decode("utf-8", "replace") for b in parts[:PRECHECK_LINES]]
         if not head:
             raise UserError(f"{p}: empty log")
         from kvreplay.parsers.span_files import spans_format
@@ -148,7 +160,7 @@ def precheck_inputs(paths: Sequence[str]) -> None:
         if spans_format(p) is not None or is_kv_events_file(p):
             continue
         events = list(parse_lines(head, file=p))
-        if len(head) < PRECHECK_LINES or not all(
+        if (whole and len(head) < PRECHECK_LINES) or not all(
                 type(e).__name__ in ("Unparsed", "Noise") for e in events):
             check_vllm_log(events, [p])
 
@@ -169,6 +181,7 @@ def _workload_file(path: str) -> bool:
 def _binary(path: str) -> bool:
     """The file's first bytes (decompressed) hold a NUL or are mostly not UTF-8."""
     import gzip
+    import zlib
 
     try:
         with open(path, "rb") as raw:
@@ -176,7 +189,7 @@ def _binary(path: str) -> bool:
             if head[:2] == b"\x1f\x8b":
                 raw.seek(0)
                 head = gzip.GzipFile(fileobj=raw).read(4096)
-    except (OSError, EOFError):
+    except (OSError, EOFError, zlib.error):
         return False
     if b"\x00" in head:
         return True

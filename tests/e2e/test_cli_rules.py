@@ -26,6 +26,10 @@ NGINX = ('192.168.1.10 - - [02/Dec/2026:09:00:01 +0000] "GET / HTTP/1.1" 200 612
 DPKG = ("2026-12-01 10:11:12 startup archives unpack\n"
         "2026-12-01 10:11:13 install libfoo:amd64 <none> 1.2-3\n")
 
+_GZ = gzip.compress((SAMPLES / "vllm033_fcfs_heavy.log").read_bytes(), mtime=0)
+_FLIP = bytearray(_GZ)
+_FLIP[len(_FLIP) // 2] ^= 0xFF  # one flipped byte: zlib stops on it
+
 # kind -> (file name, bytes or None for a folder / a missing file, what the line says)
 KINDS = {
     "nginx": ("access.log", NGINX.encode(), "not a vLLM log"),
@@ -34,6 +38,8 @@ KINDS = {
     "binary": ("blob.log", bytes(range(256)) * 8, "binary data"),
     "json": ("other.json", b'{"hello": [1, 2, 3]}', "not"),
     "gzip-nginx": ("access.log.gz", gzip.compress(NGINX.encode(), mtime=0), "not a vLLM log"),
+    "gzip-flip": ("flip.log.gz", bytes(_FLIP), "Error -3 while decompressing data"),
+    "gzip-cut": ("cut.log.gz", _GZ[: len(_GZ) // 2], "end-of-stream marker"),
     "folder": ("adir", None, "directory"),
     "missing": ("missing.log", None, "no such file"),
 }
@@ -105,7 +111,7 @@ def _stdin(monkeypatch, data: bytes) -> None:
 
 @pytest.mark.parametrize("cmd", ["replay", "export", "whatif", "simulate", "parse", "audit",
                                  "audit-gate"])
-@pytest.mark.parametrize("kind", ["nginx", "gzip-nginx", "empty", "binary"])
+@pytest.mark.parametrize("kind", ["nginx", "gzip-nginx", "empty", "binary", "gzip-flip", "gzip-cut"])
 def test_bad_stdin_is_bad_input_named_dash(tmp_path, capsys, monkeypatch, cmd, kind):
     monkeypatch.setenv("KVREPLAY_PROGRESS", "0")
     _stdin(monkeypatch, KINDS[kind][1])

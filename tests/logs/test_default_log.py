@@ -175,6 +175,13 @@ def test_cli_replay_of_a_default_log_answers_instead_of_refusing(tmp_path):
     d = json.loads(out.stdout)
     assert d["kind"] == "default log (no request lines)" and d["requests"] == 200
     assert d["counted"] is None and d["preemptions"]["low"] <= d["preemptions"]["high"]
+    # written window by window (no dict per window held first): the bytes json.dumps gives
+    from kvreplay.audit.default_report import answer_for, to_dict
+    from kvreplay.sources import read_facts
+
+    ans, how = answer_for(read_facts([os.path.join(CASE, "server.default.log")]), [], samples=3)
+    assert len(d["windows"]) > 10
+    assert out.stdout == json.dumps(to_dict(ans, how), indent=1, sort_keys=True) + "\n"
 
 
 
@@ -201,3 +208,22 @@ def test_a_fresh_scrape_and_an_idle_scrape_bound_the_log():
     pts[-1] = EM.CounterPoint(113, 5.0, 80.0, 90.0, 6.0, 0.0, 1.0)
     ev = EM.from_stats(stats, done, 7, 10.0, pts)
     assert (ev.counted, ev.counted_exact, ev.counted_until) == (5, False, 113)
+
+
+def test_check_without_detail_keeps_no_row_per_line_and_the_same_loss():
+    """The ensemble checks each member against every stats line: without `detail` it keeps
+    no row per line (a 1M-line log held 1M dicts and histogram tuples per member), and the
+    loss is the one the rows give. By hand: line 1 sees 2 running (logged 3), line 2 one
+    running with 4 tokens generated (logged 1 running, 0 tokens)."""
+    steps = [_rec(0, stats_prompt_tokens=100, generated_tokens=2, num_running=2, kv_usage=0.5),
+             _rec(1, generated_tokens=2, num_running=1, kv_usage=0.5)]
+    stats = [_stats(10, 3, 0, 10.0, 0.0, 0.5), _stats(20, 1, 0, 0.0, 0.0, 0.5)]
+    ev = EM.from_stats(stats, [0, 0], 0, 10.0)
+    full = EM.check(steps, [10.2, 20.2], ev, phase=0.5)
+    bare = EM.check(steps, [10.2, 20.2], ev, phase=0.5, detail=False)
+    assert [r["running"] for r in full.lines] == [-1.0, 0.0]
+    assert [r["gen"] for r in full.lines] == [2.0, 2.0]
+    assert bare.lines == [] and bare.scrapes == [] and bare.loss == full.loss
+    # running -1 -> (1/2)^2; prompt 100 - 100 = 0; KV 0.5 as logged; gen 2 over a
+    # scale of 100, twice; waiting 0
+    assert full.loss == pytest.approx(0.25 + 2 * (2 / 100) ** 2)

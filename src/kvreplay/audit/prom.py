@@ -39,6 +39,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kvreplay.errors import UserError
+from kvreplay.limits import gunzip
 
 _MARK = re.compile(r"^#\s*SCRAPE\b[ :=]*(\S*)", re.IGNORECASE)
 _HELP = re.compile(r"^#\s*(?:HELP|TYPE)\s+(\S+)")
@@ -330,7 +331,7 @@ def _read(path: str) -> str:
         with open(path, "rb") as f:
             raw = f.read()
         if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+            raw = gunzip(raw)  # (bounded: OSError when corrupt, cut or too large)
     except (OSError, EOFError) as exc:
         raise UserError(f"{path}: cannot read: {exc}") from None
     return raw.decode("utf-8", errors="replace")

@@ -120,7 +120,9 @@ VET_EVENTS = 50_000  # events held back, at most, until a vLLM line shows the in
 
 def _vetted(events: Iterable[Any], logs: list[str]) -> Iterator[Any]:
     """The events, once the input has shown a vLLM line: an empty file or one with no vLLM
-    line (in its first VET_EVENTS events) is a UserError before anything is written."""
+    line (in its first VET_EVENTS events) is a UserError before anything is written. A file
+    the reader could not finish (a corrupt or cut .gz, past the decompressed-size limit) is
+    a UserError where it stops (what came before it is written; -o leaves no file)."""
     from kvreplay import events as ev
     from kvreplay.sources import check_vllm_log
 
@@ -134,7 +136,10 @@ def _vetted(events: Iterable[Any], logs: list[str]) -> Iterator[Any]:
         raise UserError(f"{', '.join(logs)}: empty log")
     check_vllm_log(held, logs)
     yield from held
-    yield from it
+    for e in it:
+        if e.note is not None and e.note.startswith("read error"):
+            check_vllm_log([e], logs)  # (raises: unreadable at line N)
+        yield e
 
 
 def run(args: argparse.Namespace) -> int:

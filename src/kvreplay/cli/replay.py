@@ -82,6 +82,28 @@ def open_from_args(paths: list[str], args: argparse.Namespace) -> Any:
                        step_time=step_time, config=args.config)
 
 
+class _Windows(list):
+    """A default-log answer's windows for json's encoder (indent: its Python encoder, which
+    asks a list only for its truth and its items): each window made a dict as it is
+    written, not a million dicts first. Same bytes as the list of dicts."""
+
+    def __init__(self, windows: list[Any]) -> None:
+        super().__init__()
+        self.windows = windows
+
+    def __bool__(self) -> bool:
+        return bool(self.windows)
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __iter__(self):
+        import msgspec
+
+        for w in self.windows:
+            yield msgspec.to_builtins(w)
+
+
 def default_log_answer(paths: list[str], metric_paths: list[str],
                        args: argparse.Namespace) -> tuple[Any, Any, str | None, list[str]]:
     """After a ReplayError: (the log read, its default-log answer or None, how the scrapes
@@ -95,6 +117,7 @@ def default_log_answer(paths: list[str], metric_paths: list[str],
         log = read_log([p for p in paths if p == "-" or spans_format(p) is None],
                        vllm_version=args.vllm_version, year=args.year)
         missing = list(log.facts.missing)
+        log.events = []  # from here on only the facts are read: a long log's events go
     except UserError:
         return None, None, None, []
     ans = how = None
@@ -119,20 +142,37 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("Prometheus scrapes are read beside their server's log: give the log too")
     t0 = time.perf_counter()
     log = None
+    rep = None
+    reason = ""
     try:
         rep = open_from_args(paths, args)
     except ReplayError as exc:
+        reason = str(exc)  # (the exception goes here, and with it its frames' parsed log)
+    if rep is None:
         # say everything the log lacks, not only what stopped the replay; a default log:
         # the workloads its stats lines (and scrapes) allow, not a refusal
         log, ans, how, missing = default_log_answer(paths, metric_paths, args)
         if ans is not None:
             if args.format == "json":
-                text = json.dumps(default_report.to_dict(ans, how), indent=1, sort_keys=True) + "\n"
-            else:
-                text = default_report.report_text(", ".join(paths), log.facts, ans, how)
+                # written as encoded: json.dumps with indent joins millions of pieces (one
+                # window per stats line) in memory first; the bytes are the same
+                enc = json.JSONEncoder(indent=1, sort_keys=True)
+                import msgspec
+
+                data = default_report.to_dict(msgspec.structs.replace(ans, windows=[]), how)
+                data["windows"] = _Windows(ans.windows)  # (one dict at a time)
+
+                def put(f: Any) -> None:
+                    for chunk in enc.iterencode(data):
+                        f.write(chunk)
+                    f.write("\n")
+
+                write_output(args.output, put)
+                return 0
+            text = default_report.report_text(", ".join(paths), log.facts, ans, how)
             write_output(args.output, lambda f: f.write(text))
             return 0
-        raise UserError(" | ".join([str(exc)] + (["missing from this log: " + "; ".join(missing)]
+        raise UserError(" | ".join([reason] + (["missing from this log: " + "; ".join(missing)]
                                                   if missing else []))) from None
     elapsed = time.perf_counter() - t0
     stdin = getattr(args, "_stdin", None)

@@ -76,7 +76,7 @@ class _Member(msgspec.Struct):
     ratio: float
     processed: int
     after_count: int  # preemptions after the last scrape (not counted by it)
-    per_window: list[int]
+    per_window: dict[int, int]  # stats window -> preemptions in it (nonzero only)
 
 
 def _lengths(n: int, mean: float, rng: random.Random, cap: int, shape: tuple[str, float]) -> list[int]:
@@ -168,7 +168,7 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
         model = StepTimeModel(overhead_s=a * jit, per_token_s=b * jit, per_request_s=0.0)
         steps, ends = _run(_workload(config, ins, outs), arrivals, profile, model, max_steps)
         counted = EM.counted_preemptions(steps, config.max_num_batched_tokens)
-        chk = EM.check(steps, ends, ev, phase, counted)
+        chk = EM.check(steps, ends, ev, phase, counted, detail=False)
         t = totals(steps, preemption_records(steps))
         per = _per_window(steps, ends, ev, phase)  # by the step each preemption happened in
         after = 0
@@ -206,8 +206,10 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
         rec = _interval([x.recomputed for x in members], w, widen=WIDEN)
         ratio = _interval([x.ratio for x in members], w, digits=6, widen=WIDEN)
     wins = []
+    busy = set().union(*(x.per_window for x in members))
+    none = Interval(0.0, 0.0, 0.0)  # a window no member preempts in (most of a long log)
     for k, win in enumerate(ev.windows):
-        iv = _interval([x.per_window[k] for x in members], w)
+        iv = _interval([x.per_window.get(k, 0) for x in members], w) if k in busy else none
         wins.append(Window(win.t0, win.t1, iv))
     src = ("prompt and output lengths from the scraped histograms" if phist and ohist else
            "output lengths from the scraped histogram, prompts drawn to the logged prompt tokens"
@@ -259,8 +261,8 @@ def _interval(values: Sequence[float], weights: Sequence[float], digits: int = 0
     return Interval(rd(med), rd(lo), rd(hi))
 
 
-def _per_window(steps, ends, ev: EM.MetricsEvidence, phase: float) -> list[int]:
-    out = [0] * len(ev.windows)
+def _per_window(steps, ends, ev: EM.MetricsEvidence, phase: float) -> dict[int, int]:
+    out: dict[int, int] = {}
     if not ev.windows:
         return out
     edges = [w.t1 + phase for w in ev.windows]
@@ -269,8 +271,8 @@ def _per_window(steps, ends, ev: EM.MetricsEvidence, phase: float) -> list[int]:
     for r, e in zip(steps, ends):
         if r.preemptions:
             k = bisect.bisect_left(edges, e)
-            if k < len(out):
-                out[k] += len(r.preemptions)
+            if k < len(edges):
+                out[k] = out.get(k, 0) + len(r.preemptions)
     return out
 
 

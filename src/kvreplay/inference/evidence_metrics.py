@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import msgspec
 
@@ -247,7 +247,14 @@ def render(steps: Sequence[StepRecord], step_end: Sequence[float], times: Sequen
     `budget`: max_num_batched_tokens; `counted`: `counted_preemptions`, if already made)."""
     if counted is None:
         counted = counted_preemptions(steps, budget)
-    out = []
+    return list(_points(steps, step_end, times, prompt_lens, counted, True))
+
+
+def _points(steps: Sequence[StepRecord], step_end: Sequence[float], times: Sequence[float],
+            prompt_lens: dict[str, int] | None, counted: Sequence[int],
+            hist: bool) -> Iterator[CounterPoint]:
+    """`render`, one point at a time; without the length histograms unless `hist` (a check
+    of stats lines needs only the counters and gauges: nothing per line is kept)."""
     pre = pt = gt = fin = 0.0
     k = 0
     last: StepRecord | None = None
@@ -260,18 +267,19 @@ def render(steps: Sequence[StepRecord], step_end: Sequence[float], times: Sequen
             pt += r.stats_prompt_tokens
             gt += r.generated_tokens
             fin += len(r.finished)
-            for rid, n in zip(r.finished, r.finished_output_tokens):
-                _observe(olen, n)
-                if prompt_lens is not None and rid in prompt_lens:
-                    _observe(plen, prompt_lens[rid])
+            if hist:
+                for rid, n in zip(r.finished, r.finished_output_tokens):
+                    _observe(olen, n)
+                    if prompt_lens is not None and rid in prompt_lens:
+                        _observe(plen, prompt_lens[rid])
             last = r
             k += 1
-        out.append(CounterPoint(
+        yield CounterPoint(
             t, pre, pt, gt, fin,
             float(last.num_running) if last else 0.0, float(last.num_waiting) if last else 0.0,
             last.kv_usage if last else 0.0,
-            tuple(_cumulative(plen)) if prompt_lens is not None else (), tuple(_cumulative(olen))))
-    return out
+            tuple(_cumulative(plen)) if hist and prompt_lens is not None else (),
+            tuple(_cumulative(olen)) if hist else ())
 
 
 # vLLM's request-length buckets (build_1_2_5_buckets up to max_model_len): 1, 2, 5, 10, ...
@@ -312,23 +320,27 @@ class Check(msgspec.Struct):
 
 
 def check(steps: Sequence[StepRecord], step_end: Sequence[float], ev: MetricsEvidence,
-          phase: float = 0.5, counted: Sequence[int] | None = None, budget: int = 8192) -> Check:
+          phase: float = 0.5, counted: Sequence[int] | None = None, budget: int = 8192,
+          detail: bool = True) -> Check:
     """Each stats line's running/waiting/KV and tokens, each scrape window's counter
     increases, replayed against logged. Scales: a request for counts, 2 KV points, 5% of a
     window's tokens (at least a block), and Poisson noise for the preemption counter.
-    `phase`: when within its printed second each stats line was written."""
+    `phase`: when within its printed second each stats line was written. Without `detail`
+    only the loss (`lines` and `scrapes` empty): memory stays flat in the number of lines."""
     times = [w.t1 + phase for w in ev.windows]
     if counted is None:
         counted = counted_preemptions(steps, budget)
-    pts = render(steps, step_end, times, counted=counted)
-    lines, loss = [], 0.0
+    pts = _points(steps, step_end, times, None, counted, False)
+    lines: list[dict[str, float]] = []
+    loss = 0.0
     prev = CounterPoint(times[0] - ev.interval_s if times else 0.0, 0.0, 0.0, 0.0, 0.0)
     for w, p in zip(ev.windows, pts):
         d = {"t": w.t1, "running": p.running - w.running, "waiting": p.waiting - w.waiting,
              "kv": (p.kv_usage or 0.0) - w.kv_usage,
              "prompt": (p.prompt_tokens - prev.prompt_tokens) - w.prompt_tokens,
              "gen": (p.generation_tokens - prev.generation_tokens) - w.gen_tokens}
-        lines.append(d)
+        if detail:
+            lines.append(d)
         loss += (d["running"] / 2.0) ** 2 + (d["waiting"] / 3.0) ** 2 + (d["kv"] / 0.03) ** 2
         loss += (d["prompt"] / max(0.1 * w.prompt_tokens, 400.0)) ** 2
         loss += (d["gen"] / max(0.1 * w.gen_tokens, 100.0)) ** 2
@@ -347,6 +359,7 @@ def check(steps: Sequence[StepRecord], step_end: Sequence[float], ev: MetricsEvi
             if a.generation_tokens is not None and b.generation_tokens is not None:
                 d["gen_logged"] = b.generation_tokens - a.generation_tokens
                 d["gen_replayed"] = rb.generation_tokens - ra.generation_tokens
-            scr.append(d)
+            if detail:
+                scr.append(d)
             loss += (replayed - logged) ** 2 / (1.0 + logged)
     return Check(lines, scr, loss)

@@ -124,6 +124,20 @@ class LogFacts:
         )
 
 
+def _fraction(memo: dict[float, float], pct: float | None) -> float | None:
+    """pct / 100, one float object per distinct value (a long log's usages repeat)."""
+    if pct is None:
+        return None
+    if pct == 0.0:
+        return pct / 100.0  # (0.0 and -0.0 are one key: keep the sign)
+    v = memo.get(pct)
+    if v is None:
+        v = pct / 100.0
+        if len(memo) < 8192:
+            memo[pct] = v
+    return v
+
+
 def _precise_times(wrapped: list) -> tuple[list[float] | None, float]:
     """Sub-second times for the request and stats lines from the stamps a container runtime
     wrote before them (UTC), shifted onto the log's own clock (local time read as UTC, whole
@@ -182,9 +196,11 @@ def collect(
     saw_non_default = False
     stats_engine: int | None = None
     engines: set[int] = set()
-    wrapped: list[tuple[LogRequest | None, float | None, float | None]] = []  # (request or
+    # None once a line lacks its stamp (_precise_times needs every one): kept for none then
+    wrapped: list[tuple[LogRequest | None, float | None, float | None]] | None = []  # (request or
     # None for a stats line, its time, its wrapper time), in order
     seq = 0
+    fractions: dict[float, float] = {}  # percent -> fraction: one float per value printed
     for e in events:
         n_events += 1
         if e.time is not None:
@@ -236,7 +252,11 @@ def collect(
                 dup_ids.append(e.request_id)
             requests.append(r)
             by_id[r.log_id] = r
-            wrapped.append((r, e.time, e.wrapper_time))
+            if wrapped is not None:
+                if e.time is None or e.wrapper_time is None:
+                    wrapped = None
+                else:
+                    wrapped.append((r, e.time, e.wrapper_time))
         elif isinstance(e, ev.RequestAdded):
             r = _match(by_id, e.request_id)
             if r is not None and r.internal_id is None:
@@ -267,17 +287,21 @@ def collect(
             if engine != stats_engine:
                 continue
             seq += 1
-            wrapped.append((None, e.time, e.wrapper_time))
+            if wrapped is not None:
+                if e.wrapper_time is None:
+                    wrapped = None
+                else:
+                    wrapped.append((None, e.time, e.wrapper_time))
             stats.append(
                 StatsPoint(
                     index=len(stats), time=e.time, file=e.file, line=e.line,
                     running=e.running, waiting=e.waiting,
-                    kv_usage=None if e.gpu_kv_usage is None else e.gpu_kv_usage / 100.0,
+                    kv_usage=_fraction(fractions, e.gpu_kv_usage),
                     prompt_throughput=e.prompt_throughput,
                     generation_throughput=e.generation_throughput,
                     preemptions=e.preemptions, prefix_cache_hit_rate=e.prefix_cache_hit_rate,
                     swapped=e.swapped,
-                    cpu_kv_usage=None if e.cpu_kv_usage is None else e.cpu_kv_usage / 100.0,
+                    cpu_kv_usage=_fraction(fractions, e.cpu_kv_usage),
                     arrivals_before=len(requests), completions_before=len(completions), seq=seq,
                 )
             )
@@ -306,7 +330,7 @@ def collect(
             if r is not None and r.aborted_time is None:
                 r.aborted_time = a.time
                 r.aborted_iterations = k
-    precise, tz = _precise_times(wrapped)
+    precise, tz = _precise_times(wrapped or [])
     completion_times = None
     if precise is not None and completion_wrappers and all(w is not None for w in completion_wrappers):
         completion_times = [w + tz for w in completion_wrappers]  # type: ignore[operator]

@@ -20,6 +20,7 @@ source, note) -> Event | None; `msg` is the message after the envelope, right-st
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any, Callable
 
 import msgspec
@@ -140,12 +141,13 @@ def _stats(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process:
     m = _STATS_V1(msg)
     if m is not None:
         eng, pt, gt, run, wait, dev, usage, phr, mmhr = m.groups()
+        f = _FLOAT  # (one float object per distinct text: a long log's stats lines repeat them)
         return ev.Stats(
             era="v1", file=file, line=line, time=t, time_text=tt, level=level, process=process, pid=pid,
             engine=engine if eng is None else int(eng), source=source, note=note,
-            prompt_throughput=float(pt), generation_throughput=float(gt), running=int(run), waiting=int(wait),
-            kv_device=dev, gpu_kv_usage=float(usage),
-            prefix_cache_hit_rate=None if phr is None else float(phr), mm_cache_hit_rate=None if mmhr is None else float(mmhr),
+            prompt_throughput=f[pt], generation_throughput=f[gt], running=int(run), waiting=int(wait),
+            kv_device=sys.intern(dev), gpu_kv_usage=f[usage],
+            prefix_cache_hit_rate=None if phr is None else f[phr], mm_cache_hit_rate=None if mmhr is None else f[mmhr],
         )
     m = _STATS_V0(msg)
     if m is not None:
@@ -153,8 +155,8 @@ def _stats(msg: str, file: str, line: int, t: Any, tt: Any, level: Any, process:
         return ev.Stats(
             era="v0", file=file, line=line, time=t, time_text=tt, level=level, process=process, pid=pid,
             engine=engine, source=source, note=note,
-            prompt_throughput=float(pt), generation_throughput=float(gt), running=int(run), swapped=int(swapped),
-            waiting=int(pend), kv_device=dev, gpu_kv_usage=float(usage), cpu_kv_usage=float(cpu),
+            prompt_throughput=_FLOAT[pt], generation_throughput=_FLOAT[gt], running=int(run), swapped=int(swapped),
+            waiting=int(pend), kv_device=sys.intern(dev), gpu_kv_usage=_FLOAT[usage], cpu_kv_usage=_FLOAT[cpu],
         )
     return None
 

@@ -5,6 +5,7 @@ AllBlocksCleared ...]}; `.gz` ok)."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import zlib
 from typing import Any
@@ -13,8 +14,15 @@ from kvreplay.errors import UserError
 
 
 def _open(path: str):
-    return gzip.open(path, "rt", encoding="utf-8") if str(path).endswith(".gz") else \
-        open(path, "rt", encoding="utf-8")
+    if str(path).endswith(".gz"):  # (bounded as a log is: reader._Bounded)
+        from kvreplay.parsers.reader import _Bounded, _Counted
+
+        counted = _Counted(open(path, "rb"))
+        return io.TextIOWrapper(_Bounded(gzip.GzipFile(fileobj=counted), counted), encoding="utf-8")
+    return open(path, "rt", encoding="utf-8")
+
+
+SNIFF_CHARS = 16 << 20  # of a file's first line, read to tell a KV-events file
 
 
 def read_kv_events(path: str) -> list[dict[str, Any]]:
@@ -45,7 +53,7 @@ def is_kv_events_file(path: str) -> bool:
     """Cheap sniff: the first line is a JSON object with "seq" and "events"."""
     try:
         with _open(path) as f:
-            first = f.readline()
+            first = f.readline(SNIFF_CHARS)  # (a line without end is not read through)
         d = json.loads(first)
     except (OSError, ValueError, UnicodeDecodeError, EOFError, zlib.error, RecursionError):
         return False

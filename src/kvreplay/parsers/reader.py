@@ -43,29 +43,55 @@ def open_text_file(path: str) -> tuple[IO[str], str, float | None]:
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
     if path.endswith(".gz"):
-        raw = _Bounded(gzip.GzipFile(fileobj=raw))  # type: ignore[assignment]
+        counted = _Counted(raw)
+        raw = _Bounded(gzip.GzipFile(fileobj=counted), counted)  # type: ignore[assignment]
     return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n"), path, mtime
 
 
-class _Bounded(io.RawIOBase):
-    """A decompressed stream that stops with an OSError past the `decompressed` limit
-    (kvreplay.limits): a small .gz that expands without end is a read error, not a full disk
-    of events."""
+class _Counted:
+    """A compressed file read in small pieces, counting them: the compressed bytes behind
+    the decompressed ones, to within one piece (gzip asks for 128 kB at a time)."""
 
-    def __init__(self, inner: gzip.GzipFile) -> None:
-        from kvreplay.limits import LIMITS, limit
+    PIECE = 16 << 10
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw = raw
+        self.n = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(self.PIECE if n is None or n < 0 else min(n, self.PIECE))
+        self.n += len(data)
+        return data
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+class _Bounded(io.RawIOBase):
+    """A decompressed stream that stops with an OSError past the `decompressed` limit or,
+    past GZIP_RATIO_FREE bytes, the `gzip_ratio` limit (kvreplay.limits): a small .gz that
+    expands without end is a read error, not a full memory of events."""
+
+    def __init__(self, inner: gzip.GzipFile, compressed: _Counted) -> None:
+        from kvreplay.limits import GZIP_RATIO_FREE, limit
 
         self.inner = inner
-        self.left = self.max = limit("decompressed")
-        self.var = LIMITS["decompressed"][0]
+        self.compressed = compressed
+        self.max = limit("decompressed")
+        self.ratio = limit("gzip_ratio")
+        self.free = GZIP_RATIO_FREE
+        self.out = 0
 
     def readable(self) -> bool:
         return True
 
     def _count(self, data: bytes) -> bytes:
-        self.left -= len(data)
-        if self.left < 0:
-            raise OSError(f"decompressed size above kvreplay's limit of {self.max} bytes; set {self.var} to raise it")
+        self.out += len(data)
+        if self.out > self.max or (self.out > self.free
+                                   and self.out > self.ratio * self.compressed.n):
+            from kvreplay.limits import too_large
+
+            raise OSError(too_large(self.out, self.compressed.n))
         return data
 
     def read(self, n: int = -1) -> bytes:
@@ -81,6 +107,7 @@ class _Bounded(io.RawIOBase):
 
     def close(self) -> None:
         self.inner.close()
+        self.compressed.close()  # (GzipFile leaves the file it was given open)
         super().close()
 
 

@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, TypeVar
 
+from kvreplay.limits import limit, too_many_steps
 from kvreplay.replay.profile import DEFAULT_PROFILE, SchedulerProfile
 from kvreplay.replay.records import Admission, EngineInputs, RecomputeTally, StepRecord
 from kvreplay.replay.request import BlockHasher, Request, RequestStatus
@@ -118,6 +119,7 @@ class Engine:
         for s, rid in inputs.mid_aborts:
             self.mid_aborts.setdefault(s, []).append(rid)
         self.max_steps = workload.max_steps if inputs.max_steps is None else inputs.max_steps
+        self.step_cap = limit("steps")  # past it: one UserError, not hours of steps
         self.order = {spec.id: i for i, spec in enumerate(specs)}
         self.summary = RunSummary(preemptions_per_request={spec.id: 0 for spec in specs})
         self.all_ids = [spec.id for spec in specs]
@@ -240,6 +242,8 @@ class Engine:
         sched = self.scheduler
         batch_queue = self.batch_queue
         step = self.step_index
+        if step >= self.step_cap:
+            raise too_many_steps(self.step_cap)
         every = self.collect_hashes_every
         if every and step % every == 0 and isinstance(self.block_hasher, BlockHasher):
             self._collect_hashes()

@@ -64,8 +64,9 @@ _PERIOD = list(range(FAKE_TOKEN_FIRST, FAKE_TOKEN_FIRST + FAKE_TOKEN_PERIOD))
 def load_workload(path: str | Path) -> dict[str, Any]:
     """Read a workload file as JSON ("-" is stdin; gzip is decompressed). Anything else
     (a directory, binary data, a log, JSON without 'requests') is a UserError naming it."""
-    import gzip
     import sys
+
+    from kvreplay.limits import gunzip
 
     what = "a workload JSON (kvreplay simulate's input; a vLLM log is read by kvreplay replay)"
     try:
@@ -74,7 +75,7 @@ def load_workload(path: str | Path) -> dict[str, Any]:
         else:
             raw = Path(path).read_bytes()
         if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+            raw = gunzip(raw)  # (bounded: OSError when corrupt, cut or too large)
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except IsADirectoryError:

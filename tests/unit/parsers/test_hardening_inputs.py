@@ -323,3 +323,85 @@ def test_fuzz_finds():
           "iteration elapsed time: 6.83 ms, GPU KV cach" + "Engine 000: " * 90_000 + "e usage: 98.4%")
     evs = list(parse_lines([ENV + it], year=2026))
     assert _cpu() - t0 < 2.0 and len(evs) == 1
+
+
+# a gzip bomb: refused by its expansion ratio after GZIP_RATIO_FREE bytes (a read error on
+# a line, one line and exit 2 in every command), not read until memory runs out
+def test_gzip_bomb_is_refused_by_its_ratio(tmp_path, monkeypatch, capsys):
+    import kvreplay.limits
+    from kvreplay.cli import main
+
+    monkeypatch.setattr(kvreplay.limits, "GZIP_RATIO_FREE", 1 << 20)
+    monkeypatch.setenv("KVREPLAY_PROGRESS", "0")
+    monkeypatch.setenv("KVREPLAY_MAX_GZIP_RATIO", "50")  # (the default's 200: a real bomb's 1000x)
+    line = "(APIServer pid=2801) INFO 05-07 10:01:00 [loggers.py:335] " + STATS + "\n"
+    p = tmp_path / "bomb.log.gz"
+    p.write_bytes(gzip.compress(line.encode() * 40_000, mtime=0))  # 8 MB -> 40 kB: ~220x
+    evs = list(parse_files([str(p)], year=2026))
+    assert "KVREPLAY_MAX_GZIP_RATIO" in (evs[-1].note or "")
+    assert len(evs) < 10_000  # stopped after ~1 MB of its 8 MB (read 16 kB at a time)
+    for argv in (["parse", str(p)], ["replay", str(p)], ["audit", str(p)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "gzip bomb" in err[0] and "KVREPLAY_MAX_GZIP_RATIO" in err[0], err
+    monkeypatch.setenv("KVREPLAY_MAX_GZIP_RATIO", "1000")  # raised above its ratio: read through
+    assert sum(e.lines for e in parse_files([str(p)], year=2026)) == 40_000
+
+
+def test_gzip_bomb_workload_is_refused(tmp_path, monkeypatch, capsys):
+    import kvreplay.limits
+    from kvreplay.cli import main
+
+    monkeypatch.setattr(kvreplay.limits, "GZIP_RATIO_FREE", 1 << 20)
+    p = tmp_path / "w.json.gz"
+    p.write_bytes(gzip.compress(b" " * (8 << 20), mtime=0))  # ~1000x
+    assert main(["simulate", str(p)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "gzip bomb" in err[0], err
+    with pytest.raises(OSError, match="end-of-stream"):
+        kvreplay.limits.gunzip(gzip.compress(b"x" * 1000)[:-12])
+
+
+# a run that would take an absurd number of steps stops at the `steps` limit with one line
+def test_step_limit_stops_a_replay(monkeypatch, capsys):
+    from kvreplay.cli import main
+
+    monkeypatch.setenv("KVREPLAY_PROGRESS", "0")
+    log = str(SAMPLES / "vllm033_fcfs_heavy.log")  # its replay runs ~100 steps
+    assert main(["replay", log, "--samples", "1"]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("KVREPLAY_MAX_STEPS", "30")
+    for argv in (["replay", log], ["whatif", log, "--max-num-seqs", "2"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "limit of 30 scheduler steps" in err[0] and "KVREPLAY_MAX_STEPS" in err[0], err
+
+
+def test_step_limit_stops_a_request_too_long_for_the_pool(tmp_path, monkeypatch, capsys):
+    """One request whose max_tokens runs it for ~10^6 decode steps: stopped at the limit."""
+    from kvreplay.cli import main
+
+    monkeypatch.setenv("KVREPLAY_MAX_STEPS", "2000")
+    w = {"config": {"num_gpu_blocks": 70000, "block_size": 16, "max_num_seqs": 4,
+                    "max_num_batched_tokens": 2048, "max_model_len": 1 << 21, "max_steps": 10**9},
+         "requests": [{"id": "r0", "arrival_step": 0, "prompt_token_ids": [1] * 32,
+                       "max_tokens": 1_000_000}]}
+    p = tmp_path / "w.json"
+    p.write_text(json.dumps(w))
+    assert main(["simulate", str(p), "--format", "summary"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "limit of 2000 scheduler steps" in err[0], err
+
+
+def test_kv_events_gzip_bomb_is_bounded(tmp_path, monkeypatch):
+    """A KV-events .gz that expands without a newline: the sniff reads a bounded head and
+    the reader stops at the ratio limit (one UserError), neither reads it through."""
+    import kvreplay.limits
+    from kvreplay.parsers.kv_event_files import is_kv_events_file, read_kv_events
+
+    monkeypatch.setattr(kvreplay.limits, "GZIP_RATIO_FREE", 1 << 20)
+    p = tmp_path / "kv.jsonl.gz"
+    p.write_bytes(gzip.compress(b'{"seq": 1, "events": [' + b"0, " * (3 << 20), mtime=0))
+    assert is_kv_events_file(str(p)) is False
+    with pytest.raises(UserError, match="gzip bomb"):
+        read_kv_events(str(p))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvreplay.limits import limit, too_many_steps
 from kvreplay.replay.records import (Admission, EngineInputs, PreemptionEvent,
                                      RecomputeTally, StepRecord)
 from kvreplay.replay.v0.v0_engine import DEFAULTS, V0Engine
@@ -158,6 +159,7 @@ class V0Steps:
         for s_, rid in inputs.aborts:
             self.aborts_at.setdefault(s_, []).append(rid)
         self.max_steps = workload.max_steps if inputs.max_steps is None else inputs.max_steps
+        self.step_cap = limit("steps")  # past it: one UserError, not hours of steps
         self.max_arrival = max(self.by_step, default=-1)
         self.record_sampled = record_sampled
         self.step_index = 0
@@ -222,6 +224,8 @@ class V0Steps:
             raise RuntimeError("the run is over")
         eng = self.eng
         step = self.step_index
+        if step >= self.step_cap:
+            raise too_many_steps(self.step_cap)
         for rid in self.aborts_at.get(step, ()):
             self.abort(rid)
         arrivals: list[str] = []
