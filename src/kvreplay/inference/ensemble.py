@@ -317,6 +317,15 @@ _CTX: _Context | None = None  # the context a forked worker reads
 PARALLEL_STEPS = 200_000  # member steps (samples x run steps) from which workers help
 
 
+def _worker_start() -> None:
+    """A pool worker leaves Ctrl-C to its parent: killed by SIGINT while it holds the result
+    queue's lock, it would leave the parent's terminate() waiting on that lock for ever; the
+    parent interrupts and terminates the pool (SIGTERM) instead."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _job(i: int) -> tuple[Member, Run | None]:
     assert _CTX is not None
     return _draw_member(_CTX, i)
@@ -340,7 +349,8 @@ def _map_members(c: _Context, samples: int, steps: int) -> list[tuple[Member, Ru
             return out
         _CTX = c
         try:
-            with multiprocessing.get_context("fork").Pool(min(cores, samples)) as pool:
+            with multiprocessing.get_context("fork").Pool(min(cores, samples),
+                                                          initializer=_worker_start) as pool:
                 out = []
                 for m in pool.imap(_job, range(samples), chunksize=1):  # (in order)
                     out.append(m)
