@@ -185,9 +185,8 @@ def preemption_count(src, n: int) -> str:
     if unc is not None and unc.preemptions.get("low") != unc.preemptions.get("high"):
         return (f"{unc.preemptions['low']}-{unc.preemptions['high']} preemptions "
                 f"(90%; this replay {n})")
-    if est and est.get("preemptions_low") is not None and \
-            est.get("preemptions_low") != est.get("preemptions_high"):
-        return (f"{est['preemptions_low']}-{est['preemptions_high']} preemptions "
+    if est is not None and est.preemptions_low != est.preemptions_high:
+        return (f"{est.preemptions_low}-{est.preemptions_high} preemptions "
                 f"(rough range; this replay {n})")
     return f"{n} preemption{'' if n == 1 else 's'}"
 
