@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from kvreplay.replay.result import CountEstimate
 from kvreplay.audit.report import audit_text, fleet_columns, fmt, shown_row
 from kvreplay.tui.panel_text import preemption_count
 from kvreplay.words import count
@@ -40,7 +41,8 @@ def test_tui_status_gives_the_reports_interval() -> None:
     unc = SimpleNamespace(preemptions={"low": 23, "high": 69, "median": 38})
     assert preemption_count(SimpleNamespace(uncertainty=unc, estimate=None), 51) == \
         "23-69 preemptions (90%; this replay 51)"
-    rough = {"preemptions_low": 25, "preemptions_high": 55}
+    rough = CountEstimate(preemptions_low=25, preemptions_high=55, preemptions_median=38,
+                          variants={}, why="", make_it_exact="")
     assert preemption_count(SimpleNamespace(uncertainty=None, estimate=rough), 38) == \
         "25-55 preemptions (rough range; this replay 38)"
     pinned = SimpleNamespace(preemptions={"low": 5, "high": 5})
