@@ -36,10 +36,22 @@ def steps_per_second(rows: Sequence[StatsLineCheck], pre: Sequence[PreemptionRec
     """How many steps a second the replay runs around `step`: between the stats lines on
     both sides of it, else over the whole run (its lines and preemptions with a clock);
     None when no second is spanned."""
+    rate = _between_lines(rows, step)
+    return rate if rate is not None else _whole_run(rows, pre)
+
+
+def _between_lines(rows: Sequence[StatsLineCheck], step: int) -> float | None:
+    """Steps a second between the stats lines on both sides of `step`, when at least a
+    second apart."""
     before = [r for r in rows if r.step is not None and r.step < step and r.time is not None]
     after = [r for r in rows if r.step is not None and r.step >= step and r.time is not None]
     if before and after and after[0].time - before[-1].time >= 1.0:
         return (after[0].step - before[-1].step) / (after[0].time - before[-1].time)  # type: ignore[operator]
+    return None
+
+
+def _whole_run(rows: Sequence[StatsLineCheck], pre: Sequence[PreemptionRecord]) -> float | None:
+    """Steps a second over the whole run: its lines and preemptions with a clock."""
     pts = [(r.step, r.time) for r in rows if r.step is not None and r.time is not None]
     pts += [(p.step, p.time) for p in pre if p.time is not None]
     if len(pts) < 2:
@@ -57,11 +69,16 @@ def set_confidence(pre: Sequence[PreemptionRecord], check: Verification,
     # a V0 log (its warnings checked) is checked within tolerances, its lines and
     # arrivals pinned only to a second: a step only where the steps are slow (PIN_STEPS)
     tolerant = warnings is not None
+    whole: list[float | None] = []  # the whole run's rate, taken once when first needed
 
     def pinned(p: PreemptionRecord) -> bool:
         if not tolerant:
             return True
-        rate = steps_per_second(rows, pre, p.step)
+        rate = _between_lines(rows, p.step)
+        if rate is None:
+            if not whole:
+                whole.append(_whole_run(rows, pre))
+            rate = whole[0]
         return rate is not None and rate <= PIN_STEPS
 
     for p in pre:

@@ -73,8 +73,9 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
         rebuilt, f, unknown = fit_prompts(facts, fmt, prof, fit_placements(fmt, pattern),
                                           step_time)
         marks = span_marks(facts, facts.span_offset_s) if facts.span_placement else None
-        if facts.span_placement != (marks is not None and fmt.placement == "anchored"):
-            facts = replace(facts, span_placement=not facts.span_placement)
+        by_spans = marks is not None and fmt.placement == "anchored"
+        if by_spans != facts.span_placement:
+            facts = replace(facts, span_placement=by_spans)
         if facts.span_placement:
             assert marks is not None
             if span_prefix.applies(facts, rebuilt):
