@@ -28,6 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settle", type=int, default=1, metavar="LINES",
                    help="Iteration / step-trace lines after a preemption's step before it is "
                         "printed (default 1)")
+    p.add_argument("--metrics", metavar="URL",
+                   help="also read the server's /metrics (PORT, HOST:PORT or an http(s) URL; "
+                        "a bare port is this host's loopback) and print its preemption counter "
+                        "beside what the log's rows name")
+    p.add_argument("--metrics-every", type=float, default=15.0, metavar="S",
+                   help="seconds between /metrics reads (default 15)")
     from kvreplay.cli.replay import add_replay_inputs
 
     add_replay_inputs(p)
@@ -50,6 +56,13 @@ def run(args: argparse.Namespace) -> int:
     import kvreplay.inference  # noqa: F401  (loaded now: not counted in the first replay's cost)
     import kvreplay.sources  # noqa: F401
 
+    feed = None
+    if args.metrics is not None:
+        from kvreplay.live.metrics_feed import MetricsFeed, metrics_url
+
+        if not args.metrics_every > 0:
+            raise UserError("--metrics-every must be above 0")
+        feed = MetricsFeed(metrics_url(args.metrics), args.metrics_every)
     follower = open_follower(args.source)
     label = "<stdin>" if args.source == "-" else args.source
     session = Session(label, mtime=follower.mtime, year=args.year, settle=args.settle,
@@ -58,22 +71,32 @@ def run(args: argparse.Namespace) -> int:
                                    "step_time": step_time})
     out = sys.stdout
     write = _jsonl if args.format == "jsonl" else _text
+    tally = _Tally()
+
+    def emit(rows: list[Any]) -> None:
+        tally.add(rows)
+        write(out, rows)
+
     seen_any = told = False
     idle_since = time.monotonic()
+    if feed is not None:
+        feed.start()
     try:
         while True:
+            if feed is not None:
+                _counters(out, write, feed.take(tally.named))
             batch = follower.read(POLL_S)
             for n in batch.notices:
                 print(f"kvreplay watch: {n}", file=sys.stderr)
             if batch.lines:
                 seen_any = True
                 idle_since = time.monotonic()
-                write(out, session.feed(batch.lines))
+                emit(session.feed(batch.lines))
                 session.check_input()
             if batch.eof:
                 break
             if session.due():
-                write(out, session.update())
+                emit(session.update())
                 if session.failed and not told:
                     told = True
                     print(f"kvreplay watch: the lines so far could not be replayed "
@@ -84,14 +107,48 @@ def run(args: argparse.Namespace) -> int:
                 tail = getattr(follower, "partial", b"")
                 if tail:  # a last line without its newline: the end of the log
                     seen_any = True
-                    write(out, session.feed([tail.decode("utf-8", "replace")]))
+                    emit(session.feed([tail.decode("utf-8", "replace")]))
                 break
         if not seen_any:
             raise UserError(f"{label}: empty log")
-        write(out, session.finish(end=True))
+        emit(session.finish(end=True))
+        if feed is not None:  # the counter once more, against every row the log gave
+            feed.close()
+            feed.scrape_now()
+            _counters(out, write, feed.take(tally.named, final=True))
     finally:
         follower.close()
+        if feed is not None:
+            feed.close()
     return 0
+
+
+def _counters(out: TextIO, write: Any, rows: list[Any]) -> None:
+    """Counter rows to the output; the endpoint's notices to stderr, as the log's are."""
+    from kvreplay.live.metrics_feed import MetricsNotice
+
+    for r in rows:
+        if isinstance(r, MetricsNotice):
+            print(f"kvreplay watch: metrics: {r.text}", file=sys.stderr)
+    write(out, [r for r in rows if not isinstance(r, MetricsNotice)])
+
+
+class _Tally:
+    """Preemptions the rows name in the current server run: given minus withdrawn (an
+    interval row counts its median)."""
+
+    def __init__(self) -> None:
+        self.named = 0
+
+    def add(self, rows: list[Any]) -> None:
+        from kvreplay.live.session import IntervalRow, NoticeRow, PreemptionRow
+
+        for r in rows:
+            if isinstance(r, NoticeRow) and r.event == "restart":
+                self.named = 0
+            elif isinstance(r, (PreemptionRow, IntervalRow)):
+                n = 1 if isinstance(r, PreemptionRow) else r.median
+                self.named += -n if r.event == "withdrawn" else n
 
 
 def _jsonl(out: TextIO, rows: list[Any]) -> None:
@@ -110,8 +167,11 @@ def _text(out: TextIO, rows: list[Any]) -> None:
 
 def row_text(r: Any) -> str:
     """A row as one line, in the words of `kvreplay replay`'s preemption table."""
+    from kvreplay.live.metrics_feed import CounterRow, counter_text
     from kvreplay.live.session import IntervalRow, NoticeRow
 
+    if isinstance(r, CounterRow):
+        return counter_text(r)
     if isinstance(r, NoticeRow):
         return f"# run {r.run}: {r.text}"
     head = "  withdrawn:" if r.event == "withdrawn" else " "
