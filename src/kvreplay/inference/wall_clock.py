@@ -26,7 +26,8 @@ The rule, per busy stretch (the steps of one stretch follow each other with no g
   never runs backwards, a stretch's first step starts its duration before its end.
 * without pins: the stretch is laid rigidly at the durations' pace, its first step starting
   at the middle of the offsets every window of the stretch allows (bounded on one side
-  only: ONE_SIDED_S wide from the bound; no window: at 0). A stretch whose windows allow no offset is counted
+  only: ONE_SIDED_S wide from the bound; no window: at the end of the stretch before, the
+  first at 0). A stretch whose windows allow no offset is counted
   (`WallClock.violated`); `slack` sums the widths of the offsets allowed.
 Pins are the caller's choice of what to trust: given in step order, at most one per edge;
 pins that run backwards in time are followed (the caller leaves them out when it should).
@@ -124,7 +125,7 @@ def wall_clock(durations: Sequence[float], pins: Sequence[ClockPin] = (),
             if wins:
                 out = _into_windows(out, wins, durations[a:b], prev_end)
         else:
-            t0, ok, width = _offset(cum, wins)
+            t0, ok, width = _offset(cum, wins, 0.0 if prev_end is None else prev_end)
             violated += not ok
             slack += width
             out = [t0 + c for c in cum]
@@ -172,6 +173,8 @@ def _into_windows(out: list[float], wins: list[tuple[int, float, float]],
             e = max(e, prev)
         if k == 1:
             st = e - dur[0]
+            if lo[0] != float("-inf") or hi[0] != float("inf"):
+                st = min(max(st, lo[0]), hi[0])
             if prev is not None:
                 st = max(st, prev)
             res[0] = st
@@ -180,15 +183,17 @@ def _into_windows(out: list[float], wins: list[tuple[int, float, float]],
     return res
 
 
-def _offset(cum: list[float], wins: list[tuple[int, float, float]]) -> tuple[float, bool, float]:
+def _offset(cum: list[float], wins: list[tuple[int, float, float]],
+            after: float) -> tuple[float, bool, float]:
     """(the stretch's start, whether the windows allow it, the width of what they allow):
-    the middle of the offsets every window allows."""
+    the middle of the offsets every window allows; with none, `after` (the end of the
+    stretch before)."""
     lo, hi = -_FAR, _FAR
     for pos, wlo, whi in wins:
         lo, hi = max(lo, wlo - cum[pos]), min(hi, whi - cum[pos])
     free_lo, free_hi = lo < -_FAR / 10, hi > _FAR / 10
-    if free_lo and free_hi:  # nothing times the stretch
-        lo = hi = 0.0
+    if free_lo and free_hi:  # nothing times the stretch: it follows the one before
+        lo = hi = after
     elif free_hi:
         hi = lo + ONE_SIDED_S
     elif free_lo:
