@@ -21,9 +21,10 @@ clock): that clock is made step by step there, not here.
 The rule, per busy stretch (the steps of one stretch follow each other with no gap):
 * with pins: each pin is met exactly; between two pins the durations are stretched
   proportionally (the pins' interval over the durations' sum); before the first pin and
-  after the last the steps run at the durations' pace. Then each window is enforced: a step
-  end outside its window is moved to the window's nearest edge (just before `hi`), the clock
-  never runs backwards, a stretch's first step starts its duration before its end.
+  after the last the steps run at the durations' pace. Then each window is enforced: a
+  boundary outside its window is moved to the window's nearest edge (just before `hi`, and
+  before any later boundary's `hi`), the clock never runs backwards, a stretch's first step
+  starts its duration before its end.
 * without pins: the stretch is laid rigidly at the durations' pace, its first step starting
   at the middle of the offsets every window of the stretch allows (bounded on one side
   only: ONE_SIDED_S wide from the bound; no window: at the end of the stretch before, the
@@ -156,13 +157,16 @@ def _stretched(cum: list[float], pts: list[tuple[int, float]]) -> list[float]:
 def _into_windows(out: list[float], wins: list[tuple[int, float, float]],
                   dur: Sequence[float], prev_end: float | None) -> list[float]:
     """A pinned stretch's boundaries with every window enforced (module doc): each end
-    clamped into its window, never before the previous end; the first step starts its
-    duration before its end, never before the previous stretch's end."""
+    clamped into its window (its upper end no later than any later boundary's), never
+    before the previous end; the first step starts its duration before its end, never
+    before the previous stretch's end. Windows that a monotone clock can meet are all met."""
     lo = [float("-inf")] * len(out)
     hi = [float("inf")] * len(out)
     for pos, wlo, whi in wins:
         lo[pos] = max(lo[pos], wlo)
         hi[pos] = min(hi[pos], whi - WINDOW_EPS_S)
+    for k in range(len(hi) - 2, -1, -1):  # a boundary is no later than any later one's hi
+        hi[k] = min(hi[k], hi[k + 1])
     res = list(out)
     prev = prev_end
     for k in range(1, len(out)):
