@@ -30,8 +30,9 @@ The rule, per busy stretch (the steps of one stretch follow each other with no g
   only: ONE_SIDED_S wide from the bound; no window: at the end of the stretch before, the
   first at 0). A stretch whose windows allow no offset is counted
   (`WallClock.violated`); `slack` sums the widths of the offsets allowed.
-Pins are the caller's choice of what to trust: given in step order, at most one per edge;
-pins that run backwards in time are followed (the caller leaves them out when it should).
+Pins are the caller's choice of what to trust: one per step boundary (of two on one, the
+later given wins; a step's end and the next step's start are one boundary); pins that run backwards in time are followed (the caller leaves them out
+when it should).
 """
 
 from __future__ import annotations
@@ -100,6 +101,9 @@ def wall_clock(durations: Sequence[float], pins: Sequence[ClockPin] = (),
                 hi = mid - 1
         return lo
 
+    for e in (*pins, *windows):
+        if not 0 <= _edge_pos(e.step, e.edge) <= n:
+            raise ValueError(f"{e} lies outside the run's {n} steps")
     for p in pins:
         pos = _edge_pos(p.step, p.edge)
         s = stretch_of(pos, p.edge)
@@ -120,7 +124,7 @@ def wall_clock(durations: Sequence[float], pins: Sequence[ClockPin] = (),
             acc += durations[k]
         cum.append(acc)
         wins = win_at.get(s, [])
-        pts = pin_at.get(s)
+        pts = sorted(dict(pin_at.get(s, [])).items())  # (one pin per boundary: the last)
         if pts:
             out = _stretched(cum, pts)
             if wins:

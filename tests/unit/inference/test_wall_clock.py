@@ -87,6 +87,15 @@ def test_windows_move_a_pinned_stretchs_ends_into_them():
     assert c.end == 11.0 - 1e-6 and c.starts == [c.end - 1.0]
 
 
+def test_two_pins_on_one_boundary_the_later_wins_and_outside_the_run_is_refused():
+    a = wall_clock([1.0, 1.0], [ClockPin(0, "end", 5.0), ClockPin(1, "start", 6.0)])
+    assert a.full() == [5.0, 6.0, 7.0]
+    with pytest.raises(ValueError):
+        wall_clock([1.0], [ClockPin(1, "end", 5.0)])
+    with pytest.raises(ValueError):
+        wall_clock([1.0], windows=[ClockWindow(-1, "start", 0.0, 1.0)])
+
+
 def test_no_steps():
     c = wall_clock([], [ClockPin(0, "start", 7.0)])
     assert c.starts == [] and c.end == 7.0
