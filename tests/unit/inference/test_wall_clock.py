@@ -182,3 +182,27 @@ def test_a_pinless_stretch_timed_by_true_seconds_fits_them(true, phase):
     got = c.starts[1:] + [c.end]
     for w, e in zip(wins, got):
         assert w.lo - 1e-9 <= e <= w.hi + 1e-9
+
+
+def test_the_iteration_lines_clock_by_hand():
+    """iteration_clock, a producer of windows: steps 0-1 (the first with request r0, logged
+    at second 9) ran 100 ms each, their lines stamped second 10; the engine then ran dry
+    and step 2 (r1, second 19; 200 ms) has its line at second 20. With no cost between
+    steps (the widest fit): stretch 0 starts in [9.9, 10.8], its middle 10.35; stretch 1 in
+    [19.8, 20.8], 20.3."""
+    from types import SimpleNamespace as NS
+
+    from kvreplay.inference.iteration_clock import busy_restarts, iteration_clock
+    from kvreplay.replay.records import StepRecord
+
+    steps = [StepRecord(0, ["r0"], num_scheduled_tokens=5, num_scheduled=1, num_running=1),
+             StepRecord(1, [], num_scheduled_tokens=1, num_scheduled=1, num_running=0),
+             StepRecord(2, ["r1"], num_scheduled_tokens=5, num_scheduled=1, num_running=1)]
+    its = [NS(step=0, elapsed_ms=100.0, time=10.0), NS(step=1, elapsed_ms=100.0, time=10.0),
+           NS(step=2, elapsed_ms=200.0, time=20.0)]
+    facts = NS(iterations=its, requests=[NS(log_id="r0", time=9.0), NS(log_id="r1", time=19.0)])
+    assert busy_restarts(steps) == [2]
+    clock, end, _, overhead = iteration_clock(steps, {0: 0, 1: 1, 2: 2}, facts,
+                                              NS(token_floors=(0,)))
+    assert overhead == 0.0
+    assert clock == pytest.approx([10.35, 10.45, 20.3]) and end == pytest.approx(20.5)
