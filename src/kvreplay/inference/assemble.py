@@ -9,9 +9,9 @@ Consumes: the stages' results. Produces: the placed and clocked final run
 from __future__ import annotations
 
 import time
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
-from kvreplay.inference.clock import clocked, finish_steps
+from kvreplay.inference.clock import StepTimeModel, clocked, finish_steps
 from kvreplay.inference.facts import LogFacts, make_it_exact
 from kvreplay.inference.log_shape import aborts, cut_time
 from kvreplay.inference.fit import Fit, fit
@@ -33,6 +33,7 @@ from kvreplay.replay.result import CountEstimate, Provenance, Replay
 
 if TYPE_CHECKING:
     from kvreplay.inference.engines import Profile
+    from kvreplay.inference.uncertainty import Uncertainty
 
 
 def fit_placements(fmt: LogFormat, pattern: str) -> tuple[tuple[float, float], ...]:
@@ -44,7 +45,7 @@ def fit_placements(fmt: LogFormat, pattern: str) -> tuple[tuple[float, float], .
 
 
 def place_arrivals(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, prof: Profile, f: Fit,
-                   pattern: str, step_time: Any) -> tuple[Run, float, float, Anchored | None]:
+                   pattern: str, step_time: StepTimeModel | None) -> tuple[Run, float, float, Anchored | None]:
     """(final run, clock phase, loss, anchored placement): arrivals anchored to the stats
     lines (formats that do), else the fit's time-driven placement replayed once more."""
     if fmt.placement != "anchored":
@@ -174,7 +175,8 @@ def log_lines(facts: LogFacts, run: Run, check: Verification) -> dict[int, list[
 def make_replay(facts: LogFacts, fmt: LogFormat, prof: Profile, rebuilt: Rebuilt, run: Run,
                 pre: list[PreemptionRecord], check: Verification, *, loss: float,
                 pattern: str, phase: float, placement: tuple[float, float],
-                estimate: CountEstimate | None, warnings: dict | None, uncertainty: Any) -> Replay:
+                estimate: CountEstimate | None, warnings: dict | None,
+                uncertainty: Uncertainty | None) -> Replay:
     notes = list(rebuilt.notes)
     if fmt.placement != "anchored":
         phase, spread = run.placement

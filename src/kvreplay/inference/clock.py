@@ -4,8 +4,9 @@ Consumes: a `Run` (its step records), `LogFacts`, the `LogFormat`. Produces: a
 `StepTimeModel` (a fixed cost, a cost per scheduled token with a floor where a small step
 is bound by reading the weights, per scheduled request, per token of context), fitted by
 least squares over the stats intervals (the steps between two lines must take that
-interval), or over the request spans' engine-timed windows when there are spans; and the wall clock of a run: the model's durations stretched between the
-stats lines' anchors and the access lines' times.
+interval), or over the request spans' engine-timed windows when there are spans; and the
+pins the stats and access lines give the one wall clock (wall_clock.py): the model's
+durations stretched between the stats lines' anchors and the access lines' times.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.lines import cum_generated, line_time, spans, token_anchors
 from kvreplay.inference.step_fit import FINE_FLOORS, best_fit, segments
+from kvreplay.inference.wall_clock import ClockPin
+from kvreplay.inference.wall_clock import wall_clock as one_clock
 from kvreplay.replay.records import StepRecord
 
 if TYPE_CHECKING:
@@ -167,9 +170,11 @@ def sleep_before(run: Run) -> list[tuple[int, float, float]]:
 
 
 def wall_clock(run: Run, facts: LogFacts, anchors: list[int | None], phase: float) -> list[float]:
-    """Wall-clock start of every step (and the end of the last): the step-time model's
-    durations, stretched between anchors so that the step after anchor i starts at stats
-    time S_i + phase, and pinned at the access lines' times where the log has them."""
+    """Wall-clock start of every step (and the end of the last), by the one clock
+    (wall_clock.wall_clock) from the step-time model's durations and these pins: the
+    stats lines' anchors (the step after anchor i starts at stats time S_i + phase, less
+    half a step), the first request's second, and the access lines' times where the log
+    has them."""
     n = len(run.steps)
     m = run.model
     dur = [m.dt_record(rec) for rec in run.steps]
@@ -181,14 +186,15 @@ def wall_clock(run: Run, facts: LogFacts, anchors: list[int | None], phase: floa
     for a, s in zip(anchors, facts.stats):
         if a is None or a + 1 > n or a + 1 <= last:
             continue
-        # The line saw step a's output but not step a+1's: it was printed while step
-        # a+1 ran; take the middle of that step.
+        # A stats line (vLLM's LoggingStatLogger.log, spec vllm-log-formats.md) saw step
+        # a's output but not step a+1's: it was printed while step a+1 ran; take the middle
+        # of that step.
         pts.append((a + 1, line_time(s, phase) - 0.5 * (dur[a + 1] if a + 1 < n else 0.0)))
         last = a + 1
     if not pts:
         # nothing to pin the clock to: start it at the first arrival's second
         t0 = facts.requests[0].time if facts.requests and facts.requests[0].time else 0.0
-        return [t0 + cum[i] for i in range(n + 1)]
+        return one_clock(dur, [ClockPin(0, "start", t0)]).full()
     # Step 0 is the first request's step (the engine was idle before it): it started
     # inside that request's logged second. Extrapolated backwards from the first stats
     # line with the model's durations it can miss that second by far (a model fitted on
@@ -207,19 +213,9 @@ def wall_clock(run: Run, facts: LogFacts, anchors: list[int | None], phase: floa
             pts.insert(0, (0, min(max(start0, first), latest - 1e-3)))
     if facts.completion_times:
         pts = _with_completion_pins(pts, run, facts.completion_times)
-    out = [0.0] * (n + 1)
-    p0, t0 = pts[0]
-    for i in range(0, p0 + 1):  # before the first pin: model durations backwards
-        out[i] = t0 - (cum[p0] - cum[i])
-    for (pa, ta), (pb, tb) in zip(pts, pts[1:]):
-        span = cum[pb] - cum[pa]
-        scale = (tb - ta) / span if span > 0 else 1.0
-        for i in range(pa, pb + 1):
-            out[i] = ta + (cum[i] - cum[pa]) * scale
-    pl, tl = pts[-1]
-    for i in range(pl, n + 1):
-        out[i] = tl + (cum[i] - cum[pl])
-    return out
+    # (a pin on step n's start is the end of the last step)
+    return one_clock(dur, [ClockPin(k, "start", t) if k < n else ClockPin(n - 1, "end", t)
+                           for k, t in pts]).full()
 
 
 def finish_steps(steps: list[StepRecord]) -> list[int]:

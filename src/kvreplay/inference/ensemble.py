@@ -126,7 +126,7 @@ class _Draw:
         self.facts, self.phase, self.phase_known = facts, phase, phase_known
         anchors = token_anchors(run, facts, fmt)
         self.clock = run.clock + [run.end]
-        self.wins = windows(run, facts, anchors, self.clock)
+        self.wins = [(w.first, w.last) for w in windows(run, facts, anchors, self.clock)]
         self.base = [max(a, 0) for a in run.arrival_steps]
         first = self.clock[0] if self.clock else 0.0
         # steps in the run's first second: the scale of a whole shift of early arrivals

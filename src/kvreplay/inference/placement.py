@@ -4,13 +4,13 @@ Consumes: a fitted time-driven run (stage 4b), `LogFacts`, the `LogFormat`. Prod
 `Anchored` replay: arrivals at fixed steps chosen so that the replay agrees with every
 ordering fact the log gives (the stats lines' anchors, the access lines, the arrival
 seconds), with its wall clock. The iteration: replay -> anchors, completions, clock ->
-a window of steps for each arrival -> a step in each window -> replay again. Bursts also
+a window of steps for each arrival (`ArrivalWindow`) -> a step in each window (the one
+placer, placer.place) -> replay again. Bursts also
 try spacings inside the burst and a short search for stats lines matched exactly.
 """
 
 from __future__ import annotations
 
-import bisect
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,6 +20,7 @@ from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.log_shape import large_log
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.lines import cum_generated, phase_estimate, token_anchors
+from kvreplay.inference.placer import ArrivalWindow, place, step_at
 from kvreplay.inference.runs import Run, as_step_replay, step_replay
 from kvreplay.inference.verify import anchored_loss, verify
 
@@ -46,83 +47,63 @@ class Anchored:
     iterations: int
 
 
-def _step_at(clock: list[float], t: float) -> int:
-    """First step whose start is at or after wall time t."""
-    return bisect.bisect_left(clock, t)
-
-
 def windows(run: Run, facts: LogFacts, anchors: list[int | None], clock: list[float],
-            use_seconds: bool = True) -> list[tuple[int, int]]:
-    """For each arrival, the steps it may enter at: after the completions and stats lines
-    the log shows before it, before the ones it shows after it, inside its logged second."""
+            use_seconds: bool = True) -> list[ArrivalWindow]:
+    """For each arrival, the steps it may enter at (for the one placer, placer.place):
+    after the completions and stats lines the log shows before it, before the ones it shows
+    after it, inside its logged second."""
     fin_steps = finish_steps(run.steps)
     n = len(run.steps)
     out = []
     first_time = facts.requests[0].time if facts.requests else None
     if first_time is None:
         first_time = float("-inf")
-    for r in facts.requests:
+    for idx, r in enumerate(facts.requests):
         lo, hi = 0, n
+        by: list[str] = []
         # A request entering at step a was received while step a-1 ran; the access line
         # of a request finished at step f is written once step f has ended, i.e. while
         # step f+1 runs. So a line after finish f means a >= f+2, a line before it a <= f+1
         # (on the log cases' own traces this holds for every arrival; f+1 / f do not).
         c = r.completions_before
+        access = False
         if c > 0 and c - 1 < len(fin_steps):
             lo = max(lo, fin_steps[c - 1] + 2)
+            access = True
         if c < min(len(fin_steps), len(facts.completions)):
             # the next access line the log shows (none when the access log is off or its
             # lines are response starts: then the replay's finishes bound nothing)
             hi = min(hi, fin_steps[c] + 1)
+            access = True
+        if access:
+            by.append("access lines")
+        # A stats line saw the output of its anchor step, not the next one's: a request
+        # logged after it entered after that step, one logged before it by the next step.
         i = r.stats_before
+        stats = False
         if i > 0 and i - 1 < len(anchors) and anchors[i - 1] is not None:
             lo = max(lo, anchors[i - 1] + 1)  # type: ignore[operator]
+            stats = True
         if i < len(anchors) and anchors[i] is not None:
             hi = min(hi, anchors[i] + 1)  # type: ignore[operator]
+            stats = True
+        if stats:
+            by.append("stats lines")
         if use_seconds and r.precise_time is not None:
-            slo = _step_at(clock, r.precise_time - PRECISE_TOL_S)
-            shi = _step_at(clock, r.precise_time + PRECISE_TOL_S)
+            slo = step_at(clock, r.precise_time - PRECISE_TOL_S)
+            shi = step_at(clock, r.precise_time + PRECISE_TOL_S)
             if max(lo, slo) <= min(hi, shi):
                 lo, hi = max(lo, slo), min(hi, shi)
+                by.append("sub-second time")
         elif use_seconds and r.time is not None:
             # step 0 lies in the first request's second, whatever the clock says
-            slo = 0 if r.time <= first_time else _step_at(clock, r.time)
-            shi = _step_at(clock, r.time + 1.0)
+            slo = 0 if r.time <= first_time else step_at(clock, r.time)
+            shi = step_at(clock, r.time + 1.0)
             if max(lo, slo) <= min(hi, shi):
                 lo, hi = max(lo, slo), min(hi, shi)
-        out.append((lo, hi))
+                by.append("arrival second")
+        out.append(ArrivalWindow(idx, lo, hi, "+".join(by) or "none"))
     return out
-
-
-def place(wins: list[tuple[int, int]], clock: list[float], burst: bool) -> list[int]:
-    """Pick a step in each window, in file order: evenly spread in time inside the window
-    (or at its start when the log looks like a burst); monotone in file order."""
-    steps: list[int] = []
-    i = 0
-    prev = 0
-    while i < len(wins):
-        j = i
-        while j < len(wins) and wins[j] == wins[i]:
-            j += 1
-        lo, hi = wins[i]
-        if lo > hi:  # an empty window: the constraints are relaxed
-            lo, hi = hi, hi
-        lo = max(lo, prev)
-        hi = max(hi, lo)
-        m = j - i
-        for k in range(m):
-            if burst:
-                s = lo
-            else:
-                tl = clock[min(lo, len(clock) - 1)]
-                th = clock[min(hi, len(clock) - 1)]
-                s = _step_at(clock, tl + (th - tl) * (k + 1) / (m + 1))
-                s = min(max(s, lo), hi)
-            s = max(s, prev)
-            steps.append(s)
-            prev = s
-        i = j
-    return steps
 
 
 def placed(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile, arrival: list[int],
@@ -231,8 +212,7 @@ def exact_search(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Pro
     for _ in range(EXACT_SEARCH_MOVES):
         cand = list(cur)
         i = rng.randrange(1, n)
-        lo, hi = wins[i]
-        cand[i] = min(max(cand[i] + rng.choice((-3, -2, -1, 1, 2, 3)), lo), max(lo, hi))
+        cand[i] = wins[i].clamp(cand[i] + rng.choice((-3, -2, -1, 1, 2, 3)))
         for j in range(1, n):
             cand[j] = max(cand[j], cand[j - 1])
         if cand == cur:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from kvreplay.inference.clock import StepTimeModel, regression
 from kvreplay.inference.engines import make_engine, num_requests
@@ -46,6 +46,7 @@ from kvreplay.inference.runs import Run, _finish, step_limit
 from kvreplay.replay.engine import without_cyclic_gc
 
 if TYPE_CHECKING:
+    from kvreplay.events import RequestSpan
     from kvreplay.inference.engines import Profile
     from kvreplay.inference.rebuild import Rebuilt
 
@@ -73,7 +74,7 @@ class SpanMarks:
     idle_s: float | None = None  # the idle engine's step period (idle_period); None: none
 
 
-def _stamped(s: Any) -> bool:
+def _stamped(s: RequestSpan | None) -> bool:
     return s is not None and None not in (s.time_in_queue, s.time_to_first_token,
                                           s.time_in_model_prefill)
 
