@@ -6,7 +6,8 @@ lines print KV usage), the replay's step records. Produces: `LineCheck` (the ste
 their lines, in order: N advances with each step that scheduled a token), `Mismatch` (a
 line the replay does not match, and how), `IterationMatch` (the placed run, the lines
 checked and matched, the first mismatch); `unusable` (why a log's lines cannot place its
-arrivals), `kv_within_split` (a KV-usage difference a sum of prompts' split explains).
+arrivals), `kv_within_split` (a KV-usage difference a sum of prompts' split explains;
+`kv_split_explains` the same on a step's running requests kept from when it ran).
 What a line says: iterations.py's docstring (spec: vllm-log-formats.md 4.3).
 """
 
@@ -152,8 +153,21 @@ class LineCheck:
 
 def kv_within_split(rec: StepRecord, diffs: list[str], lc: LineCheck, sched: Any,
                     lengths: LineLengths) -> bool:
+    """A KV usage off by no more blocks than the running prompts known only as a sum may
+    hold (`kv_split_explains` on the scheduler's running requests after the step)."""
     if not lengths or not all(d.startswith("KV usage") for d in diffs):
         return False
+    return kv_split_explains(rec, lc, running_state(sched), sched.pool.num_usable_blocks,
+                             lengths)
+
+
+def running_state(sched: Any) -> list[tuple[str, int]]:
+    """What `kv_split_explains` reads of the running requests: (id, computed tokens)."""
+    return [(r.request_id, r.num_computed_tokens) for r in sched.running]
+
+
+def kv_split_explains(rec: StepRecord, lc: LineCheck, running: list[tuple[str, int]],
+                      blocks: int, lengths: LineLengths) -> bool:
     n = lc.line_of_step.get(rec.updated_batch if rec.updated_batch is not None else rec.step)
     it = lc.by_n.get(n) if n is not None else None
     if it is None or it.kv_usage is None:
@@ -161,10 +175,10 @@ def kv_within_split(rec: StepRecord, diffs: list[str], lc: LineCheck, sched: Any
     # a prompt known only as a sum holds any share of its group's blocks until a line
     # splits it: the blocks its group holds in all (a wrong split is not a wrong step:
     # the context counts and tokens, exact, place the arrivals)
-    unsure = sum(lengths.group_blocks(r) for r in sched.running if lengths.uncertain(r.request_id))
+    unsure = sum(lengths.group_blocks(rid, computed) for rid, computed in running
+                 if lengths.uncertain(rid))
     if not unsure:
         return False
-    blocks = sched.pool.num_usable_blocks
     ours = round(rec.kv_usage * blocks)  # blocks in use
     lo = (it.kv_usage - 0.05) / 100.0 * blocks  # the blocks the printed 0.1 % allows
     hi = (it.kv_usage + 0.05) / 100.0 * blocks
