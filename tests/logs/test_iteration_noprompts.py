@@ -196,3 +196,36 @@ def test_a_replay_that_matches_every_line_keeps_its_rows_likely() -> None:
         sorted((p["step"], p["victim_log_id"]) for p in truth["preemptions"])
     assert all(p.probability is not None and p.probability >= 0.8 and p.confidence == "inferred"
                for p in rep.preemptions)
+
+
+@pytest.mark.parametrize("case", ["b_fcfs_heavy", "f_prefix_caching"])
+def test_the_search_run_kept_as_the_replay_is_the_run_its_inputs_make(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompts not logged: where the one forward pass neither went back nor changed a prompt
+    the scheduler had read, its own run is the replay (iterations.iteration_replay). Run
+    again from the start (forced), every step record and the whole report are the same.
+    On b the pass's own run is kept (its lines give the queued requests their lengths
+    before the scheduler reads them); on f it went back, and is run again either way."""
+    from kvreplay.cli.replay_report import to_json
+    from kvreplay.inference import iterations
+
+    run = iterations._Search.run
+    kept: list[bool] = []
+
+    def spy(self: iterations._Search) -> None:
+        run(self)
+        kept.append(not self.rerun)
+
+    def forced(self: iterations._Search) -> None:
+        run(self)
+        self.rerun = True
+
+    path = str(DATA / case / "server.iter.log")
+    monkeypatch.setattr(iterations._Search, "run", spy)
+    own = replay_logs([path], year=2026)
+    monkeypatch.setattr(iterations._Search, "run", forced)
+    again = replay_logs([path], year=2026)
+    assert kept == [case == "b_fcfs_heavy"]
+    assert len(own.steps) == len(again.steps) > 0
+    assert own.steps == again.steps
+    assert to_json(own) == to_json(again)
