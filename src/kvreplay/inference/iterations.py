@@ -35,7 +35,10 @@ Prompts not logged (estimated): before each step, the requests it will admit get
 lengths its line shows (LineLengths.ahead: alone, exactly; several, as their sum), and the
 log is placed in one forward pass, each step its most likely arrivals, nothing gone back
 over (SEARCH_STEPS_PER_LINE = 0): the replay then costs about what it costs with prompts,
-and what the lines leave open (how a sum splits) is the ensemble's to cover.
+and what the lines leave open (how a sum splits) is the ensemble's to cover. Where that
+pass neither went back nor gave a prompt to a request the scheduler had already tried to
+admit with its old one, its own run is the run its inputs make, and is kept as the replay
+(checked line by line again) instead of being run a second time.
 """
 
 from __future__ import annotations
