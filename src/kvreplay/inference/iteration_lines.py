@@ -183,3 +183,42 @@ def kv_split_explains(rec: StepRecord, lc: LineCheck, running: list[tuple[str, i
     lo = (it.kv_usage - 0.05) / 100.0 * blocks  # the blocks the printed 0.1 % allows
     hi = (it.kv_usage + 0.05) / 100.0 * blocks
     return lo - unsure - 1e-6 <= ours <= hi + unsure + 1e-6
+
+
+def recomputes_shown(facts: LogFacts, budget: int) -> int:
+    """The least number of preemptions the lines alone show: the recomputes they count.
+
+    A request with an output token is a "generation" request, and one scheduled after its
+    first token takes 1 token a step, except a preempted one being recomputed (its prompt
+    and outputs computed again: vllm-log-formats.md 4.3; scheduler spec A1.4). So a line
+    with more generation tokens than generation requests has a recompute in its step, and
+    each run of such lines at least one preemption before it. A recompute may pause a step
+    without ending: when the token budget ran out before its turn (a line at the budget) or
+    in a step whose line is missing; such lines do not end a run. Counted only for sync
+    scheduling without speculative decoding (a drafted token also makes a generation
+    request take more than 1 token), and for profiles where a running request is skipped
+    only by the budget (FCFS; under the priority policy, 0.33's scan going on past a
+    request that preempted itself: profile.priority_self_preempt_continues).
+    A preemption whose victim is not recomputed within the log (or, with prefix caching,
+    recomputes 1 token), or before its first token, shows nothing: a lower bound."""
+    runs = 0
+    open_ = False
+    for it in facts.iterations:
+        if it.generation_tokens > it.generation_requests:
+            runs += not open_
+            open_ = True
+        elif it.context_tokens + it.generation_tokens < budget:
+            open_ = False  # budget to spare and no recompute: none is in flight
+    return runs
+
+
+def recomputes_count(facts: LogFacts, workload: Any, profile: Any) -> int | None:
+    """`recomputes_shown`, where it is a lower bound (None where the log's run may make a
+    generation request take more than 1 token otherwise, or skip a recompute's turn with
+    budget to spare)."""
+    cfg = workload.config
+    if cfg.async_scheduling or (facts.config is not None and facts.config.speculative):
+        return None
+    if cfg.policy != "fcfs" and not getattr(profile, "priority_self_preempt_continues", False):
+        return None
+    return recomputes_shown(facts, cfg.max_num_batched_tokens)
