@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 from pathlib import Path
@@ -229,3 +230,53 @@ def test_the_search_run_kept_as_the_replay_is_the_run_its_inputs_make(
     assert len(own.steps) == len(again.steps) > 0
     assert own.steps == again.steps
     assert to_json(own) == to_json(again)
+
+
+def _lines(*rows: tuple[int, int, int, int], missing: tuple[int, ...] = ()) -> SimpleNamespace:
+    its = [SimpleNamespace(step=n, context_requests=cr, context_tokens=ct,
+                           generation_requests=gr, generation_tokens=gt)
+           for n, (cr, ct, gr, gt) in enumerate(rows) if n not in missing]
+    return SimpleNamespace(iterations=its, config=None)
+
+
+def test_the_recomputes_the_lines_show() -> None:
+    """A generation request taking more than 1 token is a recompute: each run of such lines
+    is one preemption at least. A run goes on across a line at the token budget (the
+    recompute's turn may not come) and a missing line; a line with budget to spare and no
+    recompute ends it."""
+    from kvreplay.inference.iteration_lines import recomputes_shown
+    decode = (0, 0, 5, 5)
+    assert recomputes_shown(_lines(decode, decode, (1, 300, 4, 4)), 8192) == 0
+    again = (0, 0, 5, 700)  # one of 5 generation requests computes 696 tokens
+    assert recomputes_shown(_lines(decode, again, again, decode), 8192) == 1
+    assert recomputes_shown(_lines(again, decode, again), 8192) == 2
+    full = (1, 8187, 5, 5)  # the budget ran out before the recompute's turn
+    assert recomputes_shown(_lines(again, full, again), 8192) == 1
+    assert recomputes_shown(_lines(again, decode, again, missing=(1,)), 8192) == 1
+
+
+_ITER = re.compile(r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, "
+                   r"(\d+) generation requests, (\d+) generation tokens")
+
+
+def test_the_lines_recomputes_are_a_lower_bound_on_the_true_preemptions() -> None:
+    """On the three log cases (vLLM 0.33 runs; truth.json from the server's own trace), the
+    lines read here by a regex of their own: the recomputes they show are never more than
+    the true preemptions, and on p1 most of them; the replay without prompts reports a
+    count no lower."""
+    from kvreplay.inference.iteration_lines import recomputes_shown
+    seen = {}
+    for case in ("b_fcfs_heavy", "f_prefix_caching", "p1_poisson_fcfs_200"):
+        truth = json.loads((DATA / case / "truth.json").read_text())
+        text = (DATA / case / "server.iter.log").read_text()
+        lines = [SimpleNamespace(step=int(m[1]), context_requests=int(m[2]),
+                                 context_tokens=int(m[3]), generation_requests=int(m[4]),
+                                 generation_tokens=int(m[5])) for m in _ITER.finditer(text)]
+        budget = int(re.search(r"'max_num_batched_tokens': (\d+)", text)[1])
+        shown = recomputes_shown(SimpleNamespace(iterations=lines, config=None), budget)
+        seen[case] = (shown, len(truth["preemptions"]))
+        assert 0 < shown <= len(truth["preemptions"]), case
+    assert seen["p1_poisson_fcfs_200"][0] >= 0.8 * seen["p1_poisson_fcfs_200"][1]
+    rep = replay_logs([str(DATA / "p1_poisson_fcfs_200" / "server.iter.log")], year=2026)
+    assert rep.uncertainty is not None
+    assert rep.uncertainty.preemptions["low"] >= seen["p1_poisson_fcfs_200"][0]
