@@ -5,16 +5,18 @@ Consumes: `LogFacts` (the first engine's iteration lines), the `LogFormat` (whet
 lines print KV usage), the replay's step records. Produces: `LineCheck` (the steps against
 their lines, in order: N advances with each step that scheduled a token), `Mismatch` (a
 line the replay does not match, and how), `IterationMatch` (the placed run, the lines
-checked and matched, the first mismatch); `unusable` (why a log's lines cannot place its
-arrivals), `kv_within_split` (a KV-usage difference a sum of prompts' split explains;
-`kv_split_explains` the same on a step's running requests kept from when it ran).
+checked and matched, the first mismatch); `checked_run` (a run's steps against them);
+`unusable` (why a log's lines cannot place its arrivals), `kv_within_split` (a KV-usage
+difference a sum of prompts' split explains; `kv_split_explains` the same on a step's
+running requests kept from when it ran); `recomputes_shown` (the preemptions the lines
+show at least).
 What a line says: iterations.py's docstring (spec: vllm-log-formats.md 4.3).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TYPE_CHECKING
+from typing import Any, Callable, Iterable, TYPE_CHECKING
 
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
@@ -149,6 +151,31 @@ class LineCheck:
             n = self.line_of_step.get(rec.updated_batch, n)
         it = self.by_n.get(n) or self.by_n[self.last_n]
         return Mismatch(n, it.file, it.line, rec.step, diffs)
+
+
+def checked_run(run: Iterable[tuple[StepRecord, Callable[[], list[tuple[str, int]]]]],
+                lc: LineCheck, lengths: LineLengths, blocks: int
+                ) -> tuple[list[StepRecord], Mismatch | None, set[int], int]:
+    """A run's steps, each with how to read its running requests after it (`running_state`,
+    read before the next step), against their lines: the steps, the first mismatch, the
+    lines mismatched, and the lines whose only difference is a KV usage a sum's split
+    explains (`kv_split_explains`: not mismatches)."""
+    steps: list[StepRecord] = []
+    first: Mismatch | None = None
+    bad: set[int] = set()
+    kv_unsure = 0
+    for rec, running in run:
+        steps.append(rec)
+        diffs = lc.check(rec)
+        if diffs and lengths and all(d.startswith("KV usage") for d in diffs):
+            if kv_split_explains(rec, lc, running(), blocks, lengths):
+                kv_unsure += 1
+                continue
+        if diffs:
+            m = lc.mismatch(rec, diffs)
+            bad.add(m.iteration)
+            first = first or m
+    return steps, first, bad, kv_unsure
 
 
 def kv_within_split(rec: StepRecord, diffs: list[str], lc: LineCheck, sched: Any,

@@ -44,6 +44,7 @@ admit with its old one, its own run is the run its inputs make, and is kept as t
 from __future__ import annotations
 
 import threading
+from functools import partial
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
@@ -53,9 +54,8 @@ from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.log_shape import cut_time
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.iteration_clock import iteration_clock
-from kvreplay.inference.iteration_lines import (IterationMatch, LineCheck, Mismatch,
-                                                kv_split_explains, kv_within_split,
-                                                running_state)
+from kvreplay.inference.iteration_lines import (IterationMatch, LineCheck, checked_run,
+                                                kv_within_split, running_state)
 from kvreplay.inference.line_lengths import Fix, LineLengths
 from kvreplay.inference.runs import Run, step_limit
 from kvreplay.replay.engine import Engine, without_cyclic_gc
@@ -515,28 +515,14 @@ def iteration_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any
     s.run()
     inputs = s.eng.inputs()
     lc = LineCheck(facts, fmt, s.cut)
-    first: Mismatch | None = None
-    bad: set[int] = set()
-    kv_unsure = 0
-    steps: list[StepRecord] = []
-    blocks = s.eng.scheduler.pool.num_usable_blocks
     # the replay: the inputs found, from the start; with estimated prompts placed in one
     # forward pass that neither went back nor changed a prompt the scheduler had seen, that
     # is the search's own run (the engine is deterministic), checked again line by line
     own = bool(s.lengths) and not s.rerun
-    for rec, sched in (((r, None) for r in s.steps) if own
-                       else _replayed(rebuilt.workload, profile, inputs)):
-        steps.append(rec)
-        diffs = lc.check(rec)
-        if diffs and s.lengths and all(d.startswith("KV usage") for d in diffs):
-            running = s.kv_running[rec.step] if sched is None else running_state(sched)
-            if kv_split_explains(rec, lc, running, blocks, s.lengths):
-                kv_unsure += 1
-                continue
-        if diffs:
-            m = lc.mismatch(rec, diffs)
-            bad.add(m.iteration)
-            first = first or m
+    steps, first, bad, kv_unsure = checked_run(
+        ((r, partial(s.kv_running.__getitem__, r.step)) for r in s.steps) if own
+        else _replayed(rebuilt.workload, profile, inputs),
+        lc, s.lengths, s.eng.scheduler.pool.num_usable_blocks)
     last_n = lc.last_n
     checked = sum(1 for n in lc.line_of_step.values() if n <= last_n)
     matched = sum(1 for n in lc.line_of_step.values() if n <= last_n and n not in bad)
@@ -560,10 +546,12 @@ def iteration_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any
 
 
 def _replayed(workload: Any, profile: Any, inputs: Any) -> Any:
-    """Each step of the run `inputs` make, with the scheduler after it."""
+    """Each step of the run `inputs` make, with how to read its running requests after it
+    (read at once, before the next step)."""
     eng = make_engine(workload, profile, inputs=inputs)
     while not eng.done:
-        yield eng.step(), eng.scheduler  # type: ignore[attr-defined]
+        rec = eng.step()
+        yield rec, partial(running_state, eng.scheduler)  # type: ignore[attr-defined]
 
 
 def _line_at_or_after(line_of_step: dict[int, int], step: int) -> int | None:
