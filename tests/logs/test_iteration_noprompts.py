@@ -280,3 +280,21 @@ def test_the_lines_recomputes_are_a_lower_bound_on_the_true_preemptions() -> Non
     rep = replay_logs([str(DATA / "p1_poisson_fcfs_200" / "server.iter.log")], year=2026)
     assert rep.uncertainty is not None
     assert rep.uncertainty.preemptions["low"] >= seen["p1_poisson_fcfs_200"][0]
+
+
+def test_no_recompute_bound_where_a_generation_request_may_take_more_tokens() -> None:
+    """Async scheduling, speculative decoding, and the priority policy before 0.33 (a
+    running request's turn skipped with budget to spare): no lower bound from the lines."""
+    from kvreplay.inference.iteration_lines import recomputes_count
+    from kvreplay.replay.profile import get_profile
+    facts = _lines((0, 0, 5, 5), (0, 0, 5, 700))
+    cfg = SimpleNamespace(async_scheduling=False, policy="fcfs", max_num_batched_tokens=8192)
+    wl = SimpleNamespace(config=cfg)
+    assert recomputes_count(facts, wl, get_profile("0.33")) == 1
+    assert recomputes_count(facts, SimpleNamespace(config=SimpleNamespace(
+        **{**vars(cfg), "async_scheduling": True})), get_profile("0.33")) is None
+    spec = SimpleNamespace(iterations=facts.iterations, config=SimpleNamespace(speculative="{'n': 3}"))
+    assert recomputes_count(spec, wl, get_profile("0.33")) is None
+    prio = SimpleNamespace(config=SimpleNamespace(**{**vars(cfg), "policy": "priority"}))
+    assert recomputes_count(facts, prio, get_profile("0.33")) == 1
+    assert recomputes_count(facts, prio, get_profile("0.31")) is None
