@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 from pathlib import Path
@@ -196,3 +197,104 @@ def test_a_replay_that_matches_every_line_keeps_its_rows_likely() -> None:
         sorted((p["step"], p["victim_log_id"]) for p in truth["preemptions"])
     assert all(p.probability is not None and p.probability >= 0.8 and p.confidence == "inferred"
                for p in rep.preemptions)
+
+
+@pytest.mark.parametrize("case", ["b_fcfs_heavy", "f_prefix_caching"])
+def test_the_search_run_kept_as_the_replay_is_the_run_its_inputs_make(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompts not logged: where the one forward pass neither went back nor changed a prompt
+    the scheduler had read, its own run is the replay (iterations.iteration_replay). Run
+    again from the start (forced), every step record and the whole report are the same.
+    On b the pass's own run is kept (its lines give the queued requests their lengths
+    before the scheduler reads them); on f it went back, and is run again either way."""
+    from kvreplay.cli.replay_report import to_json
+    from kvreplay.inference import iterations
+
+    run = iterations._Search.run
+    kept: list[bool] = []
+
+    def spy(self: iterations._Search) -> None:
+        run(self)
+        kept.append(not self.rerun)
+
+    def forced(self: iterations._Search) -> None:
+        run(self)
+        self.rerun = True
+
+    path = str(DATA / case / "server.iter.log")
+    monkeypatch.setattr(iterations._Search, "run", spy)
+    own = replay_logs([path], year=2026)
+    monkeypatch.setattr(iterations._Search, "run", forced)
+    again = replay_logs([path], year=2026)
+    assert kept == [case == "b_fcfs_heavy"]
+    assert len(own.steps) == len(again.steps) > 0
+    assert own.steps == again.steps
+    assert to_json(own) == to_json(again)
+
+
+def _lines(*rows: tuple[int, int, int, int], missing: tuple[int, ...] = ()) -> SimpleNamespace:
+    its = [SimpleNamespace(step=n, context_requests=cr, context_tokens=ct,
+                           generation_requests=gr, generation_tokens=gt)
+           for n, (cr, ct, gr, gt) in enumerate(rows) if n not in missing]
+    return SimpleNamespace(iterations=its, config=None)
+
+
+def test_the_recomputes_the_lines_show() -> None:
+    """A generation request taking more than 1 token is a recompute: each run of such lines
+    is one preemption at least. A run goes on across a line at the token budget (the
+    recompute's turn may not come) and a missing line; a line with budget to spare and no
+    recompute ends it."""
+    from kvreplay.inference.iteration_lines import recomputes_shown
+    decode = (0, 0, 5, 5)
+    assert recomputes_shown(_lines(decode, decode, (1, 300, 4, 4)), 8192) == 0
+    again = (0, 0, 5, 700)  # one of 5 generation requests computes 696 tokens
+    assert recomputes_shown(_lines(decode, again, again, decode), 8192) == 1
+    assert recomputes_shown(_lines(again, decode, again), 8192) == 2
+    full = (1, 8187, 5, 5)  # the budget ran out before the recompute's turn
+    assert recomputes_shown(_lines(again, full, again), 8192) == 1
+    assert recomputes_shown(_lines(again, decode, again, missing=(1,)), 8192) == 1
+
+
+_ITER = re.compile(r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, "
+                   r"(\d+) generation requests, (\d+) generation tokens")
+
+
+def test_the_lines_recomputes_are_a_lower_bound_on_the_true_preemptions() -> None:
+    """On the three log cases (vLLM 0.33 runs; truth.json from the server's own trace), the
+    lines read here by a regex of their own: the recomputes they show are never more than
+    the true preemptions, and on p1 most of them; the replay without prompts reports a
+    count no lower."""
+    from kvreplay.inference.iteration_lines import recomputes_shown
+    seen = {}
+    for case in ("b_fcfs_heavy", "f_prefix_caching", "p1_poisson_fcfs_200"):
+        truth = json.loads((DATA / case / "truth.json").read_text())
+        text = (DATA / case / "server.iter.log").read_text()
+        lines = [SimpleNamespace(step=int(m[1]), context_requests=int(m[2]),
+                                 context_tokens=int(m[3]), generation_requests=int(m[4]),
+                                 generation_tokens=int(m[5])) for m in _ITER.finditer(text)]
+        budget = int(re.search(r"'max_num_batched_tokens': (\d+)", text)[1])
+        shown = recomputes_shown(SimpleNamespace(iterations=lines, config=None), budget)
+        seen[case] = (shown, len(truth["preemptions"]))
+        assert 0 < shown <= len(truth["preemptions"]), case
+    assert seen["p1_poisson_fcfs_200"][0] >= 0.8 * seen["p1_poisson_fcfs_200"][1]
+    rep = replay_logs([str(DATA / "p1_poisson_fcfs_200" / "server.iter.log")], year=2026)
+    assert rep.uncertainty is not None
+    assert rep.uncertainty.preemptions["low"] >= seen["p1_poisson_fcfs_200"][0]
+
+
+def test_no_recompute_bound_where_a_generation_request_may_take_more_tokens() -> None:
+    """Async scheduling, speculative decoding, and the priority policy before 0.33 (a
+    running request's turn skipped with budget to spare): no lower bound from the lines."""
+    from kvreplay.inference.iteration_lines import recomputes_count
+    from kvreplay.replay.profile import get_profile
+    facts = _lines((0, 0, 5, 5), (0, 0, 5, 700))
+    cfg = SimpleNamespace(async_scheduling=False, policy="fcfs", max_num_batched_tokens=8192)
+    wl = SimpleNamespace(config=cfg)
+    assert recomputes_count(facts, wl, get_profile("0.33")) == 1
+    assert recomputes_count(facts, SimpleNamespace(config=SimpleNamespace(
+        **{**vars(cfg), "async_scheduling": True})), get_profile("0.33")) is None
+    spec = SimpleNamespace(iterations=facts.iterations, config=SimpleNamespace(speculative="{'n': 3}"))
+    assert recomputes_count(spec, wl, get_profile("0.33")) is None
+    prio = SimpleNamespace(config=SimpleNamespace(**{**vars(cfg), "policy": "priority"}))
+    assert recomputes_count(facts, prio, get_profile("0.33")) == 1
+    assert recomputes_count(facts, prio, get_profile("0.31")) is None

@@ -2,7 +2,7 @@
 """Score the Iteration-line replay of logs WITHOUT prompt bodies (dev tool).
 
     python -m tools.research.eval_iter_noprompts [--out /tmp/iternp] [--only logcases|renders]
-        [--cases NAME,...] [--samples N]
+        [--cases NAME,...] [--samples N] [--repeat N]
 
 Two sets of inputs, each replayed twice, without and with prompt bodies (the same run):
 
@@ -17,8 +17,11 @@ Two sets of inputs, each replayed twice, without and with prompt bodies (the sam
 
 Per log, one JSON line: true and found preemptions, victims named at their step +-5
 (matching.match_preemptions), the count's 90% interval if any and whether it holds the
-true count, Iteration lines matched, and the wall time of both replays (ratio = without /
-with prompts).
+true count, Iteration lines matched, and the time of both replays: wall and CPU seconds
+(process time), each the least of --repeat runs, after one replay that loads the modules
+(ratio = without / with prompts). The last line sums them up: victims at their step, the
+intervals that hold and their mean width (x the true count), the rows with p >= 0.8 and
+p < 0.2 and how many are right, and the CPU ratios.
 """
 from __future__ import annotations
 
@@ -92,19 +95,24 @@ def render_cases(out: str, model: dict) -> list[dict]:
     return rows
 
 
-def replay_once(path: str, samples: int | None) -> tuple[object, float]:
+def replay_once(path: str, samples: int | None, repeat: int = 1) -> tuple[object, float, float]:
+    """The replay, and the least wall and CPU seconds of `repeat` runs."""
     from kvreplay.sources import replay_logs
-    t0 = time.perf_counter()
     kw = {} if samples is None else {"samples": samples}
-    rep = replay_logs([path], **kw)
-    return rep, time.perf_counter() - t0
+    wall = cpu = float("inf")
+    for _ in range(max(1, repeat)):
+        t0, c0 = time.perf_counter(), time.process_time()
+        rep = replay_logs([path], **kw)
+        wall = min(wall, time.perf_counter() - t0)
+        cpu = min(cpu, time.process_time() - c0)
+    return rep, wall, cpu
 
 
-def score(name: str, d: str, samples: int | None) -> dict:
+def score(name: str, d: str, samples: int | None, repeat: int = 1) -> dict:
     truth = json.load(open(os.path.join(d, "truth.json")))
     true = [(p["step"], p["victim_log_id"]) for p in truth["preemptions"]]
-    rep, dt = replay_once(os.path.join(d, "server.iter.log"), samples)
-    rep_p, dt_p = replay_once(os.path.join(d, "server.iter.reqbody.log"), samples)
+    rep, dt, cpu = replay_once(os.path.join(d, "server.iter.log"), samples, repeat)
+    rep_p, dt_p, cpu_p = replay_once(os.path.join(d, "server.iter.reqbody.log"), samples, repeat)
     found = [(p.step, p.victim) for p in rep.preemptions]
     hits = match_preemptions(true, found)
     it = rep.verification.iterations or {}
@@ -114,6 +122,8 @@ def score(name: str, d: str, samples: int | None) -> dict:
            "confidence": rep.confidence,
            "s_noprompts": round(dt, 2), "s_prompts": round(dt_p, 2),
            "ratio": round(dt / max(dt_p, 1e-9), 2),
+           "cpu_noprompts": round(cpu, 3), "cpu_prompts": round(cpu_p, 3),
+           "cpu_ratio": round(cpu / max(cpu_p, 1e-9), 2),
            "with_prompts_exact": len(match_preemptions(true, [(p.step, p.victim) for p in rep_p.preemptions], 0)) == len(true) == len(rep_p.preemptions)}
     u = rep.uncertainty
     if u is not None:
@@ -122,6 +132,8 @@ def score(name: str, d: str, samples: int | None) -> dict:
         row["holds"] = c["low"] <= len(true) <= c["high"]
         labelled = [(p.probability or 0.0, j in hits) for j, p in enumerate(rep.preemptions)]
         row["p>=0.8 right"] = f"{sum(ok for q, ok in labelled if q >= 0.8)}/{sum(q >= 0.8 for q, _ in labelled)}"
+        row["p<0.2 right"] = f"{sum(ok for q, ok in labelled if q < 0.2)}/{sum(q < 0.2 for q, _ in labelled)}"
+        row["width"] = round((c["high"] - c["low"]) / max(1, len(true)), 3)
     labels: dict[str, list[int]] = {}
     for j, p in enumerate(rep.preemptions):
         lab = labels.setdefault(p.confidence or "?", [0, 0])
@@ -138,6 +150,7 @@ def main() -> int:
     ap.add_argument("--only", choices=("logcases", "renders"))
     ap.add_argument("--cases", default="")
     ap.add_argument("--samples", type=int, default=None)
+    ap.add_argument("--repeat", type=int, default=1, help="time each replay N times (least)")
     args = ap.parse_args()
     want = set(filter(None, args.cases.split(",")))
     cases = []
@@ -147,19 +160,34 @@ def main() -> int:
     if args.only != "logcases":
         model = json.load(open(os.path.join(LOGCASES, "p1_poisson_fcfs_200", "truth.json")))["step_time_model"]
         cases += [(r["name"], r["dir"]) for r in render_cases(args.out, model)]
+    cases = [(n, d) for n, d in cases if not want or n in want]
+    if cases:  # load the modules once, outside the times
+        replay_once(os.path.join(cases[0][1], "server.iter.log"), args.samples)
     tot = [0, 0, 0, 0]
+    widths: list[float] = []
+    rows_hi, rows_lo = [0, 0], [0, 0]
+    ratios: dict[str, float] = {}
     for name, d in cases:
-        if want and name not in want:
-            continue
-        row = score(name, d, args.samples)
+        row = score(name, d, args.samples, args.repeat)
         tot[0] += row["true"]
         tot[1] += row["at_step_5"]
         tot[2] += row["holds"] if "holds" in row else 0
         tot[3] += 1
+        if "width" in row:
+            widths.append(row["width"])
+            for acc, key in ((rows_hi, "p>=0.8 right"), (rows_lo, "p<0.2 right")):
+                a, b = row[key].split("/")
+                acc[0] += int(a)
+                acc[1] += int(b)
+        ratios[name] = row["cpu_ratio"]
         print(json.dumps(row), flush=True)
     print(json.dumps({"total_true": tot[0], "at_step_5": tot[1],
                       "share": round(tot[1] / max(1, tot[0]), 3),
-                      "intervals_holding": f"{tot[2]}/{tot[3]}"}))
+                      "intervals_holding": f"{tot[2]}/{tot[3]}",
+                      "mean_width": round(sum(widths) / len(widths), 3) if widths else None,
+                      "p>=0.8 right": f"{rows_hi[0]}/{rows_hi[1]}",
+                      "p<0.2 right": f"{rows_lo[0]}/{rows_lo[1]}",
+                      "cpu_ratio_max": max(ratios.values()) if ratios else None}))
     return 0
 
 

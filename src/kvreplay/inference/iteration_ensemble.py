@@ -15,7 +15,8 @@ allow: exact kept, a sum split at random with its total kept (log-normal shares)
 moved within +-1 block, a bound raised, an estimate redrawn log-normally; under the
 priority policy without logged priorities, random priorities 0-4. Weight: how many
 Iteration lines the member reproduces (uncertainty.noise_weights on the lines it misses).
-The count's interval is over every member; a row's and a request's probability over the
+The count's interval is over every member, and no lower than the recomputes the lines show
+(iteration_lines.recomputes_count: a lower bound); a row's and a request's probability over the
 drawn members only (the search's replay names the rows: its agreement is not evidence).
 Seeded: the same log gives the same ensemble.
 """
@@ -31,6 +32,7 @@ from kvreplay.inference.uncertainty import (NOISE_FLOOR, NOISE_K, TOL_STEPS, Mem
                                            Uncertainty, noise_weights, summarize, temper)
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
+from kvreplay.inference.iteration_lines import recomputes_count
 from kvreplay.replay.records import PreemptionRecord, preemption_records, totals
 
 # Members besides the search's own replay. Each is one replay of the log; 6 keep the whole
@@ -172,8 +174,16 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
         dw = temper([x.sse for x in drawn], NOISE_K * max(
             NOISE_FLOOR, min(x.sse for x in drawn) / max(1, len(facts.iterations))), ROW_ESS)
     # (no storm timeline: the members are not counted per stats line)
-    return summarize(members, w, seed=seed, lines=len(facts.iterations), voters=(drawn, dw),
-                     widen=WIDEN, weighted_by="the Iteration lines")
+    unc = summarize(members, w, seed=seed, lines=len(facts.iterations), voters=(drawn, dw),
+                    widen=WIDEN, weighted_by="the Iteration lines")
+    # the recomputes the lines show are preemptions every run the log allows has: the
+    # count is at least that many (a member with fewer misses lines no weight measures)
+    shown = recomputes_count(facts, wl, profile)
+    if shown:
+        c = unc.preemptions
+        for k in ("low", "median", "high"):
+            c[k] = max(c[k], shown)
+    return unc
 
 
 def iteration_headline(unc: Uncertainty, pre: Sequence[PreemptionRecord], make_exact: str,

@@ -5,15 +5,18 @@ Consumes: `LogFacts` (the first engine's iteration lines), the `LogFormat` (whet
 lines print KV usage), the replay's step records. Produces: `LineCheck` (the steps against
 their lines, in order: N advances with each step that scheduled a token), `Mismatch` (a
 line the replay does not match, and how), `IterationMatch` (the placed run, the lines
-checked and matched, the first mismatch); `unusable` (why a log's lines cannot place its
-arrivals), `kv_within_split` (a KV-usage difference a sum of prompts' split explains).
+checked and matched, the first mismatch); `checked_run` (a run's steps against them);
+`unusable` (why a log's lines cannot place its arrivals), `kv_within_split` (a KV-usage
+difference a sum of prompts' split explains; `kv_split_explains` the same on a step's
+running requests kept from when it ran); `recomputes_shown` (the preemptions the lines
+show at least).
 What a line says: iterations.py's docstring (spec: vllm-log-formats.md 4.3).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TYPE_CHECKING
+from typing import Any, Callable, Iterable, TYPE_CHECKING
 
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
@@ -150,10 +153,48 @@ class LineCheck:
         return Mismatch(n, it.file, it.line, rec.step, diffs)
 
 
+def checked_run(run: Iterable[tuple[StepRecord, Callable[[], list[tuple[str, int]]]]],
+                lc: LineCheck, lengths: LineLengths, blocks: int
+                ) -> tuple[list[StepRecord], Mismatch | None, set[int], int]:
+    """A run's steps, each with how to read its running requests after it (`running_state`,
+    read before the next step), against their lines: the steps, the first mismatch, the
+    lines mismatched, and the lines whose only difference is a KV usage a sum's split
+    explains (`kv_split_explains`: not mismatches)."""
+    steps: list[StepRecord] = []
+    first: Mismatch | None = None
+    bad: set[int] = set()
+    kv_unsure = 0
+    for rec, running in run:
+        steps.append(rec)
+        diffs = lc.check(rec)
+        if diffs and lengths and all(d.startswith("KV usage") for d in diffs):
+            if kv_split_explains(rec, lc, running(), blocks, lengths):
+                kv_unsure += 1
+                continue
+        if diffs:
+            m = lc.mismatch(rec, diffs)
+            bad.add(m.iteration)
+            first = first or m
+    return steps, first, bad, kv_unsure
+
+
 def kv_within_split(rec: StepRecord, diffs: list[str], lc: LineCheck, sched: Any,
                     lengths: LineLengths) -> bool:
+    """A KV usage off by no more blocks than the running prompts known only as a sum may
+    hold (`kv_split_explains` on the scheduler's running requests after the step)."""
     if not lengths or not all(d.startswith("KV usage") for d in diffs):
         return False
+    return kv_split_explains(rec, lc, running_state(sched), sched.pool.num_usable_blocks,
+                             lengths)
+
+
+def running_state(sched: Any) -> list[tuple[str, int]]:
+    """What `kv_split_explains` reads of the running requests: (id, computed tokens)."""
+    return [(r.request_id, r.num_computed_tokens) for r in sched.running]
+
+
+def kv_split_explains(rec: StepRecord, lc: LineCheck, running: list[tuple[str, int]],
+                      blocks: int, lengths: LineLengths) -> bool:
     n = lc.line_of_step.get(rec.updated_batch if rec.updated_batch is not None else rec.step)
     it = lc.by_n.get(n) if n is not None else None
     if it is None or it.kv_usage is None:
@@ -161,11 +202,50 @@ def kv_within_split(rec: StepRecord, diffs: list[str], lc: LineCheck, sched: Any
     # a prompt known only as a sum holds any share of its group's blocks until a line
     # splits it: the blocks its group holds in all (a wrong split is not a wrong step:
     # the context counts and tokens, exact, place the arrivals)
-    unsure = sum(lengths.group_blocks(r) for r in sched.running if lengths.uncertain(r.request_id))
+    unsure = sum(lengths.group_blocks(rid, computed) for rid, computed in running
+                 if lengths.uncertain(rid))
     if not unsure:
         return False
-    blocks = sched.pool.num_usable_blocks
     ours = round(rec.kv_usage * blocks)  # blocks in use
     lo = (it.kv_usage - 0.05) / 100.0 * blocks  # the blocks the printed 0.1 % allows
     hi = (it.kv_usage + 0.05) / 100.0 * blocks
     return lo - unsure - 1e-6 <= ours <= hi + unsure + 1e-6
+
+
+def recomputes_shown(facts: LogFacts, budget: int) -> int:
+    """The least number of preemptions the lines alone show: the recomputes they count.
+
+    A request with an output token is a "generation" request, and one scheduled after its
+    first token takes 1 token a step, except a preempted one being recomputed (its prompt
+    and outputs computed again: vllm-log-formats.md 4.3; scheduler spec A1.4). So a line
+    with more generation tokens than generation requests has a recompute in its step, and
+    each run of such lines at least one preemption before it. A recompute may pause a step
+    without ending: when the token budget ran out before its turn (a line at the budget) or
+    in a step whose line is missing; such lines do not end a run. Counted only for sync
+    scheduling without speculative decoding (a drafted token also makes a generation
+    request take more than 1 token), and for profiles where a running request is skipped
+    only by the budget (FCFS; under the priority policy, 0.33's scan going on past a
+    request that preempted itself: profile.priority_self_preempt_continues).
+    A preemption whose victim is not recomputed within the log (or, with prefix caching,
+    recomputes 1 token), or before its first token, shows nothing: a lower bound."""
+    runs = 0
+    open_ = False
+    for it in facts.iterations:
+        if it.generation_tokens > it.generation_requests:
+            runs += not open_
+            open_ = True
+        elif it.context_tokens + it.generation_tokens < budget:
+            open_ = False  # budget to spare and no recompute: none is in flight
+    return runs
+
+
+def recomputes_count(facts: LogFacts, workload: Any, profile: Any) -> int | None:
+    """`recomputes_shown`, where it is a lower bound (None where the log's run may make a
+    generation request take more than 1 token otherwise, or skip a recompute's turn with
+    budget to spare)."""
+    cfg = workload.config
+    if cfg.async_scheduling or (facts.config is not None and facts.config.speculative):
+        return None
+    if cfg.policy != "fcfs" and not getattr(profile, "priority_self_preempt_continues", False):
+        return None
+    return recomputes_shown(facts, cfg.max_num_batched_tokens)

@@ -35,12 +35,16 @@ Prompts not logged (estimated): before each step, the requests it will admit get
 lengths its line shows (LineLengths.ahead: alone, exactly; several, as their sum), and the
 log is placed in one forward pass, each step its most likely arrivals, nothing gone back
 over (SEARCH_STEPS_PER_LINE = 0): the replay then costs about what it costs with prompts,
-and what the lines leave open (how a sum splits) is the ensemble's to cover.
+and what the lines leave open (how a sum splits) is the ensemble's to cover. Where that
+pass neither went back nor gave a prompt to a request the scheduler had already tried to
+admit with its old one, its own run is the run its inputs make, and is kept as the replay
+(checked line by line again) instead of being run a second time.
 """
 
 from __future__ import annotations
 
 import threading
+from functools import partial
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +54,8 @@ from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.log_shape import cut_time
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.iteration_clock import iteration_clock
-from kvreplay.inference.iteration_lines import IterationMatch, LineCheck, Mismatch, kv_within_split
+from kvreplay.inference.iteration_lines import (IterationMatch, LineCheck, checked_run,
+                                                kv_within_split, running_state)
 from kvreplay.inference.line_lengths import Fix, LineLengths
 from kvreplay.inference.runs import Run, step_limit
 from kvreplay.replay.engine import Engine, without_cyclic_gc
@@ -158,6 +163,19 @@ class _Search:
         self.backtracks = 0
         self.spent = 0
         self.busy = False
+        # the search's own run is the run its inputs make from the start, unless it went
+        # back to a snapshot or gave a waiting request another prompt after the scheduler
+        # had read the old one: then the replay is run again (iteration_replay). The
+        # scheduler reads a waiting request's length only as it tries to admit it, and a
+        # try that fails is the step's admission_blocked (scheduler.py, phase W), except
+        # where an unchunked prompt over the budget is skipped (0.9.2-0.11, chunking off)
+        self.rerun = False
+        self.tried: set[str] = set()  # requests the scheduler failed to admit
+        self.skips = (not cfg.enable_chunked_prefill
+                      and getattr(profile, "unchunked_overflow", None) == "skip")
+        # step -> the running requests after it, for a step whose only difference from its
+        # line is the KV usage (kv_split_explains reads them once every length is known)
+        self.kv_running: dict[int, list[tuple[str, int]]] = {}
 
     # -- choices -------------------------------------------------------------------
     def options(self) -> list[int]:
@@ -204,6 +222,8 @@ class _Search:
         rec = eng.step()
         self.stepped += 1
         self.steps.append(rec)
+        if rec.blocked is not None:
+            self.tried.add(rec.blocked.request)
         out = eng.last_output
         if out is not None and self.lengths:
             self.ctx_hist[step] = {rid: out.num_scheduled_tokens[rid] for rid in out.ctx_req_ids}
@@ -220,6 +240,11 @@ class _Search:
                                  self.workload.config.enable_prefix_caching)
         if fix is None:
             return
+        live = self.eng.scheduler.requests
+        for i in fix.lengths:
+            rid = self.workload.requests[i].id
+            if rid in live and (rid in self.tried or self.skips):
+                self.rerun = True  # (the scheduler read its old prompt)
         self.lengths.applied(fix)
         for i, n in fix.lengths.items():
             tokens = self.lengths.tokens(i, n)
@@ -235,6 +260,7 @@ class _Search:
     def _restore(self, codec: SnapshotCodec, snap: Snapshot, nsteps: int, p: int,
                  check: tuple) -> None:
         self.eng = codec.restore(snap)
+        self.rerun = True
         del self.steps[nsteps:]
         self.p = p
         self.lc.reset(check, snap.step)
@@ -263,7 +289,7 @@ class _Search:
         c = self.ckpts[-1]
         self._restore(c.codec, c.snap, c.nsteps, c.p, c.check)
         while self.eng.step_index < step:
-            self.lc.check(self.apply(self.choice[self.eng.step_index]))
+            self.check(self.apply(self.choice[self.eng.step_index]))
         return True
 
     def push(self, options: list[int]) -> None:
@@ -331,6 +357,14 @@ class _Search:
         return True
 
     # -- the loop ------------------------------------------------------------------
+    def check(self, rec: StepRecord) -> list[str]:
+        """The step against its line (LineCheck.check); the running requests kept when
+        the KV usage is all that differs."""
+        diffs = self.lc.check(rec)
+        if diffs and self.lengths and all(d.startswith("KV usage") for d in diffs):
+            self.kv_running[rec.step] = running_state(self.eng.scheduler)
+        return diffs
+
     def done(self) -> bool:
         eng = self.eng
         if eng.done or eng.step_index >= self.limit:
@@ -365,7 +399,7 @@ class _Search:
                     continue
                 k = opts[0]
             rec = self.apply(k)
-            diffs = self.lc.check(rec)
+            diffs = self.check(rec)
             if diffs and self._soft(rec, diffs):
                 # a KV usage a sum's split may explain: split it when a member left the
                 # pool (line_lengths.split), else take the step as it is
@@ -415,7 +449,7 @@ class _Search:
                 self.checkpoint()
             k = self.queue.popleft() if self.queue else self.options()[0]
             rec = self.apply(k)
-            diffs = self.lc.check(rec)
+            diffs = self.check(rec)
             if diffs and SPENT_REPAIRS and self.repair(rec, max_back=PRE_STEPS):
                 continue  # a length the step's own line shows: a few steps replayed
             if not diffs:
@@ -447,12 +481,12 @@ class _Search:
             if k != opts[0] and not self.goto(step):
                 break
             rec = self.apply(k)
-            diffs = self.lc.check(rec)
+            diffs = self.check(rec)
             if not diffs or self._soft(rec, diffs):
                 self._learn(rec, k)
                 return True
         if self.goto(step):
-            self.lc.check(self.apply(opts[0]))
+            self.check(self.apply(opts[0]))
         return False
 
     def _state(self) -> tuple:
@@ -481,22 +515,14 @@ def iteration_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any
     s.run()
     inputs = s.eng.inputs()
     lc = LineCheck(facts, fmt, s.cut)
-    first: Mismatch | None = None
-    bad: set[int] = set()
-    kv_unsure = 0
-    eng = make_engine(rebuilt.workload, profile, inputs=inputs)
-    steps = []
-    while not eng.done:  # the replay: the inputs found, from the start
-        rec = eng.step()
-        steps.append(rec)
-        diffs = lc.check(rec)
-        if diffs and kv_within_split(rec, diffs, lc, eng.scheduler, s.lengths):  # type: ignore[attr-defined]
-            kv_unsure += 1
-            continue
-        if diffs:
-            m = lc.mismatch(rec, diffs)
-            bad.add(m.iteration)
-            first = first or m
+    # the replay: the inputs found, from the start; with estimated prompts placed in one
+    # forward pass that neither went back nor changed a prompt the scheduler had seen, that
+    # is the search's own run (the engine is deterministic), checked again line by line
+    own = bool(s.lengths) and not s.rerun
+    steps, first, bad, kv_unsure = checked_run(
+        ((r, partial(s.kv_running.__getitem__, r.step)) for r in s.steps) if own
+        else _replayed(rebuilt.workload, profile, inputs),
+        lc, s.lengths, s.eng.scheduler.pool.num_usable_blocks)
     last_n = lc.last_n
     checked = sum(1 for n in lc.line_of_step.values() if n <= last_n)
     matched = sum(1 for n in lc.line_of_step.values() if n <= last_n and n not in bad)
@@ -517,6 +543,15 @@ def iteration_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any
                           first.step if first else len(steps), dict(lc.line_of_step),
                           dict(lag), s.backtracks, overhead, s.lengths.summary(), kv_unsure,
                           dict(s.lengths.status), s.lengths.sum_groups(), s.exhausted)
+
+
+def _replayed(workload: Any, profile: Any, inputs: Any) -> Any:
+    """Each step of the run `inputs` make, with how to read its running requests after it
+    (read at once, before the next step)."""
+    eng = make_engine(workload, profile, inputs=inputs)
+    while not eng.done:
+        rec = eng.step()
+        yield rec, partial(running_state, eng.scheduler)  # type: ignore[attr-defined]
 
 
 def _line_at_or_after(line_of_step: dict[int, int], step: int) -> int | None:

@@ -65,13 +65,14 @@ class LineLengths:
         i = self.index.get(rid)
         return i is not None and self.status.get(i) in ("sum", "bound", "block")
 
-    def group_blocks(self, req: Any) -> int:
-        """The blocks a running request of uncertain length may hold more or fewer than the
-        replay gives it: its own (a sum's member), else one (a bound, a block's split)."""
-        i = self.index.get(req.request_id)
+    def group_blocks(self, rid: str, computed: int) -> int:
+        """The blocks a running request of uncertain length (`computed` tokens) may hold
+        more or fewer than the replay gives it: its own (a sum's member), else one (a
+        bound, a block's split)."""
+        i = self.index.get(rid)
         if i is None or i not in self.groups or self.status.get(i) != "sum":
             return 1
-        return -(-req.num_computed_tokens // self.block_size)
+        return -(-computed // self.block_size)
 
     def tokens(self, i: int, n: int) -> list[int]:
         """The request's prompt with n tokens: its own tokens (never shared with another
