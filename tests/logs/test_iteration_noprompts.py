@@ -148,6 +148,20 @@ def test_without_prompts_the_count_carries_an_interval_that_holds() -> None:
     assert "reproduces the Iteration lines" in uncertainty_lines(to_json(rep)["uncertainty"])[0]
 
 
+def test_samples_sets_the_iteration_ensemble_and_the_floor_is_said() -> None:
+    """`--samples` reaches the Iteration-line ensemble (0: none, N: N members); b's lines
+    show preempted requests recomputed, and the report says the count is at least that."""
+    path = [str(DATA / "b_fcfs_heavy" / "server.iter.log")]
+    none = replay_logs(path, year=2026, samples=0)
+    assert none.uncertainty is None
+    two = replay_logs(path, year=2026, samples=2)
+    assert two.uncertainty is not None and two.uncertainty.samples == 2
+    truth = len(json.loads((DATA / "b_fcfs_heavy" / "truth.json").read_text())["preemptions"])
+    floor = two.uncertainty.count_floor
+    assert 0 < floor <= truth and two.uncertainty.preemptions["low"] >= floor
+    assert any(n.startswith(f"the count is at least {floor}:") for n in two.notes)
+
+
 def test_with_prompts_no_ensemble() -> None:
     rep = replay_logs([str(DATA / "f_prefix_caching" / "server.iter.reqbody.log")], year=2026)
     assert rep.uncertainty is None and rep.confidence == "exact-by-log"

@@ -82,8 +82,11 @@ def place_arrivals(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, prof: Prof
     return run, anchored.phase, anchored.loss, anchored
 
 
-def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Profile, pattern: str) -> Replay:
-    """The log replay when its Iteration lines place every arrival (iterations.py)."""
+def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Profile, pattern: str, *,
+                         samples: int | None = None, seed: int = 0) -> Replay:
+    """The log replay when its Iteration lines place every arrival (iterations.py);
+    `samples`: the ensemble's replays when prompts are not logged (None: ITERATION_SAMPLES,
+    0: none), drawn with `seed`."""
     rebuilt = rebuild_workload(facts, fmt, prof)
     m = iteration_replay(rebuilt, facts, fmt, prof)
     run = m.run
@@ -116,12 +119,14 @@ def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Profile, pattern
             "replay takes every request as priority 0, so who is preempted follows arrival "
             "order; take each row by its probability")
     unc = None
-    if rebuilt.prompts_estimated and pre is not None:
+    k = ITERATION_SAMPLES if samples is None else samples
+    if rebuilt.prompts_estimated and pre is not None and k > 0:
         unc = iteration_ensemble(rebuilt, facts, fmt, prof, m, pre,
-                                 priority_unknown=priorities_unknown(facts, rebuilt))
-        if unc is None and len(run.steps) * ITERATION_SAMPLES > ITERATION_MAX_STEPS:
+                                 priority_unknown=priorities_unknown(facts, rebuilt),
+                                 samples=k, seed=seed)
+        if unc is None and len(run.steps) * k > ITERATION_MAX_STEPS:
             rebuilt.notes.append(
-                f"no uncertainty ensemble: {len(run.steps):,} steps x {ITERATION_SAMPLES} "
+                f"no uncertainty ensemble: {len(run.steps):,} steps x {k} "
                 f"replays is over {ITERATION_MAX_STEPS:,}; the rows are inferred, without "
                 "probabilities")
         if unc is not None:
@@ -137,6 +142,11 @@ def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Profile, pattern
                 "another way, a length known to a block moved within it, an unpinned one "
                 "redrawn)" + (" and random priorities 0-4" if priorities_unknown(facts, rebuilt)
                               else "") + ", weighted by the Iteration lines each matches")
+            if unc.count_floor:
+                rebuilt.notes.append(
+                    f"the count is at least {unc.count_floor}: the Iteration lines show that "
+                    "many preempted requests being recomputed (a generation request taking "
+                    "more than one token in a step)")
     rep = make_replay(facts, fmt, prof, rebuilt, run, pre, check, loss=0.0, pattern=pattern,
                       phase=0.5, placement=(0.0, 0.0), estimate=None, warnings=warnings,
                       uncertainty=unc)

@@ -63,7 +63,7 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
     why_not = unusable(facts, fmt)
     if why_not is None and step_time is None:
         with stage(f"replay by {len(facts.iterations):,} Iteration lines"):
-            return replay_by_iterations(facts, fmt, prof, pattern)
+            return replay_by_iterations(facts, fmt, prof, pattern, samples=samples, seed=seed)
     if facts.iterations:
         facts = with_notes(facts, f"Iteration lines not used: {why_not or 'a step time was given'}")
     prefix = None  # prefix caching, prompts unknown: the shared prefix (span_prefix.py)

@@ -180,6 +180,7 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
     # count is at least that many (a member with fewer misses lines no weight measures)
     shown = recomputes_count(facts, wl, profile)
     if shown:
+        unc.count_floor = shown
         c = unc.preemptions
         for k in ("low", "median", "high"):
             c[k] = max(c[k], shown)

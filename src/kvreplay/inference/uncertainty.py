@@ -67,6 +67,9 @@ class Uncertainty:
     row_map: Sequence[tuple[float, float]] | None = field(default=None, repr=False)
     shared_prefix: int = 0  # the tokens every estimated prompt shares (member_workload)
     weighted_by: str = "the stats lines"  # the evidence each member's weight measures
+    # preemptions the evidence itself shows, whatever the members say (e.g. the recomputes
+    # Iteration lines show): the count's interval never goes below it; 0 when none
+    count_floor: int = 0
 
     def assign(self, pre: Sequence[PreemptionRecord]) -> None:
         """Each row's probability: the weighted share of members that preempt its victim
@@ -86,7 +89,8 @@ class Uncertainty:
                 "effective_samples": round(self.effective_samples, 1),
                 "preemptions": self.preemptions, "recomputed_tokens": self.recomputed_tokens,
                 "recompute_ratio": self.recompute_ratio, "windows": self.windows,
-                "requests": self.requests, "weighted_by": self.weighted_by}
+                "requests": self.requests, "weighted_by": self.weighted_by,
+                **({"count_floor": self.count_floor} if self.count_floor else {})}
 
     def p_preempted(self, request: str) -> float:
         return next((r["p_preempted"] for r in self.requests if r["id"] == request), 0.0)
