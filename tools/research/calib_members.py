@@ -213,7 +213,7 @@ def outcomes(recs: list[dict], temp_k: float = 4.0) -> dict[str, list[tuple[floa
 # instead of 11 and the ratio 10 instead of 12; the misses are logs no member comes near
 # (the interval's edge at half the true count), which no widening of this size reaches.
 # (Measured with the narrower length draws of before; the heavier-tailed draws of
-# ensemble.draw_lengths now reach two of those three logs: docs/accuracy.md, section 4.)
+# prompts.draw_lengths now reach two of those three logs: docs/accuracy.md, section 4.)
 COUNT_UP = {True: 0.0, False: 0.0}  # the product's: none
 
 

@@ -8,7 +8,7 @@ import collections
 import random
 import statistics
 
-from kvreplay.inference import ensemble
+from kvreplay.inference import ensemble, prompts
 from kvreplay.inference.clock import StepTimeModel, sleep_before
 from kvreplay.replay import parse_workload, simulate
 from kvreplay.replay.records import StepRecord
@@ -105,13 +105,13 @@ def _top_tenth_share(xs):
 
 
 def test_length_draws_keep_the_interval_total_without_a_spread(monkeypatch):
-    monkeypatch.setattr(ensemble, "INTERVAL_SPREADS", (0.0,))
+    monkeypatch.setattr(prompts, "INTERVAL_SPREADS", (0.0,))
     lens = [500] * 20 + [300] * 20
     for seed in range(40):
-        out = ensemble.draw_lengths(lens, _facts(40), random.Random(seed))
+        out = prompts.draw_lengths(lens, _facts(40), random.Random(seed))
         t = [sum(out[i:i + 10]) for i in range(0, 40, 10)]
         factor = t[0] / 5000
-        assert any(abs(factor - f) < 1e-3 for f in ensemble.LENGTH_FACTORS)
+        assert any(abs(factor - f) < 1e-3 for f in prompts.LENGTH_FACTORS)
         # one factor for the whole log: each interval keeps its share (within rounding)
         assert abs(t[1] - 5000 * factor) <= 10 and abs(t[2] - 3000 * factor) <= 10
         assert abs(t[3] - 3000 * factor) <= 10
@@ -121,23 +121,27 @@ def test_length_draws_move_tokens_between_intervals_keeping_the_total():
     lens = [500] * 40
     moved = 0
     for seed in range(40):
-        out = ensemble.draw_lengths(lens, _facts(40), random.Random(seed))
+        out = prompts.draw_lengths(lens, _facts(40), random.Random(seed))
         total = sum(out)
-        assert any(abs(total - 20000 * f) <= 40 for f in ensemble.LENGTH_FACTORS)
+        assert any(abs(total - 20000 * f) <= 40 for f in prompts.LENGTH_FACTORS)
         t = [sum(out[i:i + 10]) for i in range(0, 40, 10)]
         moved += max(t) > 1.1 * min(t)
     assert 10 <= moved < 40  # some members keep each interval's share, most move it
 
 
+def test_the_ensemble_draws_with_the_one_length_draw():
+    assert ensemble.draw_lengths is prompts.draw_lengths  # (either name works for callers)
+
+
 def test_length_draws_reach_heavy_tails_and_alike_prompts():
     lens = [500] * 40
-    shares = [_top_tenth_share(ensemble.draw_lengths(lens, _facts(40, 40), random.Random(s)))
+    shares = [_top_tenth_share(prompts.draw_lengths(lens, _facts(40, 40), random.Random(s)))
               for s in range(80)]
     # alike prompts (the longest tenth holds about 20% of the tokens at sigma 0.5) and
     # code-like ones (a Pareto tail of alpha 1.1: the longest tenth holds most of them)
     assert min(shares) < 0.3
     assert max(shares) > 0.7
-    assert max(ensemble.LENGTH_SIGMAS) >= 1.5 and min(ensemble.LENGTH_ALPHAS) <= 1.2
+    assert max(prompts.LENGTH_SIGMAS) >= 1.5 and min(prompts.LENGTH_ALPHAS) <= 1.2
 
 
 def test_length_draws_respect_max_model_len_less_max_tokens():
@@ -145,8 +149,8 @@ def test_length_draws_respect_max_model_len_less_max_tokens():
     # its own; an interval of 10 prompts of 500 has room (15,000) for its 5,000 at any shape
     lens = [500] * 40
     for seed in range(80):
-        out = ensemble.draw_lengths(lens, _facts(40, max_model_len=2000, max_tokens=200),
+        out = prompts.draw_lengths(lens, _facts(40, max_model_len=2000, max_tokens=200),
                                     random.Random(seed), shared_prefix=300)
         assert max(out) <= 1500
         total = sum(out)
-        assert any(abs(total - 20000 * f) <= 40 for f in ensemble.LENGTH_FACTORS), total
+        assert any(abs(total - 20000 * f) <= 40 for f in prompts.LENGTH_FACTORS), total
