@@ -224,6 +224,9 @@ def poisson_workload(seed: int, n: int, policy: str, pc: bool, asyn: bool, block
 
 
 SEED_BASE = 1000  # --seed-base: another set of Poisson workloads (a held-out check)
+# --subset: build only the Poisson logs without prompts of at most this many requests (a
+# fixed subset for a before/after on a busy machine: 8 logs per seed base at 200)
+SUBSET_MAX_REQUESTS: int | None = None
 
 
 def poisson(out: str) -> list[dict[str, Any]]:
@@ -237,6 +240,8 @@ def poisson(out: str) -> list[dict[str, Any]]:
             seed = SEED_BASE + 10 * c + r
             rng = random.Random(seed)
             n = 200 + 200 * ((c + 2 * r) % 3)
+            if SUBSET_MAX_REQUESTS is not None and (with_prompts or n > SUBSET_MAX_REQUESTS):
+                continue
             asyn = (c + r) % 4 == 1
             use_formula = (c + r) % 3 != 2
             blocks = rng.randrange(1500, 2501, 50)
@@ -315,9 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed-base", type=int, default=1000,
                     help="seeds of the Poisson workloads: BASE + 10 x combination + replicate "
                          "(another base: a held-out set)")
+    ap.add_argument("--subset", type=int, metavar="N",
+                    help="Poisson logs without prompts of at most N requests only (a fixed subset)")
     args = ap.parse_args(argv)
-    global SEED_BASE
+    global SEED_BASE, SUBSET_MAX_REQUESTS
     SEED_BASE = args.seed_base
+    SUBSET_MAX_REQUESTS = args.subset
     os.makedirs(args.out, exist_ok=True)
     index_path = os.path.join(args.out, "index.json")
     old = json.load(open(index_path))["logs"] if os.path.exists(index_path) else []

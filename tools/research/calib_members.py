@@ -212,6 +212,8 @@ def outcomes(recs: list[dict], temp_k: float = 4.0) -> dict[str, list[tuple[floa
 # at 135% of the true count instead of 146%, but recomputed tokens held 10 of 14
 # instead of 11 and the ratio 10 instead of 12; the misses are logs no member comes near
 # (the interval's edge at half the true count), which no widening of this size reaches.
+# (Measured with the narrower length draws of before; the heavier-tailed draws of
+# prompts.draw_lengths now reach two of those three logs: docs/accuracy.md, section 4.)
 COUNT_UP = {True: 0.0, False: 0.0}  # the product's: none
 
 

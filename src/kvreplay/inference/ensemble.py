@@ -45,6 +45,7 @@ from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.lines import cum_generated, line_time, token_anchors
 from kvreplay.inference.placement import placed, windows
+from kvreplay.inference.prompts import draw_lengths  # (the one length draw; exported here too)
 from kvreplay.inference.rebuild import rebuild_workload
 from kvreplay.progress import stage
 from kvreplay.inference.clock import StepTimeModel
@@ -101,10 +102,12 @@ WIDEN = {(True, False): 0.1, (False, False): 0.1, (True, True): 0.3, (False, Tru
 # estimated, the count, recomputed tokens and ratio intervals are moved out by a further
 # COUNT_NOISE / sqrt(median count) x the median on each side (about COUNT_NOISE x sqrt(n)
 # preemptions: most on small counts). Chosen on the calibration part of
-# tools/calib_traffic.py's corpus (bursts, idle gaps, ramps, closed loops, heavy-tailed
-# prompts, a Mooncake trace sample): the smallest that holds 85% or more of its counts;
+# tools/oracle/calib_traffic.py's corpus (bursts, idle gaps, ramps, closed loops,
+# heavy-tailed prompts, a Mooncake trace sample) with prompts.draw_lengths: the smallest
+# that holds 90% or more of its counts (13 of 14; 0 holds 12, 0.25 all 14); it was 0.75
+# with the narrower draws before (log-normal only, each interval's total fixed);
 # docs/accuracy.md, section 4.
-COUNT_NOISE = {True: 0.0, False: 0.75}
+COUNT_NOISE = {True: 0.0, False: 0.1}
 POOR_FIT = 10.0
 POOR_FIT_P_MAX = 0.75  # a poor fit's requests: p >= 0.8 was right 43 of 60 times (72%)
 
@@ -212,33 +215,6 @@ class _Draw:
         return self.jitter(rng, rng.choice((1, 2, 4)))
 
 
-LENGTH_FACTORS = (0.8, 0.9, 1.0, 1.1, 1.2)  # the estimated total's uncertainty
-# log-normal spread of prompt lengths around the estimate, one drawn per member: real
-# prompts range from alike (a benchmark) to heavy-tailed (code pasted whole: a few
-# prompts hold most of the tokens and most of the KV cache)
-LENGTH_SIGMAS = (0.5, 1.0, 1.5)
-
-
-def draw_lengths(lens: Sequence[int], facts: LogFacts, rng: random.Random) -> list[int]:
-    """Plausible prompt lengths around an estimate that the stats lines' prompt throughput
-    fixed per interval: the total scaled by one of LENGTH_FACTORS, and inside each stats
-    interval (requests logged between the same two stats lines) the lengths redrawn
-    log-normally with one of LENGTH_SIGMAS, the interval's total kept."""
-    factor = rng.choice(LENGTH_FACTORS)
-    sigma = rng.choice(LENGTH_SIGMAS)
-    raw = [n * rng.lognormvariate(0.0, sigma) for n in lens]
-    # (a workload with more requests than request lines, n > 1: one group)
-    keys = ([r.stats_before for r in facts.requests] if len(facts.requests) == len(lens)
-            else [0] * len(lens))
-    total: dict[int, float] = {}
-    have: dict[int, float] = {}
-    for k, n, x in zip(keys, lens, raw):
-        total[k] = total.get(k, 0.0) + n
-        have[k] = have.get(k, 0.0) + x
-    return [max(1, round(x * factor * total[k] / max(1e-9, have[k])))
-            for k, x in zip(keys, raw)]
-
-
 def _other_model(m: StepTimeModel, rng: random.Random) -> StepTimeModel:
     def f() -> float:
         return math.exp(rng.uniform(-math.log(MODEL_SPREAD), math.log(MODEL_SPREAD)))
@@ -279,7 +255,8 @@ def _draw_member(c: _Context, i: int) -> tuple[Member, Run | None]:
     rb = c.rebuilt
     lens = prios = None
     if c.lengths is not None or c.priority_unknown:
-        lens = draw_lengths(c.lengths, c.facts, rng) if c.lengths is not None else None
+        lens = (draw_lengths(c.lengths, c.facts, rng, c.shared_prefix)
+                if c.lengths is not None else None)
         if c.priority_unknown:
             n = len(c.rebuilt.workload.requests)
             prios = [rng.randint(0, 4) for _ in range(n)]

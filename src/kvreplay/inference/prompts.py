@@ -8,13 +8,16 @@ stats interval as vLLM counts prompt tokens (each prompt when its first token co
 the hit rate implies one; and a count interval over plausible variants (lengths x0.8-1.2,
 two log-normal mixes, unknown priorities), each replayed by the clock and at the anchored
 placement. Formats without rescaling (V0) take the mean length the throughput implies.
+The uncertainty ensemble's members draw their own lengths around the estimate
+(draw_lengths: heavy-tailed shapes, each interval's share moved, each prompt capped at
+max_model_len - max_tokens).
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import replace
-from typing import Any
+from typing import Any, Sequence
 
 from kvreplay.inference.facts import LogFacts, make_it_exact
 from kvreplay.inference.fit import Fit, fit
@@ -187,3 +190,88 @@ def fit_prompts(facts: LogFacts, fmt: LogFormat, profile: Any, placements, step_
         return rebuilt, fit(rebuilt, facts, fmt, profile, placements, model=step_time), None
     unknown = UnknownPrompts(facts, fmt, profile, placements)
     return unknown.rebuilt, unknown.fit, unknown
+
+
+LENGTH_FACTORS = (0.8, 0.9, 1.0, 1.1, 1.2)  # the estimated total's uncertainty
+# The spread of prompt lengths around the estimate, one shape drawn per member: real
+# prompts range from alike (a benchmark) through log-normal (chat) to heavy-tailed (code
+# pasted whole: a few prompts hold most of the tokens and most of the KV cache). A
+# log-normal with sigma 1.5 gives the longest tenth of the prompts about 60% of the
+# tokens; a Pareto tail with alpha 1.1 over 80% (before the cap), as code-like prompts have.
+LENGTH_SIGMAS = (0.5, 1.0, 1.5)
+LENGTH_ALPHAS = (1.1, 1.5)
+LENGTH_SHAPES = tuple([("lognormal", s) for s in LENGTH_SIGMAS] +
+                      [("pareto", a) for a in LENGTH_ALPHAS])
+# Each stats interval's share of the tokens, moved log-normally by one of these per member
+# (the whole total kept): the throughput counts a prompt in the interval of its first
+# token, which the estimate takes from the placed run; a run that queues otherwise puts a
+# long prompt on the other side of a line (on a calibration log with code-like prompts,
+# moving a fifth of an interval's tokens to the next one took the count from 10 to 2)
+INTERVAL_SPREADS = (0.0, 0.15, 0.3)
+
+
+def _shape_draw(shape: tuple[str, float], rng: random.Random) -> float:
+    kind, x = shape
+    if kind == "pareto":
+        return (1.0 - rng.random()) ** (-1.0 / x)
+    return rng.lognormvariate(0.0, x)
+
+
+def length_caps(facts: LogFacts, n: int, shared_prefix: int = 0) -> list[int] | None:
+    """The longest prompt (after `shared_prefix`) each request can have had: vLLM refuses
+    a request whose prompt and max_tokens exceed max_model_len, so a served request's prompt
+    is at most max_model_len - max_tokens. None when the log lacks either."""
+    mml = facts.config.max_model_len if facts.config is not None else None
+    if mml is None or len(facts.requests) != n:
+        return None
+    return [max(1, int(mml) - (r.max_tokens or 0) - shared_prefix) for r in facts.requests]
+
+
+def _cap(xs: list[float], caps: Sequence[int] | None, total: float) -> list[float]:
+    """`xs` (summing to `total`) with none above its cap, the excess given to the others in
+    proportion (a few rounds; what no request can take is dropped)."""
+    if caps is None:
+        return xs
+    out = list(xs)
+    for _ in range(8):
+        over = sum(max(0.0, x - c) for x, c in zip(out, caps))
+        if over <= 0.5:
+            break
+        out = [min(x, c) for x, c in zip(out, caps)]
+        room = sum(x for x, c in zip(out, caps) if x < c)
+        if room <= 0:
+            break
+        out = [x * (1.0 + over / room) if x < c else x for x, c in zip(out, caps)]
+    return [min(x, c) for x, c in zip(out, caps)]
+
+
+def draw_lengths(lens: Sequence[int], facts: LogFacts, rng: random.Random,
+                 shared_prefix: int = 0) -> list[int]:
+    """Plausible prompt lengths around an estimate that the stats lines' prompt throughput
+    fixed per interval: the total scaled by one of LENGTH_FACTORS, each interval's share
+    moved by one of INTERVAL_SPREADS, and inside each stats interval (requests logged
+    between the same two stats lines) the lengths redrawn with one of LENGTH_SHAPES
+    (log-normal or a Pareto tail), the interval's total kept and each prompt at most its
+    cap (length_caps: max_model_len - max_tokens)."""
+    factor = rng.choice(LENGTH_FACTORS)
+    shape = rng.choice(LENGTH_SHAPES)
+    spread = rng.choice(INTERVAL_SPREADS)
+    raw = [n * _shape_draw(shape, rng) for n in lens]
+    # (a workload with more requests than request lines, n > 1: one group)
+    keys = ([r.stats_before for r in facts.requests] if len(facts.requests) == len(lens)
+            else [0] * len(lens))
+    caps = length_caps(facts, len(lens), shared_prefix)
+    groups: dict[int, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    est = {k: float(sum(lens[i] for i in idx)) for k, idx in groups.items()}
+    moved = {k: t * rng.lognormvariate(0.0, spread) if spread else t for k, t in est.items()}
+    scale = factor * sum(est.values()) / max(1e-9, sum(moved.values()))
+    out = [0.0] * len(lens)
+    for k, idx in groups.items():
+        total = moved[k] * scale
+        have = sum(raw[i] for i in idx)
+        xs = [raw[i] * total / max(1e-9, have) for i in idx]
+        for i, x in zip(idx, _cap(xs, [caps[i] for i in idx] if caps else None, total)):
+            out[i] = x
+    return [max(1, round(x)) for x in out]

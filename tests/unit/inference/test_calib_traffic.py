@@ -8,7 +8,7 @@ import collections
 import random
 import statistics
 
-from kvreplay.inference import ensemble
+from kvreplay.inference import ensemble, prompts
 from kvreplay.inference.clock import StepTimeModel, sleep_before
 from kvreplay.replay import parse_workload, simulate
 from kvreplay.replay.records import StepRecord
@@ -90,17 +90,67 @@ def test_sleep_before_times_only_a_restart_of_a_clock_driven_run():
     assert sleep_before(_Run(steps, [0.0, 0.01, 0.02, 0.03, 0.04], m)) == []
 
 
-def test_length_draws_keep_the_interval_total_and_reach_heavy_tails():
+def _facts(n, per_interval=10, max_model_len=None, max_tokens=None):
     class F:
-        requests = [type("R", (), {"stats_before": k // 10})() for k in range(40)]
+        config = (None if max_model_len is None else
+                  type("C", (), {"max_model_len": max_model_len})())
+        requests = [type("R", (), {"stats_before": k // per_interval,
+                                   "max_tokens": max_tokens})() for k in range(n)]
+    return F
 
+
+def _top_tenth_share(xs):
+    xs = sorted(xs, reverse=True)
+    return sum(xs[:max(1, len(xs) // 10)]) / sum(xs)
+
+
+def test_length_draws_keep_the_interval_total_without_a_spread(monkeypatch):
+    monkeypatch.setattr(prompts, "INTERVAL_SPREADS", (0.0,))
+    lens = [500] * 20 + [300] * 20
+    for seed in range(40):
+        out = prompts.draw_lengths(lens, _facts(40), random.Random(seed))
+        t = [sum(out[i:i + 10]) for i in range(0, 40, 10)]
+        factor = t[0] / 5000
+        assert any(abs(factor - f) < 1e-3 for f in prompts.LENGTH_FACTORS)
+        # one factor for the whole log: each interval keeps its share (within rounding)
+        assert abs(t[1] - 5000 * factor) <= 10 and abs(t[2] - 3000 * factor) <= 10
+        assert abs(t[3] - 3000 * factor) <= 10
+
+
+def test_length_draws_move_tokens_between_intervals_keeping_the_total():
     lens = [500] * 40
-    ratios = []
-    for seed in range(60):
-        out = ensemble.draw_lengths(lens, F, random.Random(seed))
-        totals = [sum(out[i:i + 10]) for i in range(0, 40, 10)]
-        assert max(totals) - min(totals) <= 4 * 1  # one factor for the whole log (rounding)
-        ratios.append(max(out) / statistics.median(out))
-    # some members draw alike prompts, some a few prompts holding much of the tokens
-    assert min(ratios) < 4 < max(ratios)
-    assert max(ensemble.LENGTH_SIGMAS) >= 1.5
+    moved = 0
+    for seed in range(40):
+        out = prompts.draw_lengths(lens, _facts(40), random.Random(seed))
+        total = sum(out)
+        assert any(abs(total - 20000 * f) <= 40 for f in prompts.LENGTH_FACTORS)
+        t = [sum(out[i:i + 10]) for i in range(0, 40, 10)]
+        moved += max(t) > 1.1 * min(t)
+    assert 10 <= moved < 40  # some members keep each interval's share, most move it
+
+
+def test_the_ensemble_draws_with_the_one_length_draw():
+    assert ensemble.draw_lengths is prompts.draw_lengths  # (either name works for callers)
+
+
+def test_length_draws_reach_heavy_tails_and_alike_prompts():
+    lens = [500] * 40
+    shares = [_top_tenth_share(prompts.draw_lengths(lens, _facts(40, 40), random.Random(s)))
+              for s in range(80)]
+    # alike prompts (the longest tenth holds about 20% of the tokens at sigma 0.5) and
+    # code-like ones (a Pareto tail of alpha 1.1: the longest tenth holds most of them)
+    assert min(shares) < 0.3
+    assert max(shares) > 0.7
+    assert max(prompts.LENGTH_SIGMAS) >= 1.5 and min(prompts.LENGTH_ALPHAS) <= 1.2
+
+
+def test_length_draws_respect_max_model_len_less_max_tokens():
+    # max_model_len 2,000, max_tokens 200, a shared prefix of 300: at most 1,500 tokens of
+    # its own; an interval of 10 prompts of 500 has room (15,000) for its 5,000 at any shape
+    lens = [500] * 40
+    for seed in range(80):
+        out = prompts.draw_lengths(lens, _facts(40, max_model_len=2000, max_tokens=200),
+                                    random.Random(seed), shared_prefix=300)
+        assert max(out) <= 1500
+        total = sum(out)
+        assert any(abs(total - 20000 * f) <= 40 for f in prompts.LENGTH_FACTORS), total
