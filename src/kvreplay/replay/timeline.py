@@ -22,10 +22,11 @@ import threading
 import time
 from array import array
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from kvreplay.replay.records import PreemptionRecord, StepRecord
+import msgspec
+
+from kvreplay.replay.records import Admission, PreemptionRecord, StepRecord
 from kvreplay.replay.result import Replay, ReplayMismatch
 from kvreplay.replay.snapshots import PickleCodec, Snapshot, SnapshotCodec
 from kvreplay.replay.state import (BLOCK_STATE_NAMES, CACHED, FREE, HELD, NULL, SHARED,  # noqa: F401
@@ -56,16 +57,16 @@ DEFAULT_SNAPSHOT_CAP = 96 << 20  # bytes of snapshots before thinning them out
 Preemption = PreemptionRecord  # what the timeline lists is the replay's own record
 
 
-@dataclass(slots=True)
-class LifeEvent:
+class LifeEvent(msgspec.Struct, gc=False):
     step: int
     kind: str  # arrival | admitted | preempted | triggered | resumed | finished | aborted
     detail: str = ""
     preemption: int | None = None  # index into Timeline.preemptions
 
 
-@dataclass(slots=True)
-class Scheduled:
+class Scheduled(msgspec.Struct, gc=False):
+    """One request scheduled in a step, in vLLM's order, and what its tokens are."""
+
     rid: str
     tokens: int
     kind: str  # prefill | decode | recompute
@@ -73,16 +74,32 @@ class Scheduled:
     detail: str = ""
 
 
-@dataclass(slots=True)
-class StepView:
-    """Everything about one step: its trace record and the state before and after it."""
+class StepView(msgspec.Struct):
+    """Everything about one step: the replay's `StepRecord` of it, what schedule() gave
+    each request, and the state before and after it."""
 
     step: int
-    record: dict[str, Any]
+    record: StepRecord  # the replay's own record of the step (Replay.steps[step])
     before: EngineState
     after: EngineState
-    scheduled: list[Scheduled]
+    scheduled: list[Scheduled]  # every scheduled request, in vLLM's order
     preemptions: list[PreemptionRecord]
+    token_budget_left: int | None = None  # schedule()'s budget left (None: V0, not kept)
+
+    @property
+    def admitted(self) -> list[Admission]:
+        """Admitted from waiting for the first time, in vLLM's order."""
+        return [a for a in self.record.admitted if not a.resumed]
+
+    @property
+    def resumed(self) -> list[Admission]:
+        """Preempted victims admitted again (recomputing), in vLLM's order."""
+        return [a for a in self.record.admitted if a.resumed and not a.swapped_in]
+
+    @property
+    def swapped_in(self) -> list[Admission]:
+        """V0: victims swapped back in from CPU memory, their KV intact."""
+        return [a for a in self.record.admitted if a.swapped_in]
 
 
 class Timeline:
@@ -436,11 +453,11 @@ class Timeline:
             rec = eng.step()
             if rec != self.replay.steps[step]:
                 raise ReplayMismatch(f"the re-run differs from the replay at step {step}")
-            record = view_record(eng, rec)
+            scheduled, left = scheduled_tokens(eng)
             after = self._state(eng, step)
             self._cursor = None if eng.done else eng
-        view = StepView(step, record, before, after, self._classify(record, before, step),
-                        self.preemptions_at(step))
+        view = StepView(step, rec, before, after, self._classify(rec, scheduled, before, step),
+                        self.preemptions_at(step), left)
         self._cache[step] = view
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
@@ -467,13 +484,14 @@ class Timeline:
             eng.step()
         return eng
 
-    def _classify(self, rec: dict[str, Any], before: EngineState, step: int) -> list[Scheduled]:
+    def _classify(self, rec: StepRecord, scheduled: list[tuple[str, int]],
+                  before: EngineState, step: int) -> list[Scheduled]:
         """Label each scheduled request: recompute while it re-computes tokens it had
         computed before its last preemption, prefill before its prompt is done, else
         decode. Labels only; the numbers are the replay's."""
         out = []
-        hits = rec.get("prefix_hit_tokens") or {}
-        for rid, n in rec.get("scheduled", ()):
+        hits = {a.request: a.prefix_hit for a in rec.admitted}
+        for rid, n in scheduled:
             r = before.requests.get(rid)
             computed = hits[rid] if rid in hits else (r.num_computed_tokens if r is not None else 0)
             last = self.last_preemption_before(rid, step)
@@ -502,17 +520,14 @@ class Timeline:
                 "num_snapshots": len(self.snapshots)}
 
 
-def view_record(eng: Any, rec: StepRecord) -> dict[str, Any]:
-    """The step's full record for the step view: the conformance trace record (V1), or the
-    V0 engine's record under the same names (kv_usage, free_blocks, prefix_hit_tokens)."""
-    if not isinstance(eng, V0Steps):
-        from kvreplay.replay.trace import conformance_record
-
-        return conformance_record(eng, rec)
-    raw = dict(eng.last_record or {})
-    raw.setdefault("kv_usage", rec.kv_usage)
-    raw["free_blocks"] = rec.free_blocks
-    raw["prefix_hit_tokens"] = {a.request: a.prefix_hit for a in rec.admitted}
-    raw["num_scheduled_tokens"] = rec.num_scheduled_tokens
-    raw.setdefault("cached_blocks", 0)
-    return raw
+def scheduled_tokens(eng: Any) -> tuple[list[tuple[str, int]], int | None]:
+    """What the step `eng` just ran gave each request, in vLLM's order, and the token
+    budget it left (V1: schedule()'s output, the conformance trace's `scheduled` and
+    `token_budget_left`; V0: its record's `scheduled`, the budget left not kept)."""
+    if isinstance(eng, V0Steps):
+        raw = eng.last_record or {}
+        return [(rid, n) for rid, n in raw.get("scheduled") or ()], None
+    out = eng.last_output
+    if out is None:  # an idle step: nothing scheduled, the whole budget left
+        return [], eng.workload.config.max_num_batched_tokens
+    return list(out.num_scheduled_tokens.items()), out.token_budget_left

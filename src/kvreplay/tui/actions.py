@@ -77,7 +77,7 @@ class Actions:
         if v is None:
             return
         ids = list(dict.fromkeys([s.rid for s in v.scheduled] + v.after.running + v.after.waiting
-                                 + [p.victim for p in v.preemptions] + v.record.get("finished", [])))
+                                 + [p.victim for p in v.preemptions] + v.record.finished))
         if not ids:
             return
         if self.selected in ids:

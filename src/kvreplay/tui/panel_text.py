@@ -12,7 +12,7 @@ from typing import Any
 from rich.text import Text
 
 from kvreplay.replay.timeline import (
-    CACHED, FREE, HELD, NULL, SHARED, EngineState, Preemption, StateDiff, StepView, Timeline,
+    CACHED, FREE, NULL, SHARED, EngineState, Preemption, StateDiff, StepView, Timeline,
 )
 
 PALETTE = ("#5fafff", "#87d75f", "#ffaf5f", "#d787ff", "#5fd7d7", "#ff875f", "#afaf00",
@@ -75,19 +75,19 @@ def step_text(tl: Timeline, v: StepView, selected: str | None) -> Text:
         t.append(f"  at {clock(tl, v.step)}", style="bold")
         t.append(f" (+{at - tl.step_times[0]:.3f} s)", style="dim")
     t.append("\n")
-    if rec.get("idle"):
+    if rec.idle:
         t.append("idle: nothing to schedule\n", style="dim")
-    used = rec.get("num_scheduled_tokens", 0)
-    left = rec.get("token_budget_left", cfg.max_num_batched_tokens)
-    t.append(f"budget {cfg.max_num_batched_tokens} tokens: {used} scheduled, {left} left\n")
+    used = rec.num_scheduled_tokens
+    left = "" if v.token_budget_left is None else f", {v.token_budget_left} left"
+    t.append(f"budget {cfg.max_num_batched_tokens} tokens: {used} scheduled{left}\n")
     t.append(f"seqs {len(v.after.running)}/{cfg.max_num_seqs}  ")
-    t.append(f"free blocks {v.before.free_blocks} → {rec['free_blocks']}  ")
-    t.append(f"KV {rec['kv_usage'] * 100:.1f}%")
+    t.append(f"free blocks {v.before.free_blocks} → {rec.free_blocks}  ")
+    t.append(f"KV {rec.kv_usage * 100:.1f}%")
     if cfg.enable_prefix_caching:
-        t.append(f"  cached {rec['cached_blocks']}")
+        t.append(f"  cached {v.after.cached_blocks}")
     t.append("\n")
-    if rec.get("arrivals"):
-        t.append("Arrived: ").append_text(ids_text(tl, rec["arrivals"], selected)).append("\n")
+    if rec.arrivals:
+        t.append("Arrived: ").append_text(ids_text(tl, rec.arrivals, selected)).append("\n")
     t.append(f"\nScheduled ({len(v.scheduled)})\n", style="bold")
     for s in v.scheduled:
         mark = "▶ " if s.rid == selected else "  "
@@ -98,30 +98,30 @@ def step_text(tl: Timeline, v: StepView, selected: str | None) -> Text:
         if s.detail:
             t.append(f" {s.detail}", style="dim")
         t.append("\n")
-    hits = rec.get("prefix_hit_tokens") or {}
-    for label, key in (("Admitted", "new"), ("Resumed", "resumed")):
-        ids = rec.get(key) or []
-        if ids:
+    for label, adm, hit in (("Admitted", v.admitted, True), ("Resumed", v.resumed, True),
+                            ("Swapped in", v.swapped_in, False)):
+        if adm:
             t.append(f"{label}: ", style="bold")
-            for i, rid in enumerate(ids):
+            for i, a in enumerate(adm):
                 if i:
                     t.append(", ")
-                t.append(rid, style=request_colour(tl, rid))
-                t.append(f" (hit {hits.get(rid, 0)})", style="dim")
+                t.append(a.request, style=request_colour(tl, a.request))
+                if hit:
+                    t.append(f" (hit {a.prefix_hit})", style="dim")
             t.append("\n")
     for p in v.preemptions:
         t.append("Preempted: ", style="bold red")
         t.append(p.victim, style=request_colour(tl, p.victim))
         t.append(f" by {p.trigger}, {p.computed_tokens_lost} tokens lost\n")
-    if rec.get("finished"):
-        t.append("Finished: ", style="bold").append_text(ids_text(tl, rec["finished"], selected))
+    if rec.finished:
+        t.append("Finished: ", style="bold").append_text(ids_text(tl, rec.finished, selected))
         t.append("\n")
-    blocked = rec.get("admission_blocked")
-    if blocked:
+    blocked = rec.blocked
+    if blocked is not None:
         t.append("Blocked: ", style="bold yellow")
-        t.append(f"{blocked['req']} ({blocked['reason']}")
-        if "blocks_needed" in blocked:
-            t.append(f", needs {blocked['blocks_needed']} blocks, {blocked['free_blocks']} free")
+        t.append(f"{blocked.request} ({blocked.reason}")
+        if blocked.blocks_needed is not None:
+            t.append(f", needs {blocked.blocks_needed} blocks, {blocked.free_blocks} free")
         t.append(")\n")
     t.append(f"\nRunning ({len(v.after.running)})\n", style="bold")
     t.append_text(ids_text(tl, v.after.running, selected)).append("\n")
@@ -145,15 +145,15 @@ def why_text(tl: Timeline, v: StepView) -> Text:
         prv = tl.next_event("preemption", v.step, forward=False)
         t.append(f"previous: {'step ' + str(prv) if prv is not None else 'none'}   ")
         t.append(f"next: {'step ' + str(nxt) if nxt is not None else 'none'}   (N / n)\n")
-        blocked = v.record.get("admission_blocked")
-        if blocked:
+        blocked = v.record.blocked
+        if blocked is not None:
             t.append("\nWhy the head of waiting was not admitted\n", style="bold yellow")
-            t.append(f"{blocked['req']}: {blocked['reason']}; {blocked['num_new_tokens']} new "
-                     f"tokens, budget {blocked['token_budget']}")
-            if "blocks_needed" in blocked:
-                t.append(f", needs {blocked['blocks_needed']} blocks, {blocked['free_blocks']} free")
-                if blocked.get("watermark_blocks"):
-                    t.append(f", watermark {blocked['watermark_blocks']}")
+            t.append(f"{blocked.request}: {blocked.reason}; {blocked.num_new_tokens} new "
+                     f"tokens, budget {blocked.token_budget}")
+            if blocked.blocks_needed is not None:
+                t.append(f", needs {blocked.blocks_needed} blocks, {blocked.free_blocks} free")
+                if blocked.watermark_blocks:
+                    t.append(f", watermark {blocked.watermark_blocks}")
             t.append("\n")
         return t
     for p in v.preemptions:
