@@ -161,6 +161,9 @@ class Timeline:
         self._cursor_lock = threading.Lock()
         self.build_seconds = 0.0
         self._log_steps: array | None = None
+        # the replayed text's lines, where they are not a file to read back (a followed
+        # log: the run's lines, numbered from its banner); None: read the log files
+        self.lines: Sequence[str] | None = None
 
     # -- building --------------------------------------------------------------------
     def build(

@@ -34,6 +34,9 @@ class Actions:
         if tl is None:
             return
         step = tl.next_event(kind, self.cursor, forward=direction > 0)
+        if step is None and kind == "preemption" and direction > 0 and self.tailing:
+            # following a live log at its newest step: the newest preemption seen
+            step = tl.next_event(kind, tl.num_steps, forward=False)
         if step is None:
             self.notify(f"No {'next' if direction > 0 else 'previous'} {kind}.", timeout=2)
             return

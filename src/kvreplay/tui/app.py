@@ -27,12 +27,13 @@ from kvreplay.tui import panel_text
 from kvreplay.tui.actions import Actions
 from kvreplay.tui.goto_search import parse_goto, parse_step  # noqa: F401  (tests import them here)
 from kvreplay.tui.keys import FOOTER_LABELS, KEYS, PAGE, TABS, key_display  # noqa: F401
+from kvreplay.tui.follow import Following
 from kvreplay.tui.later import EnsembleLater
 from kvreplay.tui.loading import Loaded, Loading, Progress, SourceReady  # noqa: F401
 from kvreplay.tui.widgets import Panel, TimelineBar
 
 
-class ReplayApp(Loading, Actions, EnsembleLater, App[None]):
+class ReplayApp(Loading, Following, Actions, EnsembleLater, App[None]):
     CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses elsewhere
     TITLE = "kvreplay"
     BINDINGS = [Binding(k, a, FOOTER_LABELS.get(a, d), show=s,
@@ -50,6 +51,7 @@ class ReplayApp(Loading, Actions, EnsembleLater, App[None]):
         snapshot_every: int | None = None,
         config: str | None = None,
         ensemble_later: bool = True,
+        follow: bool = False,
     ) -> None:
         super().__init__()
         self.paths = list(paths)
@@ -76,6 +78,13 @@ class ReplayApp(Loading, Actions, EnsembleLater, App[None]):
         self.default_answer: Any = None  # a default log's DefaultAnswer, once loaded
         self.export_dir = Path.cwd()  # where `e` writes its trace
         self.exported: Path | None = None
+        # --follow: the one log followed live (tui/follow.py), its session once started,
+        # the server run shown, and whether the cursor stays at the newest step
+        self.follow_path: str | None = self.paths[0] if follow else None
+        self.session: Any = None
+        self.run = 1
+        self.tailing = follow
+        self.follow_note: str | None = None
 
     # -- layout --------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -121,6 +130,8 @@ class ReplayApp(Loading, Actions, EnsembleLater, App[None]):
         if tl is None or tl.num_steps == 0:
             return
         step = max(0, min(step, tl.num_steps - 1))
+        if self.follow_path is not None:  # at the newest step: stay there as the log grows
+            self.tailing = step == tl.num_steps - 1
         if step != self.cursor or self.view is None:
             self.cursor = step
 
@@ -194,6 +205,8 @@ class ReplayApp(Loading, Actions, EnsembleLater, App[None]):
             return
         src = tl.source
         state = ("loaded" if tl.done else ("stopped" if tl.cancelled else "loading (Esc stops)"))
+        if self.follow_path is not None:
+            state = self.follow_status()
         if self.ensemble == "computing":
             state += (" · uncertainty still computing"
                       + (f" ({self.ensemble_stage})" if self.ensemble_stage else "")

@@ -44,6 +44,9 @@ class Loading:
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def load(self) -> None:
         worker = get_current_worker()
+        if self.follow_path is not None:  # --follow: tui/follow.py
+            self._follow(worker)
+            return
         from kvreplay import progress
         from kvreplay.tui.opening import OpeningSink
 

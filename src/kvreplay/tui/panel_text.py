@@ -414,9 +414,14 @@ LOG_CONTEXT = 12  # lines shown from each neighbouring step when the step has no
 LOG_LINE_CHARS = 400  # longer lines (prompts, token ids) are cut
 
 
-def _log_lines(t: Text, refs: list[tuple[str, int]]) -> None:
+def _log_lines(t: Text, refs: list[tuple[str, int]], kept: Any = None) -> None:
+    """The lines `refs` (file, line): read back from the file, or from `kept` (a followed
+    log's lines, Timeline.lines)."""
     for path, lineno in refs:
-        text = linecache.getline(path, lineno).rstrip("\n")
+        if kept is not None:
+            text = kept[lineno - 1].rstrip("\n") if 0 < lineno <= len(kept) else ""
+        else:
+            text = linecache.getline(path, lineno).rstrip("\n")
         if len(text) > LOG_LINE_CHARS:
             text = f"{text[:LOG_LINE_CHARS]} … (+{len(text) - LOG_LINE_CHARS} chars)"
         t.append(f"{path.rsplit('/', 1)[-1]}:{lineno}: ", style="dim").append(text + "\n")
@@ -437,7 +442,7 @@ def log_text(tl: Timeline, step: int) -> Text:
         return t
     if refs:
         t.append(f"Log lines behind step {step}{_at(tl, step)}\n", style="bold")
-        _log_lines(t, refs[:200])
+        _log_lines(t, refs[:200], tl.lines)
         if len(refs) > 200:
             t.append(f"… {len(refs) - 200} more lines\n", style="dim")
         return t
@@ -452,7 +457,7 @@ def log_text(tl: Timeline, step: int) -> Text:
                  style="bold")
         if len(prev) > LOG_CONTEXT:
             t.append(f"… {len(prev) - LOG_CONTEXT} earlier lines of step {before}\n", style="dim")
-        _log_lines(t, prev[-LOG_CONTEXT:])
+        _log_lines(t, prev[-LOG_CONTEXT:], tl.lines)
     t.append(f"\n▶ step {step}: no log line\n", style="bold reverse")
     if after is None:
         t.append("\n(nothing logged after this step)\n", style="dim")
@@ -460,7 +465,7 @@ def log_text(tl: Timeline, step: int) -> Text:
         nxt = lines[after]
         t.append(f"\nstep {after}{_at(tl, after)}, {_n(after - step, 'step')} later\n",
                  style="bold")
-        _log_lines(t, nxt[:LOG_CONTEXT])
+        _log_lines(t, nxt[:LOG_CONTEXT], tl.lines)
         if len(nxt) > LOG_CONTEXT:
             t.append(f"… {len(nxt) - LOG_CONTEXT} more lines of step {after}\n", style="dim")
     return t
