@@ -25,6 +25,7 @@ from textual.widgets.option_list import Option
 from kvreplay.replay.timeline import StepView, Timeline, diff_states
 from kvreplay.tui import panel_text
 from kvreplay.tui.actions import Actions
+from kvreplay.tui.check_text import check_text
 from kvreplay.tui.goto_search import parse_goto, parse_step  # noqa: F401  (tests import them here)
 from kvreplay.tui.keys import FOOTER_LABELS, KEYS, PAGE, TABS, key_display  # noqa: F401
 from kvreplay.tui.follow import Following
@@ -55,6 +56,13 @@ class ReplayApp(Loading, Following, Actions, EnsembleLater, App[None]):
     ) -> None:
         super().__init__()
         self.paths = list(paths)
+        # Prometheus scrapes of the same server beside its log (as `kvreplay replay LOG
+        # metrics.prom`): the log is replayed, the scrapes checked against it (Check tab)
+        from kvreplay.audit.prom import looks_like_prometheus
+
+        self.metric_paths = [p for p in self.paths if p != "-" and looks_like_prometheus(p)]
+        self.log_paths = [p for p in self.paths if p not in self.metric_paths]
+        self.scrapes: dict[str, Any] | None = None  # check_text.scrape_check's result
         self.config = config  # engine config of request spans opened alone (open_replay)
         self.profile_name = profile
         self.year = year  # of the log's time stamps (vLLM prints none)
@@ -111,6 +119,9 @@ class ReplayApp(Loading, Following, Actions, EnsembleLater, App[None]):
                 with TabPane("Log", id="log"):
                     with VerticalScroll():
                         yield Panel(id="log-panel")
+                with TabPane("Check", id="check"):
+                    with VerticalScroll():
+                        yield Panel(id="check-panel")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -161,6 +172,7 @@ class ReplayApp(Loading, Following, Actions, EnsembleLater, App[None]):
         self._refresh_request()
         self._refresh_diff()
         self.query_one("#log-panel", Panel).show(panel_text.log_text(tl, v.step))
+        self.query_one("#check-panel", Panel).show(check_text(tl, v.step, self.scrapes))
         self._refresh_status()
 
     def _refresh_request(self) -> None:

@@ -12,7 +12,7 @@ from textual.screen import ModalScreen
 from kvreplay.tui.widgets import Panel
 
 PAGE = 100
-TABS = ("why", "blocks", "request", "diff", "log")
+TABS = ("why", "blocks", "request", "diff", "log", "check")
 
 # (key, action, description, shown in the footer). The help screen and the command
 # palette are generated from this list, so every key appears in both.
@@ -53,6 +53,7 @@ KEYS: list[tuple[str, str, str, bool]] = [
     ("3", "tab('request')", "Request view", False),
     ("4", "tab('diff')", "State diff", False),
     ("5", "tab('log')", "Log lines", False),
+    ("6", "tab('check')", "Check: the replay against the stats lines and scrapes", False),
     ("e", "export", "Export the timeline's steps as a Perfetto trace (JSON without the package)",
      False),
     ("question_mark,f1", "help", "Help: every key", True),

@@ -54,8 +54,15 @@ class Loading:
         try:
             from kvreplay.sources import open_replay
 
-            rep = open_replay(self.paths, profile=self.profile_name, year=self.year,
+            if self.metric_paths and not self.log_paths:
+                raise UserError("Prometheus scrapes are read beside their server's log: "
+                                "give the log too")
+            rep = open_replay(self.log_paths, profile=self.profile_name, year=self.year,
                               config=self.config, samples=0 if self.ensemble_later else None)
+            if self.metric_paths:  # the same server's counters: each scrape window checked
+                from kvreplay.tui.check_text import scrape_check
+
+                self.scrapes = scrape_check(rep, self.metric_paths)
         except ReplayError as exc:
             # a default log (no request lines): its answer on a summary screen, not a refusal
             self.post_message(self._default_log(exc))
