@@ -105,7 +105,7 @@ def test_a_restart_banner_starts_a_new_replay_and_says_so(tmp_path) -> None:
             assert app.bookmarks == {0}
             with log.open("a", encoding="utf-8") as f:  # the server starts again
                 f.write("".join(lines[:200]))
-            await _until(pilot, lambda: app.run == 2)
+            await _until(pilot, lambda: app.server_run == 2)
             assert "vLLM restarted" in (app.follow_note or "")
             assert not app.bookmarks  # they were run 1's steps
             early = app.tl  # run 2 from its first lines

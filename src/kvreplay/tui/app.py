@@ -90,7 +90,7 @@ class ReplayApp(Loading, Following, Actions, EnsembleLater, App[None]):
         # the server run shown, and whether the cursor stays at the newest step
         self.follow_path: str | None = self.paths[0] if follow else None
         self.session: Any = None
-        self.run = 1
+        self.server_run = 1
         self.tailing = follow
         self.follow_note: str | None = None
 

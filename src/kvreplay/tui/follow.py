@@ -117,9 +117,9 @@ class Following:
 
     def on_grown(self, message: Grown) -> None:
         old = self.tl
-        new_run = old is None or message.run != self.run
+        new_run = old is None or message.run != self.server_run
         tailing = self.tailing or old is None or old.num_steps == 0
-        self.run = message.run
+        self.server_run = message.run
         self.tl = message.tl
         if not self.loaded:
             self.loaded = True
@@ -150,6 +150,5 @@ class Following:
         s = self.session
         if s is None:
             return "following"
-        lines = len(s.lines)
-        return (f"following run {self.run} ({s.replay_lines:,} of {lines:,} lines replayed"
-                f"{', at the newest step' if self.tailing else ''})")
+        return (f"following run {self.server_run} ({s.replay_lines:,} of {len(s.lines):,} "
+                f"lines replayed{', at the newest step' if self.tailing else ''})")
