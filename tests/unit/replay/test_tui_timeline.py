@@ -290,3 +290,34 @@ def test_preemption_probability_comes_from_the_log_replay() -> None:
     assert "a lead, not a fact" in t.plain
     v = tl.view(p.step)
     assert why_text(tl, v).plain.startswith("This log: " + u.headline)
+
+
+def test_v0_step_views_hold_the_records_and_the_v0_engines_schedule() -> None:
+    """A V0 log with swaps: each view holds the replay's StepRecord; its scheduled
+    requests, admissions, resumes and swap-ins are the V0 engine's own record of the step
+    (its trace), and no token budget left is made up (V0 does not keep one)."""
+    log = Path(__file__).parents[2] / "data" / "v0_logs" / "v066_swap_1s.log"
+    src = _open([str(log)], year=2025)
+    records = src.trace()
+    tl = Timeline(src, snapshot_every=16)
+    tl.build()
+    swapped = [r["step"] for r in records if r.get("swapped_in")]
+    assert swapped, "the swap log swaps victims back in"
+    for s in swapped[:5] + [0, len(records) - 1]:
+        v = tl.view(s)
+        rec = records[s]
+        assert v.record == src.steps[s]
+        assert [[x.rid, x.tokens] for x in v.scheduled] == rec.get("scheduled", [])
+        assert [a.request for a in v.admitted] == rec.get("new", [])
+        assert [a.request for a in v.resumed] == rec.get("resumed", [])
+        assert [a.request for a in v.swapped_in] == rec.get("swapped_in", [])
+        assert v.token_budget_left is None
+    from kvreplay.tui.panel_text import step_text
+
+    text = step_text(tl, tl.view(swapped[0]), None).plain
+    assert "Swapped in: " + rec_ids(records[swapped[0]]["swapped_in"]) in text
+    assert " left" not in text.split("\n")[1]  # "budget N tokens: M scheduled", no "left"
+
+
+def rec_ids(ids: list[str]) -> str:
+    return ", ".join(ids)
