@@ -26,11 +26,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import msgspec
 
-from kvreplay.replay.records import Admission, PreemptionRecord, StepRecord
+from kvreplay.replay.records import PreemptionRecord, StepRecord
 from kvreplay.replay.result import Replay, ReplayMismatch
 from kvreplay.replay.snapshots import PickleCodec, Snapshot, SnapshotCodec
 from kvreplay.replay.state import (BLOCK_STATE_NAMES, CACHED, FREE, HELD, NULL, SHARED,  # noqa: F401
-                                   EngineState, RequestState, StateDiff, diff_states)
+                                   EngineState, RequestState, Scheduled, StateDiff, StepView,
+                                   diff_states, scheduled_tokens)
 from kvreplay.replay.v0.steps import V0Steps
 
 # Per-step event flags.
@@ -62,44 +63,6 @@ class LifeEvent(msgspec.Struct, gc=False):
     kind: str  # arrival | admitted | preempted | triggered | resumed | finished | aborted
     detail: str = ""
     preemption: int | None = None  # index into Timeline.preemptions
-
-
-class Scheduled(msgspec.Struct, gc=False):
-    """One request scheduled in a step, in vLLM's order, and what its tokens are."""
-
-    rid: str
-    tokens: int
-    kind: str  # prefill | decode | recompute
-    computed_before: int
-    detail: str = ""
-
-
-class StepView(msgspec.Struct):
-    """Everything about one step: the replay's `StepRecord` of it, what schedule() gave
-    each request, and the state before and after it."""
-
-    step: int
-    record: StepRecord  # the replay's own record of the step (Replay.steps[step])
-    before: EngineState
-    after: EngineState
-    scheduled: list[Scheduled]  # every scheduled request, in vLLM's order
-    preemptions: list[PreemptionRecord]
-    token_budget_left: int | None = None  # schedule()'s budget left (None: V0, not kept)
-
-    @property
-    def admitted(self) -> list[Admission]:
-        """Admitted from waiting for the first time, in vLLM's order."""
-        return [a for a in self.record.admitted if not a.resumed]
-
-    @property
-    def resumed(self) -> list[Admission]:
-        """Preempted victims admitted again (recomputing), in vLLM's order."""
-        return [a for a in self.record.admitted if a.resumed and not a.swapped_in]
-
-    @property
-    def swapped_in(self) -> list[Admission]:
-        """V0: victims swapped back in from CPU memory, their KV intact."""
-        return [a for a in self.record.admitted if a.swapped_in]
 
 
 class Timeline:
@@ -521,16 +484,3 @@ class Timeline:
         cols += len(self.flags) + sum(4 * len(a) for a in self.event_steps.values())
         return {"columns": cols, "snapshots": self.snapshot_bytes,
                 "num_snapshots": len(self.snapshots)}
-
-
-def scheduled_tokens(eng: Any) -> tuple[list[tuple[str, int]], int | None]:
-    """What the step `eng` just ran gave each request, in vLLM's order, and the token
-    budget it left (V1: schedule()'s output, the conformance trace's `scheduled` and
-    `token_budget_left`; V0: its record's `scheduled`, the budget left not kept)."""
-    if isinstance(eng, V0Steps):
-        raw = eng.last_record or {}
-        return [(rid, n) for rid, n in raw.get("scheduled") or ()], None
-    out = eng.last_output
-    if out is None:  # an idle step: nothing scheduled, the whole budget left
-        return [], eng.workload.config.max_num_batched_tokens
-    return list(out.num_scheduled_tokens.items()), out.token_budget_left

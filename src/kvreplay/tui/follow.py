@@ -73,6 +73,7 @@ class Following:
     def _follow(self, worker: Any) -> None:
         from kvreplay.live.follow import open_follower
         from kvreplay.tui.loading import Loaded
+        from kvreplay.tui.opening import Opening
 
         try:
             follower = open_follower(self.follow_path)
@@ -83,6 +84,7 @@ class Following:
                                 replay_opts={"profile": self.profile_name, "samples": 0})
         self.session = session
         shown = (0, 0)  # (run, lines) of the replay on screen
+        told = False  # a replay that failed was said (once)
         try:
             while not worker.is_cancelled:
                 batch = follower.read(POLL_S)
@@ -98,7 +100,16 @@ class Following:
                     session.finish(end=True)
                 elif session.due():
                     session.update()
+                    if session.failed and not told:
+                        told = True
+                        self.post_message(FollowNotice(
+                            f"the lines so far could not be replayed ({session.failed[-1]}); "
+                            "trying again as more come", severity="warning"))
                 rep = session.replay
+                if rep is None and batch.lines:
+                    self.post_message(Opening(f"following {self.follow_path}: "
+                                              f"{len(session.lines):,} lines, nothing to replay "
+                                              "yet (waiting for the server's lines)"))
                 if rep is not None and (session.run, session.replay_lines) != shown:
                     shown = (session.run, session.replay_lines)
                     tl = Timeline(rep, snapshot_every=self.snapshot_every)

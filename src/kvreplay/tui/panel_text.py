@@ -18,7 +18,6 @@ from kvreplay.replay.timeline import (
 PALETTE = ("#5fafff", "#87d75f", "#ffaf5f", "#d787ff", "#5fd7d7", "#ff875f", "#afaf00",
            "#ff5fd7", "#00af87", "#d7af87", "#8787ff", "#d7d75f")
 KIND_STYLE = {"prefill": "cyan", "decode": "green", "recompute": "bold red"}
-SPARK = " ▁▂▃▄▅▆▇█"
 
 
 def request_colour(tl: Timeline, rid: str) -> str:
@@ -468,51 +467,4 @@ def log_text(tl: Timeline, step: int) -> Text:
         _log_lines(t, nxt[:LOG_CONTEXT], tl.lines)
         if len(nxt) > LOG_CONTEXT:
             t.append(f"… {len(nxt) - LOG_CONTEXT} more lines of step {after}\n", style="dim")
-    return t
-
-
-def timeline_text(tl: Timeline, lo: int, hi: int, width: int, cursor: int,
-                  bookmarks: set[int]) -> Text:
-    label_w = 6
-    cols = tl.columns(lo, hi, max(1, width - label_w))
-    t = Text()
-    if not cols:
-        t.append("loading…")
-        return t
-    max_run = max(max(c[3] for c in cols), 1)
-    max_wait = max(max(c[4] for c in cols), 1)
-    cur_col = next((i for i, c in enumerate(cols) if c[0] <= cursor <= c[1]), None)
-    rows = (("KV   ", lambda c: c[2], 1.0, "green"), ("run  ", lambda c: c[3], max_run, "cyan"),
-            ("wait ", lambda c: c[4], max_wait, "yellow"))
-    for label, get, top, style in rows:
-        t.append(label, style="bold")
-        t.append(" ")
-        for i, c in enumerate(cols):
-            v = get(c)
-            k = 0 if v <= 0 else max(1, min(8, round(v / top * 8)))
-            t.append(SPARK[k], style=style + (" reverse" if i == cur_col else ""))
-        t.append("\n")
-    t.append("pre  ", style="bold").append(" ")
-    for i, c in enumerate(cols):
-        has_mark = any(c[0] <= b <= c[1] for b in bookmarks) if bookmarks else False
-        if c[5]:
-            t.append("▲" if c[5] == 1 else ("▲" if c[5] < 10 else "◆"), style="bold red")
-        elif has_mark:
-            t.append("◇", style="magenta")
-        else:
-            t.append(" ")
-    t.append("\n")
-    t.append("step ", style="bold").append(" ")
-    line = [" "] * len(cols)
-    if cur_col is not None:
-        line[cur_col] = "▲"
-    t.append("".join(line), style="bold white")
-    t.append("\n")
-    left = f"{cols[0][0]}"
-    right = f"{cols[-1][1]}"
-    mid = f"step {cursor}"
-    span = len(cols)
-    pad = max(1, span - len(left) - len(right) - len(mid))
-    t.append(" " * label_w + left + " " * (pad // 2) + mid + " " * (pad - pad // 2) + right,
-             style="dim")
     return t
