@@ -25,7 +25,7 @@ from textual.widgets.option_list import Option
 from kvreplay.replay.timeline import StepView, Timeline, diff_states
 from kvreplay.tui import panel_text
 from kvreplay.tui.actions import Actions
-from kvreplay.tui.check_text import check_text
+from kvreplay.tui.check_text import ScrapeCheck, check_text
 from kvreplay.tui.goto_search import parse_goto, parse_step  # noqa: F401  (tests import them here)
 from kvreplay.tui.keys import FOOTER_LABELS, KEYS, PAGE, TABS, key_display  # noqa: F401
 from kvreplay.tui.follow import Following
@@ -62,7 +62,7 @@ class ReplayApp(Loading, Following, Actions, EnsembleLater, App[None]):
 
         self.metric_paths = [p for p in self.paths if p != "-" and looks_like_prometheus(p)]
         self.log_paths = [p for p in self.paths if p not in self.metric_paths]
-        self.scrapes: dict[str, Any] | None = None  # check_text.scrape_check's result
+        self.scrapes: ScrapeCheck | None = None  # the scrapes against the replay shown
         self.config = config  # engine config of request spans opened alone (open_replay)
         self.profile_name = profile
         self.year = year  # of the log's time stamps (vLLM prints none)

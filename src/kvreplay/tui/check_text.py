@@ -13,12 +13,37 @@ import bisect
 import time
 from typing import Any
 
+import msgspec
 from rich.text import Text
 
 WINDOWS_SHOWN = 40  # scrape windows listed around the shown step
 
 
-def check_text(tl: Any, step: int, scrapes: dict[str, Any] | None) -> Text:
+class ScrapeWindow(msgspec.Struct, kw_only=True):
+    """Between two scrapes: the counters' increase, replayed and counted (audit/join.py)."""
+
+    t0: float
+    t1: float
+    preemptions_logged: int
+    preemptions_replayed: int
+    prompt_logged: int | None = None  # None: the scrapes have no prompt token counter
+    prompt_replayed: int | None = None
+    gen_logged: int | None = None
+    gen_replayed: int | None = None
+
+
+class ScrapeCheck(msgspec.Struct, kw_only=True):
+    """The replay against its server's scrapes (`join.scrape_check`, typed), or only the
+    verdict saying why it could not be checked (no windows)."""
+
+    verdict: str
+    windows: list[ScrapeWindow] = []
+    counted: int | None = None
+    replayed: int | None = None
+    agreeing_windows: int | None = None
+
+
+def check_text(tl: Any, step: int, scrapes: ScrapeCheck | None) -> Text:
     rep = tl.source
     t = Text()
     v = rep.verification
@@ -72,8 +97,8 @@ def check_text(tl: Any, step: int, scrapes: dict[str, Any] | None) -> Text:
                      f"logged {d.logged} vs replayed {d.replayed}\n", style="red")
     if scrapes is not None:
         t.append("\nPrometheus scrapes\n", style="bold")
-        t.append(f"{scrapes['verdict']}\n")
-        _windows(t, tl, step, scrapes.get("windows") or [])
+        t.append(f"{scrapes.verdict}\n")
+        _windows(t, tl, step, scrapes.windows)
     if len(t) == 0:
         t.append(f"{rep.label}: nothing to check this replay against (a workload runs the "
                  "model only).\n", style="dim")
@@ -91,11 +116,11 @@ def _line_at(lines: list[Any], step: int) -> Any:
     return read[i - 1] if i else None
 
 
-def _windows(t: Text, tl: Any, step: int, rows: list[dict[str, Any]]) -> None:
+def _windows(t: Text, tl: Any, step: int, rows: list[ScrapeWindow]) -> None:
     if not rows:
         return
     at = tl.step_time(step)
-    here = next((i for i, r in enumerate(rows) if at is not None and r["t0"] <= at < r["t1"]),
+    here = next((i for i, r in enumerate(rows) if at is not None and r.t0 <= at < r.t1),
                 None)
     lo = 0 if here is None else max(0, here - WINDOWS_SHOWN // 2)
     hi = min(len(rows), lo + WINDOWS_SHOWN)
@@ -103,15 +128,14 @@ def _windows(t: Text, tl: Any, step: int, rows: list[dict[str, Any]]) -> None:
         t.append(f"… {lo} earlier windows\n", style="dim")
     for i in range(lo, hi):
         r = rows[i]
-        ok = r["preemptions_replayed"] == r["preemptions_logged"]
+        ok = r.preemptions_replayed == r.preemptions_logged
         t.append("▶ " if i == here else "  ", style="bold")
-        t.append(f"{_hms(r['t0'])}-{_hms(r['t1'])}  preemptions ")
-        t.append(f"{r['preemptions_replayed']} replayed / {r['preemptions_logged']} counted",
+        t.append(f"{_hms(r.t0)}-{_hms(r.t1)}  preemptions ")
+        t.append(f"{r.preemptions_replayed} replayed / {r.preemptions_logged} counted",
                  style="green" if ok else "bold red")
-        if "prompt_logged" in r:
-            t.append(f"  prompt tokens {r['prompt_replayed']:,} / {r['prompt_logged']:,}"
-                     f"  generated {r.get('gen_replayed', 0):,} / {r.get('gen_logged', 0):,}",
-                     style="dim")
+        if r.prompt_logged is not None:
+            t.append(f"  prompt tokens {r.prompt_replayed or 0:,} / {r.prompt_logged:,}"
+                     f"  generated {r.gen_replayed or 0:,} / {r.gen_logged or 0:,}", style="dim")
         t.append("\n")
     if hi < len(rows):
         t.append(f"… {len(rows) - hi} later windows\n", style="dim")
@@ -121,7 +145,7 @@ def _hms(x: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(x))
 
 
-def scrape_check(rep: Any, metric_paths: list[str]) -> dict[str, Any]:
+def scrape_check(rep: Any, metric_paths: list[str]) -> ScrapeCheck:
     """The replay against the scrapes in `metric_paths` (its server's), as `kvreplay replay
     LOG metrics.prom` checks it: the check, or only a verdict saying why there is none."""
     from kvreplay.audit import join, prom
@@ -129,6 +153,6 @@ def scrape_check(rep: Any, metric_paths: list[str]) -> dict[str, Any]:
     points, how = join.scrapes_for_facts(rep.facts, prom.read_scrapes(metric_paths))
     chk = join.scrape_check(rep, points) if points else None
     if chk is None:
-        return {"verdict": how if not points else "too few scrapes with "
-                "vllm:num_preemptions_total within the log's time to check", "windows": []}
-    return chk
+        return ScrapeCheck(verdict=how if not points else "too few scrapes with "
+                           "vllm:num_preemptions_total within the log's time to check")
+    return msgspec.convert(chk, ScrapeCheck)
