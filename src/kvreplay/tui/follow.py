@@ -49,6 +49,13 @@ class FollowSession(Session):
     def _cut(self, rep: Any) -> None:
         return  # the TUI keeps every step of the run (its timeline holds snapshots)
 
+    def charge(self, seconds: float) -> None:
+        """Count building the replay's timeline as part of that replay's cost, so replays
+        and their timelines together take at most DUTY of a core (Session.due)."""
+        self.last_cost += seconds
+        self.replay_s += seconds
+        self.replay_end = self.clock()
+
 
 class Grown(Message):
     """A new replay of the followed run, its timeline built (`run`: 1 for the first)."""
@@ -114,7 +121,9 @@ class Following:
                     shown = (session.run, session.replay_lines)
                     tl = Timeline(rep, snapshot_every=self.snapshot_every)
                     tl.lines = session.lines  # the run's lines: the Log tab reads them
+                    t0 = session.clock()
                     tl.build(cancelled=lambda: worker.is_cancelled)
+                    session.charge(session.clock() - t0)
                     if worker.is_cancelled:
                         break
                     self.post_message(Grown(tl, session.run, session.replay_lines))
