@@ -133,3 +133,26 @@ def test_follow_bad_input_one_line_exit_2(tmp_path, monkeypatch, capsys, args, w
     out, err = capsys.readouterr()
     got = [ln for ln in err.splitlines() if ln.strip()]
     assert len(got) == 1 and words in got[0], err
+
+
+def test_cli_follow_opens_the_live_replay(tmp_path, monkeypatch) -> None:
+    """`kvreplay tui --follow LOG` (LOG is the option's value, never spooled as stdin)."""
+    from textual.app import App
+
+    lines = _lines(B_EXACT)
+    log = tmp_path / "server.log"
+    log.write_text("".join(lines), encoding="utf-8")
+    seen: list[ReplayApp] = []
+
+    async def pilot_fn(pilot) -> None:
+        app = pilot.app
+        seen.append(app)
+        await _until(pilot, lambda: app.tl is not None and app.tl.num_steps > 0)
+        app.exit()
+
+    monkeypatch.setattr(ReplayApp, "run",
+                        lambda self, **kw: App.run(self, headless=True, auto_pilot=pilot_fn))
+    assert main(["tui", "--follow", str(log), "--year", "2026"]) == 0
+    app = seen[0]
+    assert app.follow_path == str(log) and app.paths == [str(log)]
+    assert app.tl.num_steps == len(open_replay([str(B_EXACT)], year=2026).steps)
