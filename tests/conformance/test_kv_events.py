@@ -132,11 +132,11 @@ def test_kv_events_from_vllm_match_the_replay_block_pool(vllm_kv_runs, mode):
     assert any(e["type"] == "BlockRemoved" for r in recs for e in r["events"])
     evs = list(parse_files([str(d / "vllm.log")], year=2026))
     res = replay_step_trace(evs, kv_events=recs).step_check
-    assert res["first_divergence"] is None, res["first_divergence"]
+    assert res.first_divergence is None, res.first_divergence
     steps = [e for e in evs if type(e).__name__ == "StepTrace"]
-    assert res["steps_checked"] == len(steps)
+    assert res.steps_checked == len(steps)
     # checked after every step that published (every step with an update)
-    assert res["kv_events_checked"] == sum(1 for e in steps if e.updated_batch is not None) > 0
+    assert res.kv_events_checked == sum(1 for e in steps if e.updated_batch is not None) > 0
 
 
 @pytest.mark.needs_vllm
@@ -148,12 +148,12 @@ def test_altered_kv_event_is_a_block_level_divergence(vllm_kv_runs):
     bad[i]["events"] = [e for e in bad[i]["events"] if e["type"] != "BlockRemoved"]
     evs = list(parse_files([str(d / "vllm.log")], year=2026))
     res = replay_step_trace(evs, kv_events=bad).step_check
-    div = res["first_divergence"]
-    assert div is not None and div["field"] == "kv_cached_blocks"
+    div = res.first_divergence
+    assert div is not None and div.field == "kv_cached_blocks"
     steps = [e for e in evs if type(e).__name__ == "StepTrace"]
     want = next(st for st in steps if st.kv_events is not None and st.kv_events > recs[i]["seq"])
-    assert (div["step"], div["line"]) == (want.step, want.line)
-    assert div["logged"]["only_in_vllm"]
+    assert (div.step, div.line) == (want.step, want.line)
+    assert div.logged["only_in_vllm"]
 
 
 @pytest.mark.needs_vllm

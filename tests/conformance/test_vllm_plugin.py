@@ -97,8 +97,8 @@ def test_exact_replay_every_step_equal(vllm_runs, parsed, case):
     rep = replay_step_trace(parsed[case])
     res = rep.step_check
     steps = [e for e in parsed[case] if isinstance(e, StepTrace)]
-    assert res["first_divergence"] is None, res["first_divergence"]
-    assert res["steps_checked"] == len(steps) > 0
+    assert res.first_divergence is None, res.first_divergence
+    assert res.steps_checked == len(steps) > 0
     # the vLLM-side facts agree with what the harness recorded independently
     summary = json.loads((vllm_runs[case] / "summary.json").read_text())
     want = [(p["step"], p["req"], p["trigger"], p["self_preempt"]) for p in summary["preemption_events"]]
@@ -168,10 +168,10 @@ def test_altered_line_is_a_divergence_at_that_step(vllm_runs, parsed, tmp_path, 
     bad = tmp_path / "altered.log"
     lineno = _alter(log, bad, st.step, old, new)
     res = replay_step_trace(list(parse_files([str(bad)], year=2026))).step_check
-    div = res["first_divergence"]
+    div = res.first_divergence
     assert div is not None
-    assert (div["step"], div["line"], div["file"], div["field"]) == (st.step, lineno, str(bad), field)
-    assert res["steps_checked"] == st.step  # every step before it was equal
+    assert (div.step, div.line, div.file, div.field) == (st.step, lineno, str(bad), field)
+    assert res.steps_checked == st.step  # every step before it was equal
 
 
 def test_enable_by_class_path_and_by_environment_variable(tmp_path):

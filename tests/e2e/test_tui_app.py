@@ -113,13 +113,16 @@ def test_step_back_and_forward_match_the_records() -> None:
                 await pilot.press("left")
                 v = app.view
                 assert v.step == app.cursor
-                assert v.record == records[app.cursor]
+                assert v.record == app.tl.replay.steps[app.cursor]
+                assert [[x.rid, x.tokens] for x in v.scheduled] == records[app.cursor].get(
+                    "scheduled", [])
                 assert v.after.running == records[app.cursor]["running"]
                 assert v.after.waiting == records[app.cursor]["waiting"]
             await pilot.press("g")
             for _ in range(20):
                 await pilot.press("right")
-                assert app.view.record == records[app.cursor]
+                assert app.view.record == app.tl.replay.steps[app.cursor]
+                assert app.view.record.finished == records[app.cursor]["finished"]
             assert app.cursor == 20
             step = app.cursor
             assert f"Step {step}" in text(app, "#step")

@@ -91,9 +91,9 @@ def test_round_trip_fixed_step_time(tmp_path, d):
     assert counters["num_cumulative_preemption"] == s["num_cumulative_preemption"]
     assert (counters["terminal_error"] is None) == (s["terminal_error"] is None)
     ws = rep.warnings
-    assert ws["warnings_logged"] == s["preemption_warnings_logged"]
-    assert ws["warnings_matched"] == ws["warnings_logged"]
-    assert not ws["replay_warnings_not_in_log"]
+    assert ws.warnings_logged == s["preemption_warnings_logged"]
+    assert ws.warnings_matched == ws.warnings_logged
+    assert not ws.replay_warnings_not_in_log
     v = rep.verification
     assert v.agreeing_lines == v.stats_lines, v.first_divergence
     # a victim a warning names at its cumulative count is exact by the log
@@ -112,7 +112,7 @@ def test_round_trip_fitted_step_time(tmp_path, name):
     trace, log = _render(tmp_path, w, 1.0, name)
     rep = replay_facts(read_facts([str(log)], year=YEAR))
     assert _got(rep) == _orig_preemptions(trace)
-    assert rep.warnings["warnings_matched"] == rep.warnings["warnings_logged"] >= 1
+    assert rep.warnings.warnings_matched == rep.warnings.warnings_logged >= 1
     assert rep.verification.agreeing_lines == rep.verification.stats_lines
     m = rep.step_time_model
     assert abs(m.dt(100, 4) - 1.0) < 0.01, m.describe()
@@ -155,8 +155,8 @@ def test_realistic_step_times_accuracy():
     ws = rep.warnings
     print(f"\nrealistic V0 log: {len(orig)} preemptions simulated, {len(got)} replayed, "
           f"{found} found (victim within 5 steps); warnings matched "
-          f"{ws['warnings_matched']}/{ws['warnings_logged']} (victims "
-          f"{ws['victims_matched']}); stats lines agreeing "
+          f"{ws.warnings_matched}/{ws.warnings_logged} (victims "
+          f"{ws.victims_matched}); stats lines agreeing "
           f"{rep.verification.agreeing_lines}/{rep.verification.stats_lines}; "
           f"{rep.step_time_model.describe()}")
     # At the time of writing (seed 7): 147 simulated, 142 replayed, 35 found within 5
@@ -166,10 +166,10 @@ def test_realistic_step_times_accuracy():
     # Regression guards only.
     assert abs(len(got) - len(orig)) <= 0.15 * len(orig)
     assert found >= 0.2 * len(orig)
-    assert ws["warnings_matched"] >= 1
-    assert ws["warnings_logged"] == sum(1 for r in trace for p in r.get("preemptions", ())
+    assert ws.warnings_matched >= 1
+    assert ws.warnings_logged == sum(1 for r in trace for p in r.get("preemptions", ())
                                         if p["warning_logged"])
-    assert len(ws["lines"]) == ws["warnings_logged"]
+    assert len(ws.lines) == ws.warnings_logged
 
 
 def test_deterministic():

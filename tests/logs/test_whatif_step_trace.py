@@ -71,8 +71,8 @@ def test_replay_exact_with_a_clock(rp):
     """The step-trace replay is unchanged (every step checked, the case's 54 preemptions)
     and now has a clock: each step's start within 0.1 s of the case's (measured: 58 ms at
     most, at the steps the stamps pin least)."""
-    assert rp.kind == "step-trace" and rp.step_check["first_divergence"] is None
-    assert rp.step_check["steps_checked"] == TRUTH["num_steps"] == len(rp.steps)
+    assert rp.kind == "step-trace" and rp.step_check.first_divergence is None
+    assert rp.step_check.steps_checked == TRUTH["num_steps"] == len(rp.steps)
     assert len(rp.preemptions) == TRUTH["total_preemptions"] == 54
     assert rp.stamps is not None and len(rp.clock) == len(rp.steps)
     err = [abs(a - b) for a, b in zip(rp.clock, TRUTH["step_start_sim_time"])]
@@ -250,7 +250,7 @@ def test_an_engine_that_ran_dry_restarts_at_the_wall_clock(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     busy = [r for r in recs if not r.get("idle")]
     assert len(busy) < len(recs) - 1000  # a long idle stretch, dropped from the trace
-    assert R.check(str(path), recs)["steps_checked"] == len(busy)
+    assert R.check(str(path), recs).steps_checked == len(busy)
     f = step_dt(m)
     dts = [f(r) for r in recs]
     starts = step_starts(recs, lambda r: dts[r["step"]], R.START)

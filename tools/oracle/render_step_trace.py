@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import time as _time
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -200,7 +201,7 @@ def render(wl, model: dict, *, stats_interval_s: float, stats_phase_s: float,
     return [s for *_, s in merged], recs
 
 
-def check(path: str, recs: list[dict]) -> dict:
+def check(path: str, recs: list[dict]) -> Any:
     """Parse the file back and replay it: every step must check."""
     from kvreplay.parsers import parse_files
     from kvreplay.inference.step_trace import replay_step_trace
@@ -208,7 +209,7 @@ def check(path: str, recs: list[dict]) -> dict:
     rp = replay_step_trace(list(parse_files([path], year=2026)))
     c = rp.step_check
     busy = sum(1 for r in recs if not r.get("idle"))
-    if c["first_divergence"] is not None or c["steps_checked"] != busy:
+    if c.first_divergence is not None or c.steps_checked != busy:
         raise SystemExit(f"{path}: the step-trace replay does not check: {c}")
     return c
 
@@ -245,7 +246,7 @@ def main() -> int:
                              stats_phase_s=args.stats_phase, with_prompts=not args.no_prompts)
         _write(args.out, lines)
         c = check(args.out, recs)
-        print(f"{args.out}: {c['steps_checked']} steps checked", flush=True)
+        print(f"{args.out}: {c.steps_checked} steps checked", flush=True)
         return 0
     if not args.root:
         ap.error("give --root or --workload")
@@ -263,7 +264,7 @@ def main() -> int:
         path = os.path.join(args.root, name, args.name)
         _write(path, lines)
         c = check(path, recs)
-        print(f"{path}: {c['steps_checked']} steps checked", flush=True)
+        print(f"{path}: {c.steps_checked} steps checked", flush=True)
     return 0
 
 

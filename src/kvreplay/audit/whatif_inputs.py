@@ -151,13 +151,14 @@ def _load_step_trace(rp: Any, paths: Sequence[str], draws: int) -> Context:
     if fm is None or rp.clock is None:
         raise UserError("the step trace's lines time too few busy seconds to fit a step "
                         "time (what-if needs at least 5)")
-    chk = rp.step_check or {}
+    chk = rp.step_check
+    checked = f"{chk.steps_checked}/{chk.steps_logged}" if chk is not None else "0/0"
     fit_text = (f"{STAMPS}: {fm.rows} rows, residual {fm.rms_s * 1e3:.3g} ms a row; replay "
-                f"exact, {chk.get('steps_checked', 0)}/{chk.get('steps_logged', 0)} steps checked")
+                f"exact, {checked} steps checked")
     notes = list(rp.notes)
-    div = chk.get("first_divergence")
+    div = chk.first_divergence if chk is not None else None
     if div is not None:
-        notes.append(f"the replay differs from the log at step {div['step']} ({div['field']}): "
+        notes.append(f"the replay differs from the log at step {div.step} ({div.field}): "
                      "the base run is the log's only up to there")
     # the rebuilt workload ends where the log ends (max_steps); a what-if runs every
     # request to completion

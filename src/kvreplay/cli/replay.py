@@ -203,5 +203,5 @@ def run(args: argparse.Namespace) -> int:
     if stdin is not None:
         text = stdin.as_given(text)
     write_output(args.output, lambda f: f.write(text))
-    div = (rep.step_check or {}).get("first_divergence")
+    div = rep.step_check.first_divergence if rep.step_check is not None else None
     return 1 if div else 0

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import msgspec
 
 from kvreplay.inference.uncertainty import LEAD_BELOW, TOL_STEPS
+from kvreplay.replay.checks import StepCheck
 
 from kvreplay.replay.result import Replay
 from kvreplay.words import count
@@ -53,9 +54,9 @@ def to_json(rep: Replay) -> dict[str, Any]:
                 "cut_after_steps": rep.inputs.max_steps},
     }
     if rep.warnings is not None:
-        out["warnings"] = rep.warnings
+        out["warnings"] = rep.warnings.to_json()
     if rep.step_check is not None:
-        out["step_check"] = rep.step_check
+        out["step_check"] = rep.step_check.to_json()
     if facts is not None:
         out["inputs"] = {"files": facts.files, "lines": facts.num_events,
                          "unparsed": facts.num_unparsed, "requests": len(facts.requests),
@@ -74,7 +75,7 @@ def render_table(rep: Replay, report: dict[str, Any], elapsed: float) -> str:
     if rep.kind == "step-trace":
         lines.append(f"  (exact: the log has kvreplay's step trace) {s['requests']} requests, "
                      f"{s['steps']} engine steps replayed in {elapsed:.1f} s")
-        lines += _step_check_lines(rep.step_check or {})
+        lines += _step_check_lines(rep.step_check)
     else:
         lines.append(f"  vLLM {s['vllm_version'] or '?'} (profile {s['profile']}), "
                      f"{s['requests']} requests, {s['steps']} engine steps replayed in "
@@ -146,15 +147,17 @@ def render_table(rep: Replay, report: dict[str, Any], elapsed: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _step_check_lines(c: dict[str, Any]) -> list[str]:
-    out = [f"  steps checked: {c.get('steps_checked')}"]
-    if c.get("kv_events_checked") is not None:
+def _step_check_lines(c: StepCheck | None) -> list[str]:
+    if c is None:
+        return ["  steps checked: None", "  every step agrees with the log"]
+    out = [f"  steps checked: {c.steps_checked}"]
+    if c.kv_events_checked is not None:
         out.append(f"  KV-cache block state checked against vLLM's events after "
-                   f"{c['kv_events_checked']} steps")
-    div = c.get("first_divergence")
+                   f"{c.kv_events_checked} steps")
+    div = c.first_divergence
     out.append("  every step agrees with the log" if not div else
-               f"  FIRST DIVERGENCE at step {div.get('step')} ({div.get('file')}:{div.get('line')}): "
-               f"{div.get('field')}: logged {div.get('logged')} vs replayed {div.get('replayed')}")
+               f"  FIRST DIVERGENCE at step {div.step} ({div.file}:{div.line}): "
+               f"{div.field}: logged {div.logged} vs replayed {div.replayed}")
     return out
 
 

@@ -1,4 +1,5 @@
-"""`kvreplay tui [LOG|WORKLOAD.json ...] [--profile P]`: the terminal debugger.
+"""`kvreplay tui [LOG|WORKLOAD.json ...] [--profile P]`, `kvreplay tui --follow LOG`: the
+terminal debugger, on a finished replay or a live one.
 
 Textual is imported only inside `run()`: building the `kvreplay` parser must not import it.
 """
@@ -22,6 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="vLLM version profile (default: from the log, else 0.33)")
     parser.add_argument("--year", type=int,
                         help="year of the log's time stamps (default: the file's mtime)")
+    # (LOG is --follow's value, not among `paths`: those are read whole, stdin spooled)
+    parser.add_argument("--follow", metavar="LOG",
+                        help="follow LOG as it grows (as `kvreplay watch` does: appended, "
+                             "rotated, truncated): the timeline grows with it, a restart "
+                             "banner starts a new replay")
     parser.add_argument("--config", metavar="CONFIG.json",
                         help="the engine config for request spans opened without their log "
                              "(as kvreplay replay --config)")
@@ -36,12 +42,17 @@ def default_paths() -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from kvreplay.sources import precheck_inputs
 
-    paths = args.paths or default_paths()
-    precheck_inputs(paths)  # bad input: one line before the app takes the screen
+    follow = getattr(args, "follow", None) is not None
+    if follow:
+        check_follow([args.follow, *args.paths])
+        paths = [args.follow]
+    else:
+        paths = args.paths or default_paths()
+        precheck_inputs(paths)  # bad input: one line before the app takes the screen
     from kvreplay.tui.app import ReplayApp
 
     app = ReplayApp(paths, profile=args.profile, year=args.year,
-                    config=args.config)
+                    config=args.config, follow=follow)
     app.run()
     # The app has left the screen and restored the terminal by now.
     if app.load_exception is not None:
@@ -50,3 +61,16 @@ def run(args: argparse.Namespace) -> int:
         # `kvreplay` prints it on one line (stderr) and exits 2, e.g. for a V0-engine log
         raise UserError(app.load_error)
     return 0
+
+
+def check_follow(paths: list[str]) -> None:
+    """`--follow` takes one growing log file (UserError otherwise, before the screen)."""
+    if len(paths) != 1:
+        raise UserError("--follow takes one log file (the one the server writes)")
+    if paths[0] == "-":
+        raise UserError("--follow reads its keys from the terminal, so not a log from stdin: "
+                        "follow a file (kubectl logs -f ... > server.log &), or use "
+                        "`kvreplay watch -`")
+    from kvreplay.live.follow import FileFollower
+
+    FileFollower(paths[0]).close()  # a directory, a .gz, a missing file: one line

@@ -27,7 +27,7 @@ from kvreplay.inference.iterations import iteration_replay
 from kvreplay.inference.rebuild import rebuild_workload
 from kvreplay.inference.runs import Run, step_replay, timed_replay
 from kvreplay.inference.verify import verify
-from kvreplay.replay.checks import Verification
+from kvreplay.replay.checks import Verification, WarningsCheck
 from kvreplay.replay.records import PreemptionRecord, preemption_records
 from kvreplay.replay.result import CountEstimate, Provenance, Replay
 
@@ -185,7 +185,7 @@ def log_lines(facts: LogFacts, run: Run, check: Verification) -> dict[int, list[
 def make_replay(facts: LogFacts, fmt: LogFormat, prof: Profile, rebuilt: Rebuilt, run: Run,
                 pre: list[PreemptionRecord], check: Verification, *, loss: float,
                 pattern: str, phase: float, placement: tuple[float, float],
-                estimate: CountEstimate | None, warnings: dict | None,
+                estimate: CountEstimate | None, warnings: WarningsCheck | None,
                 uncertainty: Uncertainty | None) -> Replay:
     notes = list(rebuilt.notes)
     if fmt.placement != "anchored":
@@ -193,14 +193,14 @@ def make_replay(facts: LogFacts, fmt: LogFormat, prof: Profile, rebuilt: Rebuilt
         notes.append(f"{fmt.engine} engine replay (vLLM {getattr(prof, 'version', '')} rules)")
         notes.append(f"arrivals placed {'evenly over' if spread else 'at a burst in'} their "
                      f"logged second" + (f" (from +{phase:.2f} s)" if phase else ""))
-    if warnings is not None and warnings["warnings_logged"]:
-        div = warnings["first_divergence"]
-        notes.append(f"every-50th preemption warnings: {warnings['warnings_matched']} of "
-                     f"{warnings['warnings_logged']} match the replay (victim, mode, cumulative "
+    if warnings is not None and warnings.warnings_logged:
+        div = warnings.first_divergence
+        notes.append(f"every-50th preemption warnings: {warnings.warnings_matched} of "
+                     f"{warnings.warnings_logged} match the replay (victim, mode, cumulative "
                      "count, time)" + ("" if not div else f"; first mismatch: line "
-                                       f"{div['line']}: " + "; ".join(div["differences"])))
-    if warnings is not None and warnings["replay_warnings_not_in_log"]:
-        notes.append(f"{len(warnings['replay_warnings_not_in_log'])} warning(s) the replay "
+                                       f"{div.line}: " + "; ".join(div.differences)))
+    if warnings is not None and warnings.replay_warnings_not_in_log:
+        notes.append(f"{len(warnings.replay_warnings_not_in_log)} warning(s) the replay "
                      "would have printed are not in the log")
     if fmt.preemption_warnings:  # the log's own counters are the V0 engine's
         prom = sum(r.prometheus_preemptions for r in run.steps)

@@ -22,10 +22,10 @@ ensemble's (ensemble.py: `PreemptionRecord.probability`).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 from kvreplay.inference.uncertainty import TOL_STEPS  # a row is right within this many steps
-from kvreplay.replay.checks import StatsLineCheck, Verification
+from kvreplay.replay.checks import StatsLineCheck, Verification, WarningsCheck
 from kvreplay.replay.records import PreemptionRecord
 
 PIN_STEPS = 2 * TOL_STEPS + 1  # steps a second may hold for its second to pin a step
@@ -63,9 +63,9 @@ def _whole_run(rows: Sequence[StatsLineCheck], pre: Sequence[PreemptionRecord]) 
 
 
 def set_confidence(pre: Sequence[PreemptionRecord], check: Verification,
-                   warnings: dict[str, Any] | None, prompts_estimated: bool) -> None:
+                   warnings: WarningsCheck | None, prompts_estimated: bool) -> None:
     rows = [r for r in check.lines if r.step is not None]
-    by_log = {w["cumulative"] for w in (warnings or {}).get("lines", ()) if w.get("matched")}
+    by_log = {w.cumulative for w in (warnings.lines if warnings is not None else ()) if w.matched}
     # a V0 log (its warnings checked) is checked within tolerances, its lines and
     # arrivals pinned only to a second: a step only where the steps are slow (PIN_STEPS)
     tolerant = warnings is not None
@@ -104,7 +104,7 @@ def set_confidence(pre: Sequence[PreemptionRecord], check: Verification,
 
 def set_iteration_confidence(pre: Sequence[PreemptionRecord], exact_until_step: int,
                              lines: int, prompts_pinned: bool, check: Verification,
-                             warnings: dict[str, Any] | None) -> None:
+                             warnings: WarningsCheck | None) -> None:
     """With iteration lines: "exact-by-log" for a preemption before the first line the
     replay cannot match, when every prompt is known (logged, or pinned by the lines);
     the stats-line rule (set_confidence) for the rest."""

@@ -38,6 +38,7 @@ from kvreplay.inference.step_model import STAMPS
 from kvreplay.inference.trace_clock import timed
 from kvreplay.replay.engine import Engine
 from kvreplay.replay.profile import get_profile
+from kvreplay.replay.checks import SessionCheck, StepCheck, StepDivergence
 from kvreplay.replay.records import EngineInputs, preemption_records
 from kvreplay.replay.result import Provenance, Replay
 from kvreplay.replay.scheduler import SchedulerConfig
@@ -297,7 +298,7 @@ def _replay_session(session: TraceSession, profile, kv_events) -> dict[str, Any]
     # divergence, are exact, with the line that shows them
     pre = preemption_records(steps)
     lines = {st.step: st for st in session.steps}
-    first_bad = divergence["step"] if divergence else None
+    first_bad = divergence.step if divergence else None
     for p in pre:
         st = lines.get(p.step)
         if st is not None:
@@ -319,8 +320,9 @@ def _replay_session(session: TraceSession, profile, kv_events) -> dict[str, Any]
     }
 
 
-def _div(st: ev.StepTrace, field: str, logged: Any, replayed: Any) -> dict[str, Any]:
-    return {"step": st.step, "file": st.file, "line": st.line, "field": field, "logged": logged, "replayed": replayed}
+def _div(st: ev.StepTrace, field: str, logged: Any, replayed: Any) -> StepDivergence:
+    return StepDivergence(step=st.step, file=st.file, line=st.line, field=field, logged=logged,
+                          replayed=replayed)
 
 
 class _KvEventCheck:
@@ -376,11 +378,13 @@ def replay_step_trace(events: list, *, profile: str | None = None,
         prof = get_profile(profile if profile is not None else (s.config.vllm_version if s.config else None))
         results.append((prof, _replay_session(s, prof, kv_events)))
     prof, top = next((x for x in results if x[1]["first_divergence"] is not None), results[0])
-    check = {k: top[k] for k in ("steps_logged", "steps_checked", "first_divergence",
-                                 "requests_left_out", "kv_events_checked")}
-    check["steps_checked"] = sum(r["steps_checked"] for _, r in results)
-    check["sessions"] = [{k: r[k] for k in ("steps_logged", "steps_checked", "first_divergence")}
-                         for _, r in results]
+    check = StepCheck(
+        steps_logged=top["steps_logged"],
+        steps_checked=sum(r["steps_checked"] for _, r in results),
+        first_divergence=top["first_divergence"], requests_left_out=top["requests_left_out"],
+        kv_events_checked=top["kv_events_checked"],
+        sessions=[SessionCheck(steps_logged=r["steps_logged"], steps_checked=r["steps_checked"],
+                               first_divergence=r["first_divergence"]) for _, r in results])
     wl = top["workload"]
     notes = []
     if len(results) > 1:

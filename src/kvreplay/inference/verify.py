@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from kvreplay.inference.facts import LogFacts, StatsPoint
 from kvreplay.inference.formats import LogFormat, interval_of
 from kvreplay.inference.lines import (cum_generated, ends, line_time, spans, step_end_lines,
                                       targets, token_anchors)
-from kvreplay.replay.checks import LineDifference, StatsLineCheck, Verification
+from kvreplay.replay.checks import (LineDifference, StatsLineCheck, UnloggedWarning, Verification,
+                                    WarningLineCheck, WarningReplayed, WarningsCheck)
 from kvreplay.replay.records import StepRecord, cumulative
 
 if TYPE_CHECKING:
@@ -234,7 +235,7 @@ def verification_report(rows: list[StatsLineCheck]) -> Verification:
 
 
 # ---------------------------------------------------------------- V0 warnings
-def check_warnings(run: Run, facts: LogFacts, tol_s: float = 2.0) -> dict[str, Any]:
+def check_warnings(run: Run, facts: LogFacts, tol_s: float = 2.0) -> WarningsCheck:
     """Each logged every-50th warning against the replay's preemption with the same
     cumulative count: victim, mode, and about the same second."""
     pre = [(rec.step, p) for rec in run.steps for p in rec.preemptions]
@@ -243,32 +244,32 @@ def check_warnings(run: Run, facts: LogFacts, tol_s: float = 2.0) -> dict[str, A
     first_bad = None
     for w in facts.v0_preemptions:
         k = w.cumulative
-        row: dict[str, Any] = {"file": w.file, "line": w.line, "time": w.time,
-                               "request_id": w.request_id, "mode": (w.mode or "").lower() or None,
-                               "cumulative": k}
+        row = WarningLineCheck(file=w.file, line=w.line, time=w.time, request_id=w.request_id,
+                               mode=(w.mode or "").lower() or None, cumulative=k)
         got = by_k.get(k) if k is not None else None
         if got is None:
-            row.update(replayed=None, matched=False,
-                       differences=[f"the replay has only {len(pre)} preemptions"
-                                    if k is not None else "no cumulative count on the line"])
+            row.differences = [f"the replay has only {len(pre)} preemptions"
+                               if k is not None else "no cumulative count on the line"]
         else:
             step, p = got
             t = run.clock[step] if step < len(run.clock) else None
             diffs = []
             if p.victim != w.request_id:
                 diffs.append(f"victim {p.victim} vs logged {w.request_id}")
-            if row["mode"] and p.mode != row["mode"]:
-                diffs.append(f"mode {p.mode} vs logged {row['mode']}")
+            if row.mode and p.mode != row.mode:
+                diffs.append(f"mode {p.mode} vs logged {row.mode}")
             dt = None
             if t is not None and w.time is not None:
                 dt = round(t - (w.time + 0.5), 3)
                 if abs(dt) > tol_s + 0.5:
                     diffs.append(f"at {dt:+.1f} s from the logged second")
-            row.update(replayed={"victim": p.victim, "mode": p.mode, "step": step,
-                                 "time": None if t is None else round(t, 3)},
-                       time_diff_s=dt, victim_matches=p.victim == w.request_id,
-                       matched=not diffs, differences=diffs)
-        if not row["matched"] and first_bad is None:
+            row.replayed = WarningReplayed(victim=p.victim, mode=p.mode, step=step,
+                                           time=None if t is None else round(t, 3))
+            row.time_diff_s = dt
+            row.victim_matches = p.victim == w.request_id
+            row.matched = not diffs
+            row.differences = diffs
+        if not row.matched and first_bad is None:
             first_bad = row
         rows.append(row)
     # warnings the replay printed inside the log's time span but the log does not show
@@ -278,16 +279,16 @@ def check_warnings(run: Run, facts: LogFacts, tol_s: float = 2.0) -> dict[str, A
         if p.warning_logged and p.cumulative not in logged_k:
             t = run.clock[step] if step < len(run.clock) else None
             if facts.last_time is None or t is None or t <= facts.last_time:
-                extra.append({"cumulative": p.cumulative, "victim": p.victim,
-                              "step": step, "time": None if t is None else round(t, 3)})
-    return {
-        "warnings_logged": len(rows),
-        "warnings_matched": sum(1 for r in rows if r["matched"]),
-        "victims_matched": sum(1 for r in rows if r.get("victim_matches")),
-        "first_divergence": first_bad,
-        "replay_warnings_not_in_log": extra,
-        "lines": rows,
-    }
+                extra.append(UnloggedWarning(cumulative=p.cumulative, victim=p.victim,
+                                             step=step, time=None if t is None else round(t, 3)))
+    return WarningsCheck(
+        warnings_logged=len(rows),
+        warnings_matched=sum(1 for r in rows if r.matched),
+        victims_matched=sum(1 for r in rows if r.victim_matches),
+        first_divergence=first_bad,
+        replay_warnings_not_in_log=extra,
+        lines=rows,
+    )
 
 
 # ---------------------------------------------------------------- losses
@@ -342,18 +343,18 @@ def _rows_loss(run: Run, facts: LogFacts, fmt: LogFormat) -> float:
             if b is not None:
                 total += 4.0 * ((a - b) / max(10.0, b)) ** 2
     if fmt.preemption_warnings:
-        for w in check_warnings(run, facts)["lines"]:
+        for w in check_warnings(run, facts).lines:
             n += 1
-            rep = w.get("replayed")
+            rep = w.replayed
             if rep is None:
                 total += 25.0
                 continue
-            if not w.get("victim_matches"):
+            if not w.victim_matches:
                 total += 25.0
-            if w["mode"] and rep["mode"] != w["mode"]:
+            if w.mode and rep.mode != w.mode:
                 total += 25.0
-            if w.get("time_diff_s") is not None:
-                total += min(25.0, max(0.0, abs(w["time_diff_s"]) - 0.5) ** 2)
+            if w.time_diff_s is not None:
+                total += min(25.0, max(0.0, abs(w.time_diff_s) - 0.5) ** 2)
     return total / max(1, n)
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 import msgspec
 
-from kvreplay.replay.checks import Verification
+from kvreplay.replay.checks import StepCheck, Verification, WarningsCheck
 from kvreplay.replay.engine import Engine, without_cyclic_gc
 from kvreplay.replay.records import (EngineInputs, PreemptionRecord, StepRecord, Totals,
                                      totals)
@@ -74,8 +74,8 @@ class Replay:
     preemptions: list[PreemptionRecord]
     clock: list[float] | None = None  # wall-clock start of each step (log replays)
     verification: Verification | None = None  # the replay against the stats lines
-    warnings: dict[str, Any] | None = None  # V0: the every-50th warnings against it
-    step_check: dict[str, Any] | None = None  # step-trace logs: every step checked
+    warnings: WarningsCheck | None = None  # V0: the every-50th warnings against it
+    step_check: StepCheck | None = None  # step-trace logs: every step checked
     log_lines: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
     estimate: CountEstimate | None = None  # a count interval where the log cannot pin it
     uncertainty: Any = None  # inference.uncertainty.Uncertainty: what the log leaves open
@@ -199,9 +199,9 @@ class Replay:
                 out[k] = getattr(info, k)
         if self.engine_name == "V0":
             out["swap_preemptions"] = sum(1 for p in self.preemptions if p.mode == "swap")
-            w = self.warnings or {}
-            out["warnings_logged"] = w.get("warnings_logged", 0)
-            out["warnings_matched"] = w.get("warnings_matched", 0)
+            w = self.warnings
+            out["warnings_logged"] = w.warnings_logged if w is not None else 0
+            out["warnings_matched"] = w.warnings_matched if w is not None else 0
             out["prometheus_num_preemptions_total"] = sum(
                 r.prometheus_preemptions for r in self.steps)
             out["num_cumulative_preemption"] = max(

@@ -1,6 +1,7 @@
 """The scheduler's state between two steps, copied out of a live engine (V1 or V0): the
-queues, every live request and the block map, and the difference of two such states.
-Nothing here decides anything; it reads the engine."""
+queues, every live request and the block map, and the difference of two such states; and
+a `StepView`, one step's record with the state before and after it (replay/timeline.py
+makes them). Nothing here decides anything; it reads the engine."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from itertools import repeat
 from operator import attrgetter
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
+
+from kvreplay.replay.records import Admission, PreemptionRecord, StepRecord
 
 # Block states in the block map.
 NULL, FREE, CACHED, HELD, SHARED = range(5)
@@ -165,6 +170,57 @@ def _block_desc(state: int, owners: list[str]) -> str:
     return f"{name} {','.join(owners)}" if owners else name
 
 
+
+
+class Scheduled(msgspec.Struct, gc=False):
+    """One request scheduled in a step, in vLLM's order, and what its tokens are."""
+
+    rid: str
+    tokens: int
+    kind: str  # prefill | decode | recompute
+    computed_before: int
+    detail: str = ""
+
+
+class StepView(msgspec.Struct):
+    """Everything about one step: the replay's `StepRecord` of it, what schedule() gave
+    each request, and the state before and after it."""
+
+    step: int
+    record: StepRecord  # the replay's own record of the step (Replay.steps[step])
+    before: EngineState
+    after: EngineState
+    scheduled: list[Scheduled]  # every scheduled request, in vLLM's order
+    preemptions: list[PreemptionRecord]
+    token_budget_left: int | None = None  # schedule()'s budget left (None: V0, not kept)
+
+    @property
+    def admitted(self) -> list[Admission]:
+        """Admitted from waiting for the first time, in vLLM's order."""
+        return [a for a in self.record.admitted if not a.resumed]
+
+    @property
+    def resumed(self) -> list[Admission]:
+        """Preempted victims admitted again (recomputing), in vLLM's order."""
+        return [a for a in self.record.admitted if a.resumed and not a.swapped_in]
+
+    @property
+    def swapped_in(self) -> list[Admission]:
+        """V0: victims swapped back in from CPU memory, their KV intact."""
+        return [a for a in self.record.admitted if a.swapped_in]
+
+
+def scheduled_tokens(eng: Any) -> tuple[list[tuple[str, int]], int | None]:
+    """What the step `eng` just ran gave each request, in vLLM's order, and the token
+    budget it left (V1: schedule()'s output, the conformance trace's `scheduled` and
+    `token_budget_left`; V0: its record's `scheduled`, the budget left not kept)."""
+    if hasattr(eng, "eng"):  # V0Steps
+        raw = eng.last_record or {}
+        return [(rid, n) for rid, n in raw.get("scheduled") or ()], None
+    out = eng.last_output
+    if out is None:  # an idle step: nothing scheduled, the whole budget left
+        return [], eng.workload.config.max_num_batched_tokens
+    return list(out.num_scheduled_tokens.items()), out.token_budget_left
 
 
 def _v0_state(cls: Any, steps: Any, step: int, preemptions: dict[str, int]) -> EngineState:

@@ -22,14 +22,16 @@ import threading
 import time
 from array import array
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
+
+import msgspec
 
 from kvreplay.replay.records import PreemptionRecord, StepRecord
 from kvreplay.replay.result import Replay, ReplayMismatch
 from kvreplay.replay.snapshots import PickleCodec, Snapshot, SnapshotCodec
 from kvreplay.replay.state import (BLOCK_STATE_NAMES, CACHED, FREE, HELD, NULL, SHARED,  # noqa: F401
-                                   EngineState, RequestState, StateDiff, diff_states)
+                                   EngineState, RequestState, Scheduled, StateDiff, StepView,
+                                   diff_states, scheduled_tokens)
 from kvreplay.replay.v0.steps import V0Steps
 
 # Per-step event flags.
@@ -56,33 +58,11 @@ DEFAULT_SNAPSHOT_CAP = 96 << 20  # bytes of snapshots before thinning them out
 Preemption = PreemptionRecord  # what the timeline lists is the replay's own record
 
 
-@dataclass(slots=True)
-class LifeEvent:
+class LifeEvent(msgspec.Struct, gc=False):
     step: int
     kind: str  # arrival | admitted | preempted | triggered | resumed | finished | aborted
     detail: str = ""
     preemption: int | None = None  # index into Timeline.preemptions
-
-
-@dataclass(slots=True)
-class Scheduled:
-    rid: str
-    tokens: int
-    kind: str  # prefill | decode | recompute
-    computed_before: int
-    detail: str = ""
-
-
-@dataclass(slots=True)
-class StepView:
-    """Everything about one step: its trace record and the state before and after it."""
-
-    step: int
-    record: dict[str, Any]
-    before: EngineState
-    after: EngineState
-    scheduled: list[Scheduled]
-    preemptions: list[PreemptionRecord]
 
 
 class Timeline:
@@ -144,6 +124,9 @@ class Timeline:
         self._cursor_lock = threading.Lock()
         self.build_seconds = 0.0
         self._log_steps: array | None = None
+        # the replayed text's lines, where they are not a file to read back (a followed
+        # log: the run's lines, numbered from its banner); None: read the log files
+        self.lines: Sequence[str] | None = None
 
     # -- building --------------------------------------------------------------------
     def build(
@@ -436,11 +419,11 @@ class Timeline:
             rec = eng.step()
             if rec != self.replay.steps[step]:
                 raise ReplayMismatch(f"the re-run differs from the replay at step {step}")
-            record = view_record(eng, rec)
+            scheduled, left = scheduled_tokens(eng)
             after = self._state(eng, step)
             self._cursor = None if eng.done else eng
-        view = StepView(step, record, before, after, self._classify(record, before, step),
-                        self.preemptions_at(step))
+        view = StepView(step, rec, before, after, self._classify(rec, scheduled, before, step),
+                        self.preemptions_at(step), left)
         self._cache[step] = view
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
@@ -467,13 +450,14 @@ class Timeline:
             eng.step()
         return eng
 
-    def _classify(self, rec: dict[str, Any], before: EngineState, step: int) -> list[Scheduled]:
+    def _classify(self, rec: StepRecord, scheduled: list[tuple[str, int]],
+                  before: EngineState, step: int) -> list[Scheduled]:
         """Label each scheduled request: recompute while it re-computes tokens it had
         computed before its last preemption, prefill before its prompt is done, else
         decode. Labels only; the numbers are the replay's."""
         out = []
-        hits = rec.get("prefix_hit_tokens") or {}
-        for rid, n in rec.get("scheduled", ()):
+        hits = {a.request: a.prefix_hit for a in rec.admitted}
+        for rid, n in scheduled:
             r = before.requests.get(rid)
             computed = hits[rid] if rid in hits else (r.num_computed_tokens if r is not None else 0)
             last = self.last_preemption_before(rid, step)
@@ -500,19 +484,3 @@ class Timeline:
         cols += len(self.flags) + sum(4 * len(a) for a in self.event_steps.values())
         return {"columns": cols, "snapshots": self.snapshot_bytes,
                 "num_snapshots": len(self.snapshots)}
-
-
-def view_record(eng: Any, rec: StepRecord) -> dict[str, Any]:
-    """The step's full record for the step view: the conformance trace record (V1), or the
-    V0 engine's record under the same names (kv_usage, free_blocks, prefix_hit_tokens)."""
-    if not isinstance(eng, V0Steps):
-        from kvreplay.replay.trace import conformance_record
-
-        return conformance_record(eng, rec)
-    raw = dict(eng.last_record or {})
-    raw.setdefault("kv_usage", rec.kv_usage)
-    raw["free_blocks"] = rec.free_blocks
-    raw["prefix_hit_tokens"] = {a.request: a.prefix_hit for a in rec.admitted}
-    raw["num_scheduled_tokens"] = rec.num_scheduled_tokens
-    raw.setdefault("cached_blocks", 0)
-    return raw

@@ -89,13 +89,17 @@ class EnsembleLater:
         if not same_run(rep, full):
             tl = Timeline(full, snapshot_every=self.snapshot_every)
             tl.build(cancelled=lambda: worker.is_cancelled)
+            if self.metric_paths:  # the scrapes against the run now shown
+                from kvreplay.tui.check_text import scrape_check
+
+                self.scrapes = scrape_check(full, self.metric_paths)
         self.post_message(EnsembleReady(full, tl))
 
     def compute_full_replay(self) -> Any:
         """The replay `kvreplay replay` gives (its ensemble, default samples and seed)."""
         from kvreplay.sources import open_replay
 
-        return open_replay(self.paths, profile=self.profile_name, year=self.year,
+        return open_replay(self.log_paths, profile=self.profile_name, year=self.year,
                            config=self.config)
 
     def on_computing(self, message: Computing) -> None:

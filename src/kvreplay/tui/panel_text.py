@@ -12,13 +12,12 @@ from typing import Any
 from rich.text import Text
 
 from kvreplay.replay.timeline import (
-    CACHED, FREE, HELD, NULL, SHARED, EngineState, Preemption, StateDiff, StepView, Timeline,
+    CACHED, FREE, NULL, SHARED, EngineState, Preemption, StateDiff, StepView, Timeline,
 )
 
 PALETTE = ("#5fafff", "#87d75f", "#ffaf5f", "#d787ff", "#5fd7d7", "#ff875f", "#afaf00",
            "#ff5fd7", "#00af87", "#d7af87", "#8787ff", "#d7d75f")
 KIND_STYLE = {"prefill": "cyan", "decode": "green", "recompute": "bold red"}
-SPARK = " ▁▂▃▄▅▆▇█"
 
 
 def request_colour(tl: Timeline, rid: str) -> str:
@@ -75,19 +74,19 @@ def step_text(tl: Timeline, v: StepView, selected: str | None) -> Text:
         t.append(f"  at {clock(tl, v.step)}", style="bold")
         t.append(f" (+{at - tl.step_times[0]:.3f} s)", style="dim")
     t.append("\n")
-    if rec.get("idle"):
+    if rec.idle:
         t.append("idle: nothing to schedule\n", style="dim")
-    used = rec.get("num_scheduled_tokens", 0)
-    left = rec.get("token_budget_left", cfg.max_num_batched_tokens)
-    t.append(f"budget {cfg.max_num_batched_tokens} tokens: {used} scheduled, {left} left\n")
+    used = rec.num_scheduled_tokens
+    left = "" if v.token_budget_left is None else f", {v.token_budget_left} left"
+    t.append(f"budget {cfg.max_num_batched_tokens} tokens: {used} scheduled{left}\n")
     t.append(f"seqs {len(v.after.running)}/{cfg.max_num_seqs}  ")
-    t.append(f"free blocks {v.before.free_blocks} → {rec['free_blocks']}  ")
-    t.append(f"KV {rec['kv_usage'] * 100:.1f}%")
+    t.append(f"free blocks {v.before.free_blocks} → {rec.free_blocks}  ")
+    t.append(f"KV {rec.kv_usage * 100:.1f}%")
     if cfg.enable_prefix_caching:
-        t.append(f"  cached {rec['cached_blocks']}")
+        t.append(f"  cached {v.after.cached_blocks}")
     t.append("\n")
-    if rec.get("arrivals"):
-        t.append("Arrived: ").append_text(ids_text(tl, rec["arrivals"], selected)).append("\n")
+    if rec.arrivals:
+        t.append("Arrived: ").append_text(ids_text(tl, rec.arrivals, selected)).append("\n")
     t.append(f"\nScheduled ({len(v.scheduled)})\n", style="bold")
     for s in v.scheduled:
         mark = "▶ " if s.rid == selected else "  "
@@ -98,30 +97,30 @@ def step_text(tl: Timeline, v: StepView, selected: str | None) -> Text:
         if s.detail:
             t.append(f" {s.detail}", style="dim")
         t.append("\n")
-    hits = rec.get("prefix_hit_tokens") or {}
-    for label, key in (("Admitted", "new"), ("Resumed", "resumed")):
-        ids = rec.get(key) or []
-        if ids:
+    for label, adm, hit in (("Admitted", v.admitted, True), ("Resumed", v.resumed, True),
+                            ("Swapped in", v.swapped_in, False)):
+        if adm:
             t.append(f"{label}: ", style="bold")
-            for i, rid in enumerate(ids):
+            for i, a in enumerate(adm):
                 if i:
                     t.append(", ")
-                t.append(rid, style=request_colour(tl, rid))
-                t.append(f" (hit {hits.get(rid, 0)})", style="dim")
+                t.append(a.request, style=request_colour(tl, a.request))
+                if hit:
+                    t.append(f" (hit {a.prefix_hit})", style="dim")
             t.append("\n")
     for p in v.preemptions:
         t.append("Preempted: ", style="bold red")
         t.append(p.victim, style=request_colour(tl, p.victim))
         t.append(f" by {p.trigger}, {p.computed_tokens_lost} tokens lost\n")
-    if rec.get("finished"):
-        t.append("Finished: ", style="bold").append_text(ids_text(tl, rec["finished"], selected))
+    if rec.finished:
+        t.append("Finished: ", style="bold").append_text(ids_text(tl, rec.finished, selected))
         t.append("\n")
-    blocked = rec.get("admission_blocked")
-    if blocked:
+    blocked = rec.blocked
+    if blocked is not None:
         t.append("Blocked: ", style="bold yellow")
-        t.append(f"{blocked['req']} ({blocked['reason']}")
-        if "blocks_needed" in blocked:
-            t.append(f", needs {blocked['blocks_needed']} blocks, {blocked['free_blocks']} free")
+        t.append(f"{blocked.request} ({blocked.reason}")
+        if blocked.blocks_needed is not None:
+            t.append(f", needs {blocked.blocks_needed} blocks, {blocked.free_blocks} free")
         t.append(")\n")
     t.append(f"\nRunning ({len(v.after.running)})\n", style="bold")
     t.append_text(ids_text(tl, v.after.running, selected)).append("\n")
@@ -145,15 +144,15 @@ def why_text(tl: Timeline, v: StepView) -> Text:
         prv = tl.next_event("preemption", v.step, forward=False)
         t.append(f"previous: {'step ' + str(prv) if prv is not None else 'none'}   ")
         t.append(f"next: {'step ' + str(nxt) if nxt is not None else 'none'}   (N / n)\n")
-        blocked = v.record.get("admission_blocked")
-        if blocked:
+        blocked = v.record.blocked
+        if blocked is not None:
             t.append("\nWhy the head of waiting was not admitted\n", style="bold yellow")
-            t.append(f"{blocked['req']}: {blocked['reason']}; {blocked['num_new_tokens']} new "
-                     f"tokens, budget {blocked['token_budget']}")
-            if "blocks_needed" in blocked:
-                t.append(f", needs {blocked['blocks_needed']} blocks, {blocked['free_blocks']} free")
-                if blocked.get("watermark_blocks"):
-                    t.append(f", watermark {blocked['watermark_blocks']}")
+            t.append(f"{blocked.request}: {blocked.reason}; {blocked.num_new_tokens} new "
+                     f"tokens, budget {blocked.token_budget}")
+            if blocked.blocks_needed is not None:
+                t.append(f", needs {blocked.blocks_needed} blocks, {blocked.free_blocks} free")
+                if blocked.watermark_blocks:
+                    t.append(f", watermark {blocked.watermark_blocks}")
             t.append("\n")
         return t
     for p in v.preemptions:
@@ -414,9 +413,14 @@ LOG_CONTEXT = 12  # lines shown from each neighbouring step when the step has no
 LOG_LINE_CHARS = 400  # longer lines (prompts, token ids) are cut
 
 
-def _log_lines(t: Text, refs: list[tuple[str, int]]) -> None:
+def _log_lines(t: Text, refs: list[tuple[str, int]], kept: Any = None) -> None:
+    """The lines `refs` (file, line): read back from the file, or from `kept` (a followed
+    log's lines, Timeline.lines)."""
     for path, lineno in refs:
-        text = linecache.getline(path, lineno).rstrip("\n")
+        if kept is not None:
+            text = kept[lineno - 1].rstrip("\n") if 0 < lineno <= len(kept) else ""
+        else:
+            text = linecache.getline(path, lineno).rstrip("\n")
         if len(text) > LOG_LINE_CHARS:
             text = f"{text[:LOG_LINE_CHARS]} … (+{len(text) - LOG_LINE_CHARS} chars)"
         t.append(f"{path.rsplit('/', 1)[-1]}:{lineno}: ", style="dim").append(text + "\n")
@@ -437,7 +441,7 @@ def log_text(tl: Timeline, step: int) -> Text:
         return t
     if refs:
         t.append(f"Log lines behind step {step}{_at(tl, step)}\n", style="bold")
-        _log_lines(t, refs[:200])
+        _log_lines(t, refs[:200], tl.lines)
         if len(refs) > 200:
             t.append(f"… {len(refs) - 200} more lines\n", style="dim")
         return t
@@ -452,7 +456,7 @@ def log_text(tl: Timeline, step: int) -> Text:
                  style="bold")
         if len(prev) > LOG_CONTEXT:
             t.append(f"… {len(prev) - LOG_CONTEXT} earlier lines of step {before}\n", style="dim")
-        _log_lines(t, prev[-LOG_CONTEXT:])
+        _log_lines(t, prev[-LOG_CONTEXT:], tl.lines)
     t.append(f"\n▶ step {step}: no log line\n", style="bold reverse")
     if after is None:
         t.append("\n(nothing logged after this step)\n", style="dim")
@@ -460,54 +464,7 @@ def log_text(tl: Timeline, step: int) -> Text:
         nxt = lines[after]
         t.append(f"\nstep {after}{_at(tl, after)}, {_n(after - step, 'step')} later\n",
                  style="bold")
-        _log_lines(t, nxt[:LOG_CONTEXT])
+        _log_lines(t, nxt[:LOG_CONTEXT], tl.lines)
         if len(nxt) > LOG_CONTEXT:
             t.append(f"… {len(nxt) - LOG_CONTEXT} more lines of step {after}\n", style="dim")
-    return t
-
-
-def timeline_text(tl: Timeline, lo: int, hi: int, width: int, cursor: int,
-                  bookmarks: set[int]) -> Text:
-    label_w = 6
-    cols = tl.columns(lo, hi, max(1, width - label_w))
-    t = Text()
-    if not cols:
-        t.append("loading…")
-        return t
-    max_run = max(max(c[3] for c in cols), 1)
-    max_wait = max(max(c[4] for c in cols), 1)
-    cur_col = next((i for i, c in enumerate(cols) if c[0] <= cursor <= c[1]), None)
-    rows = (("KV   ", lambda c: c[2], 1.0, "green"), ("run  ", lambda c: c[3], max_run, "cyan"),
-            ("wait ", lambda c: c[4], max_wait, "yellow"))
-    for label, get, top, style in rows:
-        t.append(label, style="bold")
-        t.append(" ")
-        for i, c in enumerate(cols):
-            v = get(c)
-            k = 0 if v <= 0 else max(1, min(8, round(v / top * 8)))
-            t.append(SPARK[k], style=style + (" reverse" if i == cur_col else ""))
-        t.append("\n")
-    t.append("pre  ", style="bold").append(" ")
-    for i, c in enumerate(cols):
-        has_mark = any(c[0] <= b <= c[1] for b in bookmarks) if bookmarks else False
-        if c[5]:
-            t.append("▲" if c[5] == 1 else ("▲" if c[5] < 10 else "◆"), style="bold red")
-        elif has_mark:
-            t.append("◇", style="magenta")
-        else:
-            t.append(" ")
-    t.append("\n")
-    t.append("step ", style="bold").append(" ")
-    line = [" "] * len(cols)
-    if cur_col is not None:
-        line[cur_col] = "▲"
-    t.append("".join(line), style="bold white")
-    t.append("\n")
-    left = f"{cols[0][0]}"
-    right = f"{cols[-1][1]}"
-    mid = f"step {cursor}"
-    span = len(cols)
-    pad = max(1, span - len(left) - len(right) - len(mid))
-    t.append(" " * label_w + left + " " * (pad // 2) + mid + " " * (pad - pad // 2) + right,
-             style="dim")
     return t

@@ -8,7 +8,8 @@ log's rule is untouched."""
 from __future__ import annotations
 
 from kvreplay.inference.confidence import PIN_STEPS, set_confidence, steps_per_second
-from kvreplay.replay.checks import StatsLineCheck, Verification
+from kvreplay.replay.checks import (StatsLineCheck, Verification, WarningLineCheck,
+                                    WarningsCheck)
 from kvreplay.replay.records import PreemptionRecord
 
 
@@ -32,8 +33,13 @@ def _check(rows: list[StatsLineCheck]) -> Verification:
     return Verification(stats_lines=len(rows), agreeing_lines=len(rows), lines=rows)
 
 
-def _warnings(cumulative: int) -> dict:
-    return {"lines": [{"cumulative": cumulative, "matched": True}]}
+def _warnings(cumulative: int | None = None) -> WarningsCheck:
+    """A V0 log's warnings check: one warning at `cumulative`, matched (None: none logged)."""
+    lines = [] if cumulative is None else [
+        WarningLineCheck(file="l", line=1, time=1000.0, request_id="r1", mode="recompute",
+                         cumulative=cumulative, victim_matches=True, matched=True)]
+    return WarningsCheck(warnings_logged=len(lines), warnings_matched=len(lines),
+                         victims_matched=len(lines), lines=lines)
 
 
 def test_steps_per_second_between_the_lines_around_the_step():
@@ -64,8 +70,8 @@ def test_v0_threshold_is_pin_steps_a_second():
     at = _lines(PIN_STEPS)  # exactly PIN_STEPS a second: pinned
     over = _lines(PIN_STEPS + 1)
     a, b = [_pre(60)], [_pre(60)]
-    set_confidence(a, _check(at), {"lines": []}, prompts_estimated=False)
-    set_confidence(b, _check(over), {"lines": []}, prompts_estimated=False)
+    set_confidence(a, _check(at), _warnings(), prompts_estimated=False)
+    set_confidence(b, _check(over), _warnings(), prompts_estimated=False)
     assert (a[0].confidence, b[0].confidence) == ("consistent", "inferred")
 
 

@@ -33,6 +33,23 @@ SOURCES = [
 ]
 
 
+def assert_view(v, src, rec) -> None:
+    """A step view against the straight run's conformance record of the step: the view
+    holds the replay's own StepRecord, and what it adds (each request's tokens in vLLM's
+    order, the budget left, new/resumed, cached blocks) is what the trace says."""
+    assert v.record == src.steps[v.step]
+    assert [[s.rid, s.tokens] for s in v.scheduled] == rec.get("scheduled", [])
+    if "token_budget_left" in rec:
+        assert v.token_budget_left == rec["token_budget_left"]
+    assert [a.request for a in v.admitted] == rec.get("new", [])
+    assert [a.request for a in v.resumed] == rec.get("resumed", [])
+    assert {a.request: a.prefix_hit for a in v.record.admitted} == rec.get("prefix_hit_tokens", {})
+    assert v.record.finished == rec["finished"]
+    assert v.record.free_blocks == rec["free_blocks"]
+    assert v.after.cached_blocks == rec["cached_blocks"]
+    assert round(v.record.kv_usage, 6) == rec["kv_usage"]
+
+
 def straight(src):
     """The replay's conformance trace, and an engine run straight through its inputs."""
     engine = src.new_engine()
@@ -54,7 +71,7 @@ def test_views_equal_the_straight_run(path, every) -> None:
     # random order: backwards, forwards, far jumps
     for s in steps + sorted(steps, reverse=True)[:5]:
         v = tl.view(s)
-        assert v.record == records[s]
+        assert_view(v, src, records[s])
         assert v.after.running == records[s]["running"]
         assert v.after.waiting == records[s]["waiting"]
         assert v.after.free_blocks == records[s]["free_blocks"]
@@ -116,7 +133,7 @@ def test_snapshots_work_where_deepcopy_hits_the_recursion_limit(tmp_path) -> Non
     tl = Timeline(src, snapshot_every=25)
     tl.build()
     for s in (len(records) - 1, 3, len(records) // 2, 26, 24):
-        assert tl.view(s).record == records[s]
+        assert_view(tl.view(s), src, records[s])
 
 
 def test_thinning_keeps_memory_under_the_cap() -> None:
@@ -127,7 +144,7 @@ def test_thinning_keeps_memory_under_the_cap() -> None:
     assert tl.snapshot_bytes <= 40_000
     assert tl.snapshots[0].step == 0
     for s in (600, 1, 300):
-        assert tl.view(s).record == records[s]
+        assert_view(tl.view(s), src, records[s])
 
 
 def test_navigation_and_preemption_details() -> None:
@@ -198,7 +215,7 @@ def test_cancel_keeps_what_was_loaded() -> None:
     tl.build(max_steps=100)
     assert tl.num_steps == 100 and not tl.done
     records, _ = straight(src)
-    assert tl.view(99).record == records[99]
+    assert_view(tl.view(99), src, records[99])
     with pytest.raises(IndexError):
         tl.view(100)
 
@@ -273,3 +290,34 @@ def test_preemption_probability_comes_from_the_log_replay() -> None:
     assert "a lead, not a fact" in t.plain
     v = tl.view(p.step)
     assert why_text(tl, v).plain.startswith("This log: " + u.headline)
+
+
+def test_v0_step_views_hold_the_records_and_the_v0_engines_schedule() -> None:
+    """A V0 log with swaps: each view holds the replay's StepRecord; its scheduled
+    requests, admissions, resumes and swap-ins are the V0 engine's own record of the step
+    (its trace), and no token budget left is made up (V0 does not keep one)."""
+    log = Path(__file__).parents[2] / "data" / "v0_logs" / "v066_swap_1s.log"
+    src = _open([str(log)], year=2025)
+    records = src.trace()
+    tl = Timeline(src, snapshot_every=16)
+    tl.build()
+    swapped = [r["step"] for r in records if r.get("swapped_in")]
+    assert swapped, "the swap log swaps victims back in"
+    for s in swapped[:5] + [0, len(records) - 1]:
+        v = tl.view(s)
+        rec = records[s]
+        assert v.record == src.steps[s]
+        assert [[x.rid, x.tokens] for x in v.scheduled] == rec.get("scheduled", [])
+        assert [a.request for a in v.admitted] == rec.get("new", [])
+        assert [a.request for a in v.resumed] == rec.get("resumed", [])
+        assert [a.request for a in v.swapped_in] == rec.get("swapped_in", [])
+        assert v.token_budget_left is None
+    from kvreplay.tui.panel_text import step_text
+
+    text = step_text(tl, tl.view(swapped[0]), None).plain
+    assert "Swapped in: " + rec_ids(records[swapped[0]]["swapped_in"]) in text
+    assert " left" not in text.split("\n")[1]  # "budget N tokens: M scheduled", no "left"
+
+
+def rec_ids(ids: list[str]) -> str:
+    return ", ".join(ids)
