@@ -1,10 +1,10 @@
 """The oracle harness (tools/oracle/harness/: oracle_core.py's one step loop, one class per
-vLLM release in oracle_releases.py) reproduces the published vLLM 0.33.0 conformance traces
-byte for byte, and refuses what a release cannot run.
+vLLM release in oracle_releases.py) reproduces the published vLLM 0.33.0 traces byte for
+byte, and refuses what a release cannot run.
 
-The expected bytes are the committed traces (tests/data/conformance/cases/*/trace.jsonl.gz
-and summary.json), written by the harness before it was split into core + releases; the
-needs_vllm tests run vLLM 0.33.0 itself (helpers/vllm_venv.py).
+The expected bytes are the committed traces and summaries (tests/data/conformance/cases/,
+tests/data/oracle/0.33/ and incomplete/0.33/), written by the harness before it was split
+into core + releases; the needs_vllm tests run vLLM 0.33.0 itself (helpers/vllm_venv.py).
 """
 
 from __future__ import annotations
@@ -16,12 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from helpers.tracecmp import case_dirs
 from helpers.vllm_venv import need_vllm, vllm_env
 from tools.oracle.harness import oracle_releases as R
 
 TESTS = Path(__file__).resolve().parents[1]
 HARNESS = TESTS.parent / "tools" / "oracle" / "harness"
 CASES = sorted(p for p in (TESTS / "data" / "conformance" / "cases").iterdir() if p.is_dir())
+# the oracle bank's 0.33 cases (tests/data/oracle/README.md), incomplete ones included
+BANK = case_dirs(TESTS / "data" / "oracle" / "0.33") + case_dirs(
+    TESTS / "data" / "oracle" / "incomplete" / "0.33")
 
 
 def _cfg(**kw) -> dict:
@@ -77,29 +81,31 @@ def test_batch_queue_early_return() -> None:
 
 @pytest.mark.needs_vllm
 def test_harness_reproduces_published_traces(tmp_path: Path) -> None:
-    """Every conformance workload through run_oracle.py in ONE vLLM 0.33.0 process
-    (batch.py): trace and summary byte-identical to the committed ones."""
+    """Every conformance workload and every 0.33 case of the oracle bank through
+    run_oracle.py in ONE vLLM 0.33.0 process (batch.py): trace and summary byte-identical to
+    the committed ones; the bank's incomplete cases end with exit status 2."""
     py = need_vllm()
-    assert len(CASES) == 7
+    assert len(CASES) == 7 and len(BANK) >= 100
     jobs = []
-    for case in CASES:
+    for i, case in enumerate(CASES + BANK):
         assert (case / "trace.jsonl.gz").is_file() and (case / "summary.json").is_file()
-        d = tmp_path / case.name
+        d = tmp_path / str(i)
         d.mkdir()
         jobs.append({"workload": str(case / "workload.json"), "out": str(d / "trace.jsonl"),
                      "summary": str(d / "summary.json"), "meta": str(d / "meta.json")})
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     proc = subprocess.run(
         [str(py), str(HARNESS / "batch.py"), str(HARNESS / "run_oracle.py"),
-         "--list", str(tmp_path / "jobs.json")],
-        capture_output=True, text=True, env=vllm_env(), timeout=600)
+         "--list", str(tmp_path / "jobs.json"), "--timeout", "120"],
+        capture_output=True, text=True, env=vllm_env(), timeout=900)
     recs = [json.loads(s[8:]) for s in proc.stdout.splitlines() if s.startswith("@@BATCH ")]
-    assert [r["status"] for r in recs] == ["ok"] * len(CASES), proc.stderr[-3000:]
-    for case in CASES:
-        d = tmp_path / case.name
+    want = ["incomplete" if c.parent.parent.name == "incomplete" else "ok" for c in CASES + BANK]
+    assert [r["status"] for r in recs] == want, proc.stderr[-3000:]
+    for i, case in enumerate(CASES + BANK):
+        d = tmp_path / str(i)
         assert (d / "trace.jsonl").read_bytes() == gzip.decompress(
-            (case / "trace.jsonl.gz").read_bytes()), case.name
-        assert (d / "summary.json").read_bytes() == (case / "summary.json").read_bytes(), case.name
+            (case / "trace.jsonl.gz").read_bytes()), case
+        assert (d / "summary.json").read_bytes() == (case / "summary.json").read_bytes(), case
         meta = json.loads((d / "meta.json").read_text())
         assert meta["vllm_version"] == "0.33.0"
         assert meta["platform"] == "CpuPlatform"
