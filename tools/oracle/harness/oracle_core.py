@@ -9,7 +9,8 @@ Usage (run_oracle.py is the command; this module is its body):
 
 Only the model is fake: scheduling, KV block allocation, prefix caching, preemption and
 request bookkeeping are vLLM's own code (vllm.v1.core.*). The release is the installed
-vLLM (`vllm.__version__`); what a release does differently is in oracle_releases.py.
+vLLM (`vllm.__version__`); what a release does differently is in oracle_releases.py, the
+workload's config keys and the vLLM configs built from them in oracle_config.py.
 Exit status: 2 if vLLM did not finish every request within max_steps, 3 if the workload
 uses a config key the release lacks. See README.md in this directory.
 """
@@ -38,59 +39,10 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
-import oracle_releases  # noqa: E402  (this folder; no kvreplay import)
+import oracle_config  # noqa: E402  (this folder; no kvreplay import)
+import oracle_releases  # noqa: E402
 
-FAKE_MODEL_DIR = os.path.join(HERE, "fake_model")
 EXIT_INCOMPLETE = 2  # vLLM did not finish every request within max_steps
-
-DEFAULTS = {
-    "num_gpu_blocks": 64,
-    "block_size": 16,
-    "max_num_seqs": 16,
-    "max_num_batched_tokens": 2048,
-    "max_model_len": None,  # default: 2048 (chunked) / max_num_batched_tokens
-    "enable_chunked_prefill": True,
-    "enable_prefix_caching": False,
-    "policy": "fcfs",
-    "long_prefill_token_threshold": 0,
-    # vLLM's own defaults for two admission knobs that matter for replay:
-    "scheduler_reserve_full_isl": True,
-    "watermark": 0.0,
-    "max_steps": 5000,
-    # Drive vLLM's AsyncScheduler through a 2-deep batch queue, as EngineCore
-    # does when async scheduling is on (vLLM's default on GPUs).
-    "async_scheduling": False,
-    # fake sampled token: "index" -> 1000 + (output index % 30000) (distinct
-    # per position, identical across requests); "fixed" -> fixed_token.
-    "fake_token_mode": "index",
-    "fixed_token": 42,
-}
-
-
-def load_workload(path: str) -> tuple[dict, list[dict]]:
-    with open(path) as f:
-        wl = json.load(f)
-    cfg = dict(DEFAULTS)
-    unknown = set(wl.get("config", {})) - set(DEFAULTS)
-    if unknown:
-        raise SystemExit(f"unknown config keys: {sorted(unknown)}")
-    cfg.update(wl.get("config", {}))
-    if cfg["max_model_len"] is None:
-        cfg["max_model_len"] = (
-            2048
-            if cfg["enable_chunked_prefill"]
-            else min(2048, cfg["max_num_batched_tokens"])
-        )
-    reqs = wl["requests"]
-    ids = [r["id"] for r in reqs]
-    if len(set(ids)) != len(ids):
-        raise SystemExit("duplicate request ids")
-    for r in reqs:
-        for k in ("id", "arrival_step", "prompt_token_ids", "max_tokens"):
-            if k not in r:
-                raise SystemExit(f"request {r.get('id')} lacks {k}")
-    return cfg, reqs
-
 
 def import_vllm(release: str | None = None):
     """Import vLLM, pick the installed release's class and prepare its platform (before
@@ -144,7 +96,7 @@ def main(release: str | None = None) -> None:
     ap.add_argument("--summary", help="summary.json (default: next to workload)")
     args = ap.parse_args()
 
-    cfg, req_specs = load_workload(args.workload)
+    cfg, req_specs = oracle_config.load_workload(args.workload)
     wl_dir = os.path.dirname(os.path.abspath(args.workload))
     out_path = args.out or os.path.join(wl_dir, "trace.jsonl")
     meta_path = args.meta or os.path.join(wl_dir, "meta.json")
@@ -161,16 +113,10 @@ def main(release: str | None = None) -> None:
 
 def run(vllm, rel, cfg: dict, req_specs: list[dict], wl_dir: str, out_path: str,
         summary_path: str, meta_path: str, t_import: float) -> None:
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.sampling_params import SamplingParams
     from vllm.v1.core.kv_cache_utils import init_none_hash
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-    )
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request, RequestStatus
     from vllm.v1.structured_output import StructuredOutputManager
@@ -178,98 +124,11 @@ def run(vllm, rel, cfg: dict, req_specs: list[dict], wl_dir: str, out_path: str,
 
     import_s = time.perf_counter() - t_import
 
-    # ---------------------------------------------------------------- configs
+    # ------------------------------------------------------ configs, scheduler
     t_setup = time.perf_counter()
-    model_config = ModelConfig(
-        model=FAKE_MODEL_DIR,
-        tokenizer=FAKE_MODEL_DIR,
-        skip_tokenizer_init=True,  # no tokenizer files: token ids only
-        dtype="float16",
-        seed=42,
-        max_model_len=cfg["max_model_len"],
-    )
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=cfg["max_num_seqs"],
-        max_num_batched_tokens=cfg["max_num_batched_tokens"],
-        max_model_len=cfg["max_model_len"],
-        enable_chunked_prefill=cfg["enable_chunked_prefill"],
-        long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
-        policy=cfg["policy"],
-        async_scheduling=cfg["async_scheduling"],
-        **rel.scheduler_config_kwargs(cfg),
-    )
-    cache_config = CacheConfig(
-        block_size=cfg["block_size"],
-        gpu_memory_utilization=0.9,
-        cache_dtype="auto",
-        enable_prefix_caching=cfg["enable_prefix_caching"],
-    )
-    vllm_config = VllmConfig(
-        scheduler_config=scheduler_config,
-        model_config=model_config,
-        cache_config=cache_config,
-        **rel.vllm_config_kwargs(),
-    )
-    # As in vLLM's tests/v1/core/utils.py::create_scheduler: one full-attention
-    # KV cache group, num_blocks given directly (no GPU memory profiling).
-    kv_cache_config = KVCacheConfig(
-        num_blocks=cfg["num_gpu_blocks"],
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["layer"],
-                FullAttentionSpec(
-                    block_size=cfg["block_size"],
-                    num_kv_heads=1,
-                    head_size=1,
-                    dtype=torch.float32,
-                ),
-            )
-        ],
-    )
-    vllm_config.cache_config.num_gpu_blocks = cfg["num_gpu_blocks"]
-    if cfg["async_scheduling"]:
-        # vLLM's CpuPlatform.check_and_update_config forces async scheduling
-        # off (CPU model runner reasons); the scheduler itself is
-        # platform-independent, so turn it back on, as a GPU platform would.
-        vllm_config.scheduler_config.async_scheduling = True
-    scheduler_block_size, hash_block_size = rel.block_sizes(kv_cache_config, vllm_config)
-
-    # Sanity: vLLM's config post-init must not have rewritten what we asked.
-    sc = vllm_config.scheduler_config
+    setup = oracle_config.build(rel, cfg)
+    vllm_config, kv_cache_config = setup.vllm_config, setup.kv_cache_config
     cc = vllm_config.cache_config
-    resolved = {
-        "num_gpu_blocks": cc.num_gpu_blocks,
-        "block_size": cc.block_size,
-        "max_num_seqs": sc.max_num_seqs,
-        "max_num_batched_tokens": sc.max_num_batched_tokens,
-        "max_model_len": vllm_config.model_config.max_model_len,
-        "enable_chunked_prefill": sc.enable_chunked_prefill,
-        "enable_prefix_caching": bool(cc.enable_prefix_caching),
-        "policy": sc.policy,
-        "long_prefill_token_threshold": sc.long_prefill_token_threshold,
-        **rel.resolved_admission(sc),
-    }
-    for k, v in resolved.items():
-        if cfg[k] != v:
-            raise SystemExit(f"vLLM rewrote config {k}: asked {cfg[k]!r}, got {v!r}")
-    resolved.update(
-        {
-            "async_scheduling": sc.async_scheduling,
-            # knobs of later releases: None where the release lacks them
-            "max_num_scheduled_tokens": getattr(sc, "max_num_scheduled_tokens", None),
-            "max_num_active_seqs": getattr(sc, "max_num_active_seqs", None),
-            "long_prefill_token_threshold_adaptive": getattr(
-                sc, "long_prefill_token_threshold_adaptive", None),
-            "prefill_schedule_interval": getattr(sc, "prefill_schedule_interval", None),
-            "prefix_caching_hash_algo": cc.prefix_caching_hash_algo,
-            "scheduler_block_size": scheduler_block_size,
-            "hash_block_size": hash_block_size,
-            "use_v2_model_runner": getattr(vllm_config, "use_v2_model_runner", None),
-        }
-    )
-
-    # ------------------------------------------------------------- scheduler
     recorder = PreemptionRecorder()
     base_cls = AsyncScheduler if cfg["async_scheduling"] else Scheduler
     scheduler = rel.make_scheduler(
@@ -278,7 +137,7 @@ def run(vllm, rel, cfg: dict, req_specs: list[dict], wl_dir: str, out_path: str,
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config),
-        **rel.scheduler_kwargs(scheduler_block_size, hash_block_size),
+        **rel.scheduler_kwargs(setup.scheduler_block_size, setup.hash_block_size),
         include_finished_set=False,
         log_stats=True,
     )
@@ -287,7 +146,7 @@ def run(vllm, rel, cfg: dict, req_specs: list[dict], wl_dir: str, out_path: str,
         # Same as EngineCore.__init__.
         caching_hash_fn = rel.hash_fn_by_name(cc.prefix_caching_hash_algo)
         init_none_hash(caching_hash_fn)
-        block_hasher = rel.block_hasher(hash_block_size, caching_hash_fn, vllm_config)
+        block_hasher = rel.block_hasher(setup.hash_block_size, caching_hash_fn, vllm_config)
     setup_s = time.perf_counter() - t_setup
 
     # ------------------------------------------------------------- requests
@@ -526,7 +385,7 @@ def run(vllm, rel, cfg: dict, req_specs: list[dict], wl_dir: str, out_path: str,
         + type(scheduler.kv_cache_manager).__name__,
         "platform": type(__import__("vllm.platforms", fromlist=["current_platform"]).current_platform).__name__,
         "workload_config": cfg,
-        "resolved_config": resolved,
+        "resolved_config": setup.resolved,
         "usable_blocks": cfg["num_gpu_blocks"] - 1,
         "timing_s": {
             "import": round(import_s, 3),
