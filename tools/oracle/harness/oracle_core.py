@@ -44,6 +44,7 @@ import oracle_releases  # noqa: E402
 
 EXIT_INCOMPLETE = 2  # vLLM did not finish every request within max_steps
 
+
 def import_vllm(release: str | None = None):
     """Import vLLM, pick the installed release's class and prepare its platform (before
     vLLM resolves it). `release`: the version the caller requires (SystemExit if the
@@ -89,7 +90,9 @@ class PreemptionRecorder:
 
 def main(release: str | None = None) -> None:
     """The command line (sys.argv). `release`: require this vLLM version."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description="Ground-truth oracle: drive vLLM's real v1 Scheduler + KVCacheManager on "
+        "CPU with fake model outputs and write a step-by-step JSONL trace.")
     ap.add_argument("workload")
     ap.add_argument("-o", "--out", help="trace.jsonl (default: next to workload)")
     ap.add_argument("--meta", help="meta.json (default: next to workload)")
