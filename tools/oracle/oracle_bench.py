@@ -10,7 +10,7 @@ requests scheduled in that step. With --repeat N the fastest run is reported.
 
 Python:
 
-    from tools.oracle_bench import bench_oracle
+    from tools.oracle.oracle_bench import bench_oracle
     r = bench_oracle("samples/heavy.json", release="0.33", repeat=1)
     r["request_steps_per_s"], r["request_steps"], r["total_s"], r["steps"]
 """

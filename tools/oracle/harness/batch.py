@@ -2,10 +2,10 @@
 """Run many workloads through one oracle harness in a single process.
 
 Importing vLLM costs ~6 s per process; scheduling a small workload costs
-milliseconds. This driver imports a harness script (run_oracle.py,
-versions/run_oracle_0.19.0.py, versions/run_oracle_0.11.0.py: unchanged
-copies of the shared conformance oracle) as a module and calls its main()
-once per workload, with the same arguments the command line would get.
+milliseconds. This driver imports a harness script (run_oracle.py, or
+versions/run_oracle_0.19.0.py / versions/run_oracle_0.11.0.py, which also check
+the installed vLLM's version) as a module and calls its main() once per
+workload, with the same arguments the command line would get.
 
 Usage (inside the release's oracle venv; tools/oracle/oracle.py does this for you):
 

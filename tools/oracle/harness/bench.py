@@ -2,7 +2,7 @@
 """Time vLLM's own Scheduler.schedule() + update_from_output() on a workload.
 
 Runs inside a release's oracle venv (tools/oracle/oracle_bench.py does that). The
-workload is driven by the unchanged harness script (same step loop, same fake
+workload is driven by the harness script (oracle_core.py's step loop, same fake
 model); only vLLM's two scheduler entry points are wrapped with a timer, so
 import, config setup, request creation, fake-model output building and the
 harness's trace records are all excluded.
@@ -14,7 +14,6 @@ Prints one JSON line prefixed with "@@BENCH ".
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -41,13 +40,11 @@ def main() -> None:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # sets the harness's environment variables
 
-    version = importlib.metadata.version("vllm")
-    if version == "0.19.0":
-        # same platform selection the 0.19 harness does before vLLM resolves it
-        import vllm.platforms as _p
+    # the release's platform selection, before anything below resolves vLLM's platform
+    import oracle_core
 
-        if _p._current_platform is None:
-            _p.builtin_platform_plugins["cpu"] = lambda: "vllm.platforms.cpu.CpuPlatform"
+    vllm, _ = oracle_core.import_vllm()
+    version = vllm.__version__
     from vllm.v1.core.sched.scheduler import Scheduler
 
     acc = {"schedule_s": 0.0, "update_s": 0.0, "steps": 0, "request_steps": 0,
