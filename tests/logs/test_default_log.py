@@ -227,3 +227,17 @@ def test_check_without_detail_keeps_no_row_per_line_and_the_same_loss():
     # running -1 -> (1/2)^2; prompt 100 - 100 = 0; KV 0.5 as logged; gen 2 over a
     # scale of 100, twice; waiting 0
     assert full.loss == pytest.approx(0.25 + 2 * (2 / 100) ** 2)
+
+
+def test_default_log_intervals_are_uncertaintys_stretched():
+    """One interval definition (uncertainty.interval): the weighted 5/50/95% of 10..19,
+    equal weights, are 10, 14, 19 (the first value whose cumulative weight reaches the
+    share); stretched 1.5 about the median: 14 - 1.5 x 4 = 8, 14 + 1.5 x 5 = 21.5 -> 22."""
+    from kvreplay.inference import uncertainty as U
+    from kvreplay.inference.default_log import Interval, _interval
+
+    vals = list(range(10, 20))
+    assert U.interval(vals, [1.0] * 10, stretch=1.5) == {"median": 14, "low": 8, "high": 22}
+    assert _interval(vals, [1.0] * 10, widen=1.5) == Interval(14.0, 8.0, 22.0)
+    assert _interval(vals, [1.0] * 10, widen=4.0).low == 0.0  # 14 - 16, never below 0
+    assert U.interval(vals, [1.0] * 10) == {"median": 14, "low": 10, "high": 19}

@@ -24,6 +24,7 @@ import msgspec
 
 from kvreplay.errors import ReplayError
 from kvreplay.inference import evidence_metrics as EM
+from kvreplay.inference import uncertainty as U
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.replay.engine import Engine
 from kvreplay.replay.records import EngineInputs, preemption_records, totals
@@ -232,7 +233,7 @@ def _weigh(members: list[_Member], lines: int) -> None:
         x.weight = v / tot
 
 
-# The weighted 90% range around the median, widened, calibrated on rendered default logs
+# The weighted 90% range around the median (uncertainty.interval), widened, calibrated on rendered default logs
 # (tools/render_default_log.py, cases 0-23; docs/accuracy.md): the count's, the recomputed
 # tokens' and ratio's, and the range of a preemption's cost scaled by the counter's count.
 WIDEN_COUNT = 1.55
@@ -242,23 +243,10 @@ WIDEN_COUNTED = 1.75
 
 def _interval(values: Sequence[float], weights: Sequence[float], digits: int = 0,
               widen: float = 1.0) -> Interval:
-    pairs = sorted(zip(values, weights))
-    tot = sum(w for _, w in pairs) or 1.0
-
-    def q(p: float) -> float:
-        acc = 0.0
-        for v, w in pairs:
-            acc += w / tot
-            if acc >= p - 1e-12:
-                return v
-        return pairs[-1][0]
-
-    def rd(v: float) -> float:
-        return round(v, digits) if digits else float(round(v))
-
-    med, lo, hi = q(0.5), q(0.05), q(0.95)
-    lo, hi = max(0.0, med - widen * (med - lo)), med + widen * (hi - med)
-    return Interval(rd(med), rd(lo), rd(hi))
+    """uncertainty.interval (the one definition: weighted 5%, 50%, 95%), each side's
+    distance from the median scaled by `widen`, as a typed Interval."""
+    d = U.interval(values, weights, digits=digits, stretch=widen)
+    return Interval(float(d["median"]), float(d["low"]), float(d["high"]))
 
 
 def _per_window(steps, ends, ev: EM.MetricsEvidence, phase: float) -> dict[int, int]:

@@ -178,11 +178,16 @@ def quantiles(values: Sequence[float], weights: Sequence[float]) -> tuple[float,
 
 
 def interval(values: Sequence[float], weights: Sequence[float], digits: int | None = 0,
-             widen: float = 0.0, up: float = 0.0) -> dict[str, Any]:
+             widen: float = 0.0, up: float = 0.0, stretch: float = 1.0) -> dict[str, Any]:
     """Median and 90% interval, each side moved out by `widen` x the median (the replay's
     own error the ensemble does not cover, measured: WIDEN); `up` moves that share of the
-    low side's pad to the high side (tried for replays that undercount; not used)."""
+    low side's pad to the high side (tried for replays that undercount; not used).
+    `stretch` scales each side's distance from the median instead (the default-log
+    ensemble's widening, default_log.py: its members draw whole workloads, so its spread,
+    not its median, sets the scale of what it misses)."""
     lo, med, hi = quantiles(values, weights)
+    if stretch != 1.0:
+        lo, hi = med - stretch * (med - lo), med + stretch * (hi - med)
     pad_lo, pad_hi = widen * med * (1.0 - up), widen * med * (1.0 + up)
     if digits == 0:
         pad_lo, pad_hi = round(pad_lo), round(pad_hi)
