@@ -191,7 +191,8 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
     if replay:  # (a data-parallel log is refused by the replay, with its reason)
         try:
             # with its uncertainty ensemble: the audit reports counts and their intervals
-            rp = open_replay(paths, profile=profile, year=year, log=log)
+            rp = open_replay(paths, profile=profile, year=year, log=log,
+                             scrapes=scrapes if not dp else None)
         except UserError as exc:
             replay_reason = str(exc)
         except KeyError as exc:  # an unknown release in get_profile

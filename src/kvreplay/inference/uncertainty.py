@@ -45,6 +45,10 @@ class Member:
     # the shared prefix, priorities; None where it kept the replay's
     prompt_lens: tuple[int, ...] | None = None
     priorities: tuple[int, ...] | None = None
+    # the preemption counter's disagreement with it over the scrapes of the same server
+    # (evidence_metrics.counter_loss; 0 without scrapes)
+    counter_loss: float = 0.0
+    counted_after: int = 0  # ... and its preemptions the counter counts after its last scrape
 
 
 @dataclass(slots=True)
@@ -67,6 +71,8 @@ class Uncertainty:
     row_map: Sequence[tuple[float, float]] | None = field(default=None, repr=False)
     shared_prefix: int = 0  # the tokens every estimated prompt shares (member_workload)
     weighted_by: str = "the stats lines"  # the evidence each member's weight measures
+    # with scrapes: the preemptions counted after the last scrape (median, low, high)
+    counted_after: dict[str, int] | None = None
 
     def assign(self, pre: Sequence[PreemptionRecord]) -> None:
         """Each row's probability: the weighted share of members that preempt its victim
@@ -127,16 +133,23 @@ def calibrated(p: float, knots: Sequence[tuple[float, float]]) -> float:
     return knots[-1][1]
 
 
-def noise_weights(sse: Sequence[float], lines: int) -> list[float]:
+def noise_weights(sse: Sequence[float], lines: int,
+                  counter: Sequence[float] | None = None) -> list[float]:
     """exp(-(SSE - best) / 2T): the stats lines' likelihood under Gaussian read noise whose
     variance is estimated from the best member's residual (T = NOISE_K x its SSE per line,
     at least NOISE_FLOOR). Where every member misfits alike (estimated prompts, a model
     that cannot hit the lines) the weights stay broad; where one member fits far better
     than the rest it takes most of the weight, but never all: T is raised until ESS_MIN of
     the members stay effective (the members cover what the log allows only coarsely, and
-    one lucky draw is not the truth). Calibrated on rendered logs (docs/accuracy.md)."""
+    one lucky draw is not the truth). Calibrated on rendered logs (docs/accuracy.md).
+    `counter`: each member's counter loss (the scrapes' preemption counter,
+    evidence_metrics.counter_loss), a second, independent likelihood exp(-loss / 2) that
+    multiplies the stats lines' (the ESS floor then applies to the product)."""
     best = min(sse)
-    return temper(sse, NOISE_K * max(NOISE_FLOOR, best / max(1, lines)), ESS_MIN)
+    t = NOISE_K * max(NOISE_FLOOR, best / max(1, lines))
+    if counter is None or not any(counter):
+        return temper(sse, t, ESS_MIN)
+    return temper([x / t + c for x, c in zip(sse, counter)], 1.0, ESS_MIN)
 
 
 def temper(sse: Sequence[float], t: float, share: float) -> list[float]:
