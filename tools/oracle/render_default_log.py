@@ -177,12 +177,18 @@ def evaluate_full(cases) -> list[dict]:
                        "iv": [lo, r["preemptions_replayed_median"], hi],
                        "in": lo is not None and lo <= truth["preemptions"] <= hi,
                        "width": None if lo is None else hi - lo, "source": r["preemptions_interval_source"]}
+                rlo, rhi, rt = r["recomputed_tokens_low"], r["recomputed_tokens_high"], truth["recomputed_tokens"] or 0
+                row.update(recomputed_tokens=rt, recomputed_iv=[rlo, r["recomputed_tokens"], rhi],
+                           recomputed_in=rlo is not None and rlo <= rt <= rhi,
+                           recomputed_width=None if rlo is None else rhi - rlo)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     for label in ("log", "log+scrapes"):
         rs = [r for r in rows if r["input"] == label]
         print(f"{label}: {len(rs)} logs, truth inside {sum(r['in'] for r in rs)}, mean width "
-              f"{sum(r['width'] or 0 for r in rs) / max(1, len(rs)):.1f}")
+              f"{sum(r['width'] or 0 for r in rs) / max(1, len(rs)):.1f}; recomputed tokens: truth inside "
+              f"{sum(r['recomputed_in'] for r in rs)}, mean width "
+              f"{sum(r['recomputed_width'] or 0 for r in rs) / max(1, len(rs)):,.0f}")
     return rows
 
 
