@@ -122,7 +122,7 @@ def scrape_text(pts, stimes) -> str:
     return "\n".join(out) + "\n"
 
 
-def evaluate(cases, samples: int) -> list[dict]:
+def evaluate(cases, samples: int, dump: str | None = None) -> list[dict]:
     from kvreplay.audit import join, prom
     from kvreplay.inference.default_log import answer_log
     from kvreplay.parsers import parse_lines
@@ -140,7 +140,8 @@ def evaluate(cases, samples: int) -> list[dict]:
             scr = join.counter_points(prom.read_scrapes(pp), "0", 0.0)
         for label, sc in (("log", ()), ("log+scrapes", scr)):
             t0 = time.perf_counter()
-            a = answer_log(facts, sc, samples=samples, seed=0)
+            kept: list = []
+            a = answer_log(facts, sc, samples=samples, seed=0, keep=kept)
             row = {"case": i, "what": truth["what"], "input": label, "seconds": round(time.perf_counter() - t0, 1),
                    "requests": truth["requests"], "requests_found": a.requests}
             for k, iv in (("preemptions", a.preemptions), ("recomputed_tokens", a.recomputed_tokens),
@@ -153,6 +154,12 @@ def evaluate(cases, samples: int) -> list[dict]:
                 row[k + "_width"] = iv.high - iv.low
             row["exact"] = a.counted_exact
             rows.append(row)
+            if dump:
+                import msgspec
+
+                with open(dump, "a") as f:
+                    f.write(json.dumps({**row, "counted": a.counted, "counted_exact": a.counted_exact,
+                                        "members": msgspec.to_builtins(kept)}) + "\n")
             print(json.dumps(row), flush=True)
     return rows
 
@@ -215,6 +222,7 @@ def main(argv=None) -> int:
     ap.add_argument("--case", type=int, default=0)
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("-o", "--out", default=".")
+    ap.add_argument("--dump", help="eval: append each case's weighted members here (JSON lines)")
     a = ap.parse_args(argv)
     if a.cmd == "write":
         text, ptext, truth = render(a.case)
@@ -227,7 +235,7 @@ def main(argv=None) -> int:
     if a.cmd == "eval-full":
         evaluate_full(range(lo, hi))
         return 0
-    summary(evaluate(range(lo, hi), a.samples))
+    summary(evaluate(range(lo, hi), a.samples, a.dump))
     return 0
 
 

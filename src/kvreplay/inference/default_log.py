@@ -36,6 +36,17 @@ if TYPE_CHECKING:
     from kvreplay.inference.facts import LogFacts
 
 
+GROUP_PROMPTS = True  # prompts drawn per stats interval to its prompt tokens (prompt_groups)
+# half the members place each interval's arrivals inside a stretch of it (a burst), of a
+# share log-uniform in [SPREAD_MIN, 1]
+CLUMP = True
+SPREAD_MIN = 0.05
+# each member's step time: the fitted one x a log-normal factor of sigma STEP_SIGMA, or
+# STEP_SIGMA_LOOSE when fewer than BUSY_MIN intervals were busy throughout (the fit is weak)
+STEP_SIGMA = 0.15
+STEP_SIGMA_LOOSE = 0.6
+BUSY_MIN = 3
+
 TO_MAKE_EXACT = ("start vLLM with --enable-log-requests and VLLM_REQUEST_BODY_LOG_LEVEL=INFO "
                  "(each request and its prompt), and --enable-logging-iteration-details (every "
                  "step, 0.14+)")
@@ -92,6 +103,49 @@ def _lengths(n: int, mean: float, rng: random.Random, cap: int, shape: tuple[str
     return [max(1, min(cap, int(round(x)))) for x in xs]
 
 
+def prompt_groups(ev: EM.MetricsEvidence, m: int) -> list[tuple[int, int, float]]:
+    """The stats lines' prompt tokens, each given to the requests that had their first token
+    in its interval: (first, end, tokens) over the requests in arrival order. vLLM counts a
+    prompt's tokens once, when its first token comes out; by stats line k the first
+    A_k - waiting_k arrivals have had theirs (FCFS: in arrival order; a preempted victim
+    waiting again is the error), so the interval's tokens are those requests' prompts.
+    Intervals whose requests or tokens are none are pooled with the next; the requests no
+    line counted (after the last) are one group of no known tokens (-1)."""
+    out: list[tuple[int, int, float]] = []
+    arrived = done = start = 0
+    tokens = 0.0
+    for w in ev.windows:
+        arrived += w.arrivals
+        done = min(max(done, arrived - w.waiting), arrived, m)
+        tokens += w.prompt_tokens
+        if done > start and tokens > 0:
+            out.append((start, done, tokens))
+            start, tokens = done, 0.0
+    if tokens > 0 and out:  # tokens with no request left: the last group's
+        a, b, t = out[-1]
+        out[-1] = (a, b, t + tokens)
+    if start < m:
+        out.append((start, m, -1.0))
+    return out
+
+
+def _grouped_lengths(ev: EM.MetricsEvidence, m: int, rng: random.Random, cap: int,
+                     shape: tuple[str, float]) -> list[int]:
+    """Prompt lengths of `shape` whose sum in each `prompt_groups` group is its tokens (the
+    requests after the last line: the mean of the rest)."""
+    groups = prompt_groups(ev, m)
+    known = [(b - a, t) for a, b, t in groups if t >= 0]
+    mean = (sum(t for _, t in known) / max(1, sum(n for n, _ in known))) if known else 1.0
+    out: list[int] = []
+    for a, b, t in groups:
+        xs = _lengths(b - a, max(1.0, mean), rng, cap, shape)
+        if t >= 0:
+            f = t / max(1, sum(xs))
+            xs = [max(1, min(cap, int(round(x * f)))) for x in xs]
+        out += xs
+    return out
+
+
 def _workload(config: Any, ins: Sequence[int], outs: Sequence[int]) -> Workload:
     cap = config.max_model_len
     specs = []
@@ -102,12 +156,19 @@ def _workload(config: Any, ins: Sequence[int], outs: Sequence[int]) -> Workload:
     return Workload("default-log member", "", config, specs, max_steps=10**9)
 
 
-def _arrivals(ev: EM.MetricsEvidence, rng: random.Random, phase: float) -> list[float]:
+def _arrivals(ev: EM.MetricsEvidence, rng: random.Random, phase: float,
+              spread: float = 1.0) -> list[float]:
     """Each interval's arrivals at random inside it (a line stamped second s was written
-    at s + phase)."""
+    at s + phase); with `spread` < 1 inside a stretch of that share of it, placed at random
+    (a burst: the stats lines count arrivals, not how they cluster)."""
     out = []
     for w in ev.windows:
-        out += [w.t0 + phase + (w.t1 - w.t0) * rng.random() for _ in range(w.arrivals)]
+        dt = w.t1 - w.t0
+        t0 = w.t0 + phase
+        if spread < 1.0 and w.arrivals:
+            t0 += (1.0 - spread) * dt * rng.random()
+            dt *= spread
+        out += [t0 + dt * rng.random() for _ in range(w.arrivals)]
     if ev.windows and ev.late_arrivals:
         t = ev.windows[-1].t1 + phase
         out += [t + ev.interval_s * rng.random() for _ in range(ev.late_arrivals)]
@@ -135,15 +196,18 @@ def _run(wl: Workload, arrivals: list[float], profile: Profile, model: StepTimeM
 
 
 def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: int = 32,
-           seed: int = 0) -> DefaultAnswer:
+           seed: int = 0, keep: list | None = None) -> DefaultAnswer:
     """The ensemble's answer for a log whose evidence is `ev`, served with `config`
-    (a SchedulerConfig from the startup lines) under the scheduler rules `profile`."""
+    (a SchedulerConfig from the startup lines) under the scheduler rules `profile`.
+    `keep`: a list the weighted members are appended to (calibration)."""
     rng = random.Random(seed)
     n = ev.requests
     ptot, gtot = ev.totals()
     phist, ohist = ev.lengths()
     cap = config.max_model_len
     a, b = EM.step_time(ev)
+    # the step time's spread: the lines pin it where intervals are busy throughout
+    sigma = STEP_SIGMA if EM.busy_intervals(ev) >= BUSY_MIN else STEP_SIGMA_LOOSE
     members: list[_Member] = []
     notes = []
     span = (ev.windows[-1].t1 - ev.windows[0].t0) if ev.windows else 0.0
@@ -151,7 +215,10 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
     for i in range(max(1, samples)):
         r = random.Random(rng.random())
         phase = r.random()
-        arrivals = _arrivals(ev, r, phase)
+        spread = 1.0
+        if CLUMP and r.random() < 0.5:
+            spread = math.exp(r.uniform(math.log(SPREAD_MIN), 0.0))
+        arrivals = _arrivals(ev, r, phase, spread)
         m = len(arrivals)
         if m == 0:
             break
@@ -164,8 +231,9 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
             # vLLM counts a prompt's tokens once, when its first token comes out: the logged
             # prompt tokens are the prompts' sum
             shape = (r.choice(("uniform", "lognormal")), r.uniform(0.25, 1.1))
-            ins = _lengths(m, max(1.0, ptot / m), r, cap - 1, shape)
-        jit = math.exp(r.gauss(0.0, 0.15)) if i else 1.0
+            ins = (_grouped_lengths(ev, m, r, cap - 1, shape) if GROUP_PROMPTS else
+                   _lengths(m, max(1.0, ptot / m), r, cap - 1, shape))
+        jit = math.exp(r.gauss(0.0, sigma)) if i else 1.0
         model = StepTimeModel(overhead_s=a * jit, per_token_s=b * jit, per_request_s=0.0)
         steps, ends = _run(_workload(config, ins, outs), arrivals, profile, model, max_steps)
         counted = EM.counted_preemptions(steps, config.max_num_batched_tokens)
@@ -180,6 +248,8 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
     if not members:
         raise ReplayError("the stats lines show no request: nothing to replay")
     _weigh(members, len(ev.windows))
+    if keep is not None:
+        keep.extend(members)
     w = [x.weight for x in members]
     ess = 1.0 / sum(x * x for x in w) if any(w) else 0.0
     if ev.counted is not None and ev.counted_exact:
@@ -288,7 +358,7 @@ def evidence_of(facts: LogFacts, fmt: LogFormat, scrapes: Sequence[EM.CounterPoi
 
 
 def answer_log(facts: LogFacts, scrapes: Sequence[EM.CounterPoint] = (), *, profile: str | None = None,
-               samples: int = 32, seed: int = 0) -> DefaultAnswer:
+               samples: int = 32, seed: int = 0, keep: list | None = None) -> DefaultAnswer:
     """`answer` for a parsed default log (LogFacts) and the scrapes of the same server.
     Raises ReplayError when the log cannot be answered (no stats line, no KV cache size)."""
     from kvreplay.errors import ReplayError
@@ -310,4 +380,4 @@ def answer_log(facts: LogFacts, scrapes: Sequence[EM.CounterPoint] = (), *, prof
     ev = evidence_of(facts, fmt, scrapes)
     if ev.requests == 0:
         raise ReplayError("the stats lines show no request: nothing to replay")
-    return answer(ev, cfg, prof, samples=samples, seed=seed)
+    return answer(ev, cfg, prof, samples=samples, seed=seed, keep=keep)

@@ -178,10 +178,9 @@ def draw_from_hist(buckets: Sequence[tuple[float, float]], n: int, rng: Any, cap
     return out
 
 
-def step_time(ev: MetricsEvidence) -> tuple[float, float]:
-    """(seconds per step, seconds per token) that fill each fully busy interval: one step
-    decodes about `running` requests, so steps = generated / running, and
-    interval = steps * a + tokens * b (least squares, both >= 0)."""
+def _busy_rows(ev: MetricsEvidence) -> list[tuple[float, float]]:
+    """Per interval busy throughout (requests running at both its lines, tokens generated):
+    (steps per second, tokens per second), steps = generated / mean running."""
     rows = []
     prev_run = 0
     for w in ev.windows:
@@ -190,6 +189,19 @@ def step_time(ev: MetricsEvidence) -> tuple[float, float]:
         if prev_run > 0 and w.running > 0 and w.gen_tokens > 0 and dt > 0:
             rows.append((w.gen_tokens / run / dt, (w.prompt_tokens + w.gen_tokens) / dt))
         prev_run = w.running
+    return rows
+
+
+def busy_intervals(ev: MetricsEvidence) -> int:
+    """How many stats intervals were busy throughout (what `step_time` fits)."""
+    return len(_busy_rows(ev))
+
+
+def step_time(ev: MetricsEvidence) -> tuple[float, float]:
+    """(seconds per step, seconds per token) that fill each fully busy interval: one step
+    decodes about `running` requests, so steps = generated / running, and
+    interval = steps * a + tokens * b (least squares, both >= 0)."""
+    rows = _busy_rows(ev)
     if not rows:
         return 0.02, 0.0
     best = None
