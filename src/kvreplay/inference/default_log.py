@@ -89,6 +89,12 @@ class _Member(msgspec.Struct):
     processed: int
     after_count: int  # preemptions after the last scrape (not counted by it)
     per_window: dict[int, int]  # stats window -> preemptions in it (nonzero only)
+    # the workload it drew (kept for the what-if only, `answer(draws=True)`): arrival times,
+    # prompt and output lengths, its step time (seconds per step, per token)
+    arrivals: list[float] = []
+    prompts: list[int] = []
+    outputs: list[int] = []
+    step_time: tuple[float, float] = (0.0, 0.0)
 
 
 def _lengths(n: int, mean: float, rng: random.Random, cap: int, shape: tuple[str, float]) -> list[int]:
@@ -146,7 +152,7 @@ def _grouped_lengths(ev: EM.MetricsEvidence, m: int, rng: random.Random, cap: in
     return out
 
 
-def _workload(config: Any, ins: Sequence[int], outs: Sequence[int]) -> Workload:
+def workload_of(config: Any, ins: Sequence[int], outs: Sequence[int]) -> Workload:
     cap = config.max_model_len
     specs = []
     for j, (p, o) in enumerate(zip(ins, outs)):
@@ -196,10 +202,11 @@ def _run(wl: Workload, arrivals: list[float], profile: Profile, model: StepTimeM
 
 
 def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: int = 32,
-           seed: int = 0, keep: list | None = None) -> DefaultAnswer:
+           seed: int = 0, keep: list | None = None, draws: bool = False) -> DefaultAnswer:
     """The ensemble's answer for a log whose evidence is `ev`, served with `config`
     (a SchedulerConfig from the startup lines) under the scheduler rules `profile`.
-    `keep`: a list the weighted members are appended to (calibration)."""
+    `keep`: a list the weighted members are appended to (calibration; with `draws`, each
+    with the workload it drew: the what-if re-runs them)."""
     rng = random.Random(seed)
     n = ev.requests
     ptot, gtot = ev.totals()
@@ -235,7 +242,7 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
                    _lengths(m, max(1.0, ptot / m), r, cap - 1, shape))
         jit = math.exp(r.gauss(0.0, sigma)) if i else 1.0
         model = StepTimeModel(overhead_s=a * jit, per_token_s=b * jit, per_request_s=0.0)
-        steps, ends = _run(_workload(config, ins, outs), arrivals, profile, model, max_steps)
+        steps, ends = _run(workload_of(config, ins, outs), arrivals, profile, model, max_steps)
         counted = EM.counted_preemptions(steps, config.max_num_batched_tokens)
         chk = EM.check(steps, ends, ev, phase, counted, detail=False)
         t = totals(steps, preemption_records(steps))
@@ -245,6 +252,10 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
             after = sum(c for c, e in zip(counted, ends) if e > ev.counted_until)
         members.append(_Member(0.0, chk.loss, t.preemptions, t.tokens_recomputed,
                                t.recompute_ratio or 0.0, t.processed_tokens, after, per))
+        if draws:
+            x = members[-1]
+            x.arrivals, x.prompts, x.outputs = arrivals, list(ins), list(outs)
+            x.step_time = (model.overhead_s, model.per_token_s)
     if not members:
         raise ReplayError("the stats lines show no request: nothing to replay")
     _weigh(members, len(ev.windows))
@@ -358,7 +369,8 @@ def evidence_of(facts: LogFacts, fmt: LogFormat, scrapes: Sequence[EM.CounterPoi
 
 
 def answer_log(facts: LogFacts, scrapes: Sequence[EM.CounterPoint] = (), *, profile: str | None = None,
-               samples: int = 32, seed: int = 0, keep: list | None = None) -> DefaultAnswer:
+               samples: int = 32, seed: int = 0, keep: list | None = None,
+               draws: bool = False) -> DefaultAnswer:
     """`answer` for a parsed default log (LogFacts) and the scrapes of the same server.
     Raises ReplayError when the log cannot be answered (no stats line, no KV cache size)."""
     from kvreplay.errors import ReplayError
@@ -380,4 +392,4 @@ def answer_log(facts: LogFacts, scrapes: Sequence[EM.CounterPoint] = (), *, prof
     ev = evidence_of(facts, fmt, scrapes)
     if ev.requests == 0:
         raise ReplayError("the stats lines show no request: nothing to replay")
-    return answer(ev, cfg, prof, samples=samples, seed=seed, keep=keep)
+    return answer(ev, cfg, prof, samples=samples, seed=seed, keep=keep, draws=draws)
