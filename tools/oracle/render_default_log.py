@@ -11,6 +11,8 @@ semantics). The truth is the run's own totals.
 
     python -m tools.oracle.render_default_log eval --cases 0:24 [--samples 32]     # coverage, widths
     python -m tools.oracle.render_default_log write --case 3 -o /tmp/case3/         # the files
+    python -m tools.oracle.render_default_log eval --cases 0:24 --samples 24 --dump d.jsonl
+    python -m tools.oracle.render_default_log calib --dump d.jsonl --grid 1,1.2,1.5  # widenings
 """
 
 from __future__ import annotations
@@ -215,14 +217,44 @@ def summary(rows: list[dict]) -> None:
                   f"{sum(r['preemptions_iv'][1] == r['preemptions'] for r in ex)}")
 
 
+def calibrate(dumps: list[str], grid: list[float]) -> None:
+    """Coverage and mean width of each interval at each widening in `grid`, over the
+    members `eval --dump` kept (the intervals as the product makes them:
+    default_log.intervals): the factors are chosen on the calibration cases' dump."""
+    import msgspec
+
+    from kvreplay.inference.default_log import Member, intervals
+
+    rows = [json.loads(l) for d in dumps for l in open(d)]
+    for label in ("log", "log+scrapes"):
+        rs = [r for r in rows if r["input"] == label]
+        if not rs:
+            continue
+        print(f"{label}: {len(rs)} logs (cases {min(r['case'] for r in rs)}-{max(r['case'] for r in rs)})")
+        for k, slot in (("preemptions", 0), ("recomputed_tokens", 1), ("recompute_ratio", 2)):
+            cells = []
+            for f in grid:
+                inside = width = 0.0
+                for r in rs:
+                    ms = [msgspec.convert(m, Member, strict=False) for m in r["members"]]
+                    iv = intervals(ms, r["counted"], r["counted_exact"], (f, f, f))[slot]
+                    tol = 1e-6 if k == "recompute_ratio" else 0.5
+                    inside += iv.low - tol <= r[k] <= iv.high + tol
+                    width += iv.high - iv.low
+                cells.append(f"{f:g}: {inside / len(rs):.0%} {width / len(rs):.4g}")
+            print(f"  {k}: " + ", ".join(cells))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", choices=("eval", "eval-full", "write"))
+    ap.add_argument("cmd", choices=("eval", "eval-full", "write", "calib"))
     ap.add_argument("--cases", default="0:12")
     ap.add_argument("--case", type=int, default=0)
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("-o", "--out", default=".")
-    ap.add_argument("--dump", help="eval: append each case's weighted members here (JSON lines)")
+    ap.add_argument("--dump", help="eval: append each case's weighted members here (JSON lines); "
+                    "calib: the dumps to read")
+    ap.add_argument("--grid", default="1,1.2,1.4,1.55,1.75,2", help="calib: the widenings tried")
     a = ap.parse_args(argv)
     if a.cmd == "write":
         text, ptext, truth = render(a.case)
@@ -230,6 +262,9 @@ def main(argv=None) -> int:
         open(os.path.join(a.out, "server.default.log"), "w").write(text)
         open(os.path.join(a.out, "metrics.prom"), "w").write(ptext)
         json.dump(truth, open(os.path.join(a.out, "truth.json"), "w"), indent=1)
+        return 0
+    if a.cmd == "calib":  # --dump A.jsonl[,B.jsonl] --grid 1,1.2,1.5
+        calibrate(a.dump.split(","), [float(x) for x in a.grid.split(",")])
         return 0
     lo, hi = (int(x) for x in a.cases.split(":"))
     if a.cmd == "eval-full":

@@ -34,7 +34,7 @@ class DefaultContext:
     log: str
     config: Any  # SchedulerConfig from the startup lines
     profile: Any
-    members: list[Any]  # default_log._Member with their drawn workloads, heaviest first
+    members: list[Any]  # default_log.Member with their drawn workloads, heaviest first
     weights: list[float]  # renormalized over `members`
     answer: Any  # the DefaultAnswer
     how: str | None  # how the scrapes joined

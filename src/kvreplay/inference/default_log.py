@@ -36,6 +36,12 @@ if TYPE_CHECKING:
     from kvreplay.inference.facts import LogFacts
 
 
+# A data-parallel default log: one audit record per engine (its own stats lines), and no
+# answer: each engine's arrivals are the change of its running + waiting plus its finishes,
+# and the access lines (the finishes) are the API server's, not any engine's
+DP_REFUSAL = ("a data-parallel default log: its stats lines are per engine (one record each), "
+              "its access lines (the finishes) are the API server's, so no engine's arrivals "
+              "can be told; not answered")
 GROUP_PROMPTS = True  # prompts drawn per stats interval to its prompt tokens (prompt_groups)
 # half the members place each interval's arrivals inside a stretch of it (a burst), of a
 # share log-uniform in [SPREAD_MIN, 1]
@@ -80,7 +86,7 @@ class DefaultAnswer(msgspec.Struct):
     notes: list[str]
 
 
-class _Member(msgspec.Struct):
+class Member(msgspec.Struct):
     weight: float
     loss: float
     preemptions: int
@@ -215,7 +221,7 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
     a, b = EM.step_time(ev)
     # the step time's spread: the lines pin it where intervals are busy throughout
     sigma = STEP_SIGMA if EM.busy_intervals(ev) >= BUSY_MIN else STEP_SIGMA_LOOSE
-    members: list[_Member] = []
+    members: list[Member] = []
     notes = []
     span = (ev.windows[-1].t1 - ev.windows[0].t0) if ev.windows else 0.0
     max_steps = max(10_000, int(50 * span / max(a, 1e-3)))
@@ -250,7 +256,7 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
         after = 0
         if ev.counted_until is not None:
             after = sum(c for c, e in zip(counted, ends) if e > ev.counted_until)
-        members.append(_Member(0.0, chk.loss, t.preemptions, t.tokens_recomputed,
+        members.append(Member(0.0, chk.loss, t.preemptions, t.tokens_recomputed,
                                t.recompute_ratio or 0.0, t.processed_tokens, after, per))
         if draws:
             x = members[-1]
@@ -263,30 +269,10 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
         keep.extend(members)
     w = [x.weight for x in members]
     ess = 1.0 / sum(x * x for x in w) if any(w) else 0.0
-    if ev.counted is not None and ev.counted_exact:
-        pre = Interval(ev.counted, ev.counted, ev.counted)
-    elif ev.counted is not None:
-        tail = _interval([x.after_count for x in members], w, widen=WIDEN_COUNT)
-        pre = Interval(ev.counted + tail.median, ev.counted + tail.low, ev.counted + tail.high)
+    pre, rec, ratio = intervals(members, ev.counted, ev.counted_exact)
+    if ev.counted is not None and not ev.counted_exact:
         notes.append(f"the preemption counter's increase ({ev.counted}) stops at the last scrape; "
                      "after it, the replays give the rest")
-    else:
-        pre = _interval([x.preemptions for x in members], w, widen=WIDEN_COUNT)
-    if ev.counted is not None:
-        # the count is the counter's: each run gives what a preemption cost (recomputed
-        # tokens per preemption), the count scales it
-        cost = [(x, x.recomputed / x.preemptions) for x in members if x.preemptions]
-        if cost:
-            total = [pre.median * c for _, c in cost]
-            cw = [x.weight for x, _ in cost]
-            rec = _interval(total, cw, widen=WIDEN_COUNTED)
-            ratio = _interval([t / max(1, x.processed - x.recomputed + t) for (x, _), t in zip(cost, total)],
-                              cw, digits=6, widen=WIDEN_COUNTED)
-        else:
-            rec = ratio = Interval(0.0, 0.0, 0.0)
-    else:
-        rec = _interval([x.recomputed for x in members], w, widen=WIDEN)
-        ratio = _interval([x.ratio for x in members], w, digits=6, widen=WIDEN)
     wins = []
     busy = set().union(*(x.per_window for x in members))
     none = Interval(0.0, 0.0, 0.0)  # a window no member preempts in (most of a long log)
@@ -300,7 +286,39 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
                          round(ess, 1), seed, src, _headline(pre, rec, ratio, ev), notes)
 
 
-def _weigh(members: list[_Member], lines: int) -> None:
+def intervals(members: Sequence[Member], counted: int | None, exact: bool,
+              widen: tuple[float, float, float] | None = None) -> tuple[Interval, Interval, Interval]:
+    """The preemptions', recomputed tokens' and recompute ratio's intervals over weighted
+    members; `counted`: the preemption counter's increase over the log (exact, or up to
+    its last scrape), `widen`: (WIDEN_COUNT, WIDEN, WIDEN_COUNTED) unless given."""
+    wc, wr, wk = widen or (WIDEN_COUNT, WIDEN, WIDEN_COUNTED)
+    w = [x.weight for x in members]
+    if counted is not None and exact:
+        pre = Interval(counted, counted, counted)
+    elif counted is not None:
+        tail = _interval([x.after_count for x in members], w, widen=wc)
+        pre = Interval(counted + tail.median, counted + tail.low, counted + tail.high)
+    else:
+        pre = _interval([x.preemptions for x in members], w, widen=wc)
+    if counted is not None:
+        # the count is the counter's: each run gives what a preemption cost (recomputed
+        # tokens per preemption), the count scales it
+        cost = [(x, x.recomputed / x.preemptions) for x in members if x.preemptions]
+        if cost:
+            total = [pre.median * c for _, c in cost]
+            cw = [x.weight for x, _ in cost]
+            rec = _interval(total, cw, widen=wk)
+            ratio = _interval([t / max(1, x.processed - x.recomputed + t) for (x, _), t in zip(cost, total)],
+                              cw, digits=6, widen=wk)
+        else:
+            rec = ratio = Interval(0.0, 0.0, 0.0)
+    else:
+        rec = _interval([x.recomputed for x in members], w, widen=wr)
+        ratio = _interval([x.ratio for x in members], w, digits=6, widen=wr)
+    return pre, rec, ratio
+
+
+def _weigh(members: list[Member], lines: int) -> None:
     """Weights exp(-(loss - best) / (2 T)): no member reproduces a log exactly (its
     arrivals and lengths are drawn), so the losses' own spread sets the scale: T is half
     the gap from the best to the median member, so a median member keeps e^-1 of the
@@ -382,8 +400,7 @@ def answer_log(facts: LogFacts, scrapes: Sequence[EM.CounterPoint] = (), *, prof
     if fmt.engine != "V1":
         raise ReplayError("a log without request lines is answered for V1-engine servers only")
     if len(facts.engines) > 1:
-        raise ReplayError("a data-parallel default log: its stats lines are per engine, its "
-                          "access lines are not; not answered")
+        raise ReplayError(DP_REFUSAL)
     if not any(s.running is not None for s in facts.stats):
         raise ReplayError("the log has neither request lines nor stats lines: nothing to infer "
                           "the workload from; start vLLM with --enable-log-requests")
