@@ -40,18 +40,17 @@ class DefaultContext:
     how: str | None  # how the scrapes joined
 
 
-def load(paths: Sequence[str], metric_paths: Sequence[str], *, profile: str | None,
-         year: int | None, samples: int | None, seed: int = 0) -> DefaultContext:
-    """The default log's ensemble, its members' workloads kept. Raises UserError when the
-    log is not a default log or cannot be answered."""
+def load(log: Any, paths: Sequence[str], metric_paths: Sequence[str], *, profile: str | None,
+         samples: int | None, seed: int = 0) -> DefaultContext:
+    """The default log's ensemble (`log`: sources.read_log of `paths`), its members'
+    workloads kept. Raises UserError when the log is not a default log or cannot be
+    answered."""
     from kvreplay.audit.default_report import answer_for, is_default_log
     from kvreplay.errors import UserError
     from kvreplay.inference.config import engine_config
     from kvreplay.inference.engines import scheduler_profile
     from kvreplay.inference.formats import log_format
-    from kvreplay.sources import read_facts
-
-    facts = read_facts(list(paths), year=year)
+    facts = log.facts
     if not is_default_log(facts):
         raise UserError("not a default log (it has request lines or no stats lines)")
     prof_name = None if profile in (None, "auto") else profile
