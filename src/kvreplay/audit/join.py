@@ -337,3 +337,20 @@ def counter_check(rec: dict[str, Any], rp: Any, facts: Any, scrapes: list) -> No
         rec["preemptions_interval_source"] = (
             (rec.get("preemptions_interval_source") or "ensemble") + f"; at least {ev.counted}: the "
             "preemption counter up to its last scrape")
+    if getattr(rp.uncertainty, "counted_after", None) is not None:
+        _counted_cost(rec, rp.uncertainty, ev)
+
+
+def _counted_cost(rec: dict[str, Any], unc: Any, ev: Any) -> None:
+    """The recomputed tokens and recompute ratio when the counter gives the count: each
+    replay of the ensemble gives what a preemption cost (recomputed tokens per
+    preemption), the counter's count scales it (default_log.intervals: the one
+    definition, a default log's with scrapes)."""
+    from kvreplay.inference.default_log import Member, intervals
+
+    ms = [Member(m.weight, m.sse, m.count, m.recomputed,
+                 m.recomputed / m.processed if m.processed else 0.0, m.processed,
+                 m.counted_after, {}) for m in unc.members]
+    pre, recomp, ratio = intervals(ms, ev.counted, ev.counted_exact)
+    rec["recomputed_tokens_low"], rec["recomputed_tokens_high"] = int(recomp.low), int(recomp.high)
+    rec["recompute_ratio_low"], rec["recompute_ratio_high"] = ratio.low, ratio.high
