@@ -332,12 +332,15 @@ def _weigh(members: list[Member], lines: int) -> None:
         x.weight = v / tot
 
 
-# The weighted 90% range around the median (uncertainty.interval), widened, calibrated on rendered default logs
-# (tools/render_default_log.py, cases 0-23; docs/accuracy.md): the count's, the recomputed
-# tokens' and ratio's, and the range of a preemption's cost scaled by the counter's count.
-WIDEN_COUNT = 1.55
-WIDEN = 1.2
-WIDEN_COUNTED = 1.75
+# The weighted 90% range around the median (uncertainty.interval), each side's distance
+# from the median scaled: the count's, the recomputed tokens' and ratio's, and (with the
+# counter's count) the range of a preemption's cost scaled by it. Each the smallest of
+# 0.6-2 that holds the truth in 90% of the rendered calibration cases (0-20 of
+# tools/oracle/render_default_log.py: `eval --cases 0:24 --dump`, then `calib`;
+# docs/accuracy.md, section 8).
+WIDEN_COUNT = 1.2
+WIDEN = 1.0
+WIDEN_COUNTED = 1.2
 
 
 def _interval(values: Sequence[float], weights: Sequence[float], digits: int = 0,
