@@ -5,9 +5,11 @@ uvicorn's access line at each finish. What those say (inference/evidence_metrics
 many requests arrived in each interval, the tokens each interval computed, running,
 waiting and KV usage at each line, the length histograms and the preemption counter when
 scraped. This module draws workloads consistent with that (arrivals placed at random
-inside their interval; prompt and output lengths from the histograms, else from a family
-of shapes scaled to the logged token totals; the step time around the one the intervals'
-tokens imply), replays each through the scheduler model on a wall clock, weights each by
+inside their interval, for half the members inside a random stretch of it: a burst; prompt
+and output lengths from the histograms, else from a family of shapes, the prompts scaled
+to each interval's prompt tokens (`prompt_groups`), the outputs to the logged total; the
+step time around the one the busy intervals' tokens imply, more loosely where few were
+busy throughout), replays each through the scheduler model on a wall clock, weights each by
 how well it reproduces every stats line and scrape (`evidence_metrics.check`), and reports
 90% intervals: preemptions (exact when the counter bounds the log), recomputed tokens,
 recompute ratio, and the preemptions per stats interval (the storm windows). No victim is
