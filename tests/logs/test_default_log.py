@@ -320,3 +320,29 @@ def test_a_data_parallel_default_log_gives_one_record_per_engine(tmp_path):
     for r in recs:
         assert r["preemptions_replayed_low"] is None
         assert any(x.startswith("default log not inferred: a data-parallel default log") for x in r["null_reasons"])
+
+
+def test_the_counter_weighs_a_log_replays_ensemble():
+    """p1's stats-line log (no prompts) with its scrapes: the ensemble's members are
+    weighted by the counter too; the audit's count is the counter's 54 by its last scrape
+    plus what the weighted replays count after it, the recomputed tokens that count times
+    each replay's cost per preemption."""
+    from kvreplay.audit import join, prom
+    from kvreplay.sources import open_replay
+
+    scrapes = prom.read_scrapes(os.path.join(CASE, "metrics.prom.gz"))
+    rp = open_replay([os.path.join(CASE, "server.log")], samples=4, scrapes=scrapes)
+    u = rp.uncertainty
+    assert u.weighted_by == "the stats lines and the scrapes' preemption counter"
+    assert any(m.counter_loss > 0 for m in u.members) and u.counted_after is not None
+    rec: dict = {}
+    join.counter_check(rec, rp, rp.facts, scrapes)
+    tail = u.counted_after
+    assert (rec["preemptions_replayed_low"], rec["preemptions_replayed_high"]) == (54 + tail["low"], 54 + tail["high"])
+    assert rec["preemptions_interval_source"].startswith("the preemption counter's 54 up to its last scrape")
+    assert 0 < rec["recomputed_tokens_low"] <= rec["recomputed_tokens_high"]
+    assert 0 < rec["recompute_ratio_low"] <= rec["recompute_ratio_high"] < 1
+    # without the scrapes: the stats lines alone weigh the members
+    alone = open_replay([os.path.join(CASE, "server.log")], samples=4).uncertainty
+    assert alone.weighted_by == "the stats lines" and alone.counted_after is None
+    assert all(m.counter_loss == 0.0 for m in alone.members)
