@@ -206,13 +206,15 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
                 vllm_version: str | None = None, year: int | None = None,
                 samples: int | None = None, seed: int = 0, step_time: Any = None,
                 log: LogInput | None = None, check_capacity: bool = True,
-                config: str | None = None):
+                config: str | None = None, scrapes: list | None = None):
     """The `Replay` of a workload JSON (conformance format, V1 or V0), of vLLM log files,
     or of a log written with kvreplay's step-trace scheduler (with KV-event files beside
     it, checked block by block). `log`: the same files already read (read_log). Request
     span files beside a log are joined to it; spans alone (or beside a log with no request
     lines) are the workload, with the engine config of `config` (a JSON file:
-    inference.span_workload.config_from_json) or of the log's startup lines."""
+    inference.span_workload.config_from_json) or of the log's startup lines. `scrapes`:
+    the same server's Prometheus scrapes (audit.prom.read_scrapes), joined to the log's
+    clock; their preemption counter weighs the uncertainty ensemble's members."""
     paths = [str(p) for p in paths]
     if not paths:
         raise UserError("nothing to open: give a workload JSON or vLLM log files")
@@ -255,6 +257,10 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
 
     evidence = Evidence(log=log, kv_paths=kv_paths, vllm_version=vllm_version,
                         config=_config(config) if config is not None else None)
+    if scrapes and log is not None:
+        from kvreplay.audit.join import scrapes_for_facts
+
+        evidence.counters = scrapes_for_facts(log.facts, scrapes)[0]
     trace = log is not None and has_step_trace(log.events)
     if span_paths and (trace or log is not None and log.span_join is not None):
         # not read: a step trace leaves them unused; else joined already (the same files)

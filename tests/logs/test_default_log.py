@@ -227,3 +227,122 @@ def test_check_without_detail_keeps_no_row_per_line_and_the_same_loss():
     # running -1 -> (1/2)^2; prompt 100 - 100 = 0; KV 0.5 as logged; gen 2 over a
     # scale of 100, twice; waiting 0
     assert full.loss == pytest.approx(0.25 + 2 * (2 / 100) ** 2)
+
+
+def test_default_log_intervals_are_uncertaintys_stretched():
+    """One interval definition (uncertainty.interval): the weighted 5/50/95% of 10..19,
+    equal weights, are 10, 14, 19 (the first value whose cumulative weight reaches the
+    share); stretched 1.5 about the median: 14 - 1.5 x 4 = 8, 14 + 1.5 x 5 = 21.5 -> 22."""
+    from kvreplay.inference import uncertainty as U
+    from kvreplay.inference.default_log import Interval, _interval
+
+    vals = list(range(10, 20))
+    assert U.interval(vals, [1.0] * 10, stretch=1.5) == {"median": 14, "low": 8, "high": 22}
+    assert _interval(vals, [1.0] * 10, widen=1.5) == Interval(14.0, 8.0, 22.0)
+    assert _interval(vals, [1.0] * 10, widen=4.0).low == 0.0  # 14 - 16, never below 0
+    assert U.interval(vals, [1.0] * 10) == {"median": 14, "low": 10, "high": 19}
+
+
+def test_prompt_groups_give_each_interval_its_requests_prompt_tokens():
+    """By hand: line 1 saw 3 arrive, 1 still waiting -> the first 2 had their first token,
+    1000 prompt tokens; line 2: 2 more arrived (5), none waiting -> requests 2-4, 900
+    tokens; line 3: nothing new, no tokens; 1 arrived after the last line: no tokens known."""
+    from kvreplay.inference.default_log import _grouped_lengths, prompt_groups
+
+    stats = [_stats(10, 2, 1, 100.0, 0.0), _stats(20, 0, 0, 90.0, 0.0), _stats(30, 0, 0, 0.0, 0.0)]
+    ev = EM.from_stats(stats, [0, 5, 5], 6, 10.0)
+    assert [w.arrivals for w in ev.windows] == [3, 2, 0] and ev.late_arrivals == 1
+    assert prompt_groups(ev, 6) == [(0, 2, 1000.0), (2, 5, 900.0), (5, 6, -1.0)]
+    xs = _grouped_lengths(ev, 6, random.Random(3), 4095, ("lognormal", 0.8))
+    assert len(xs) == 6
+    assert abs(sum(xs[:2]) - 1000) <= 1 and abs(sum(xs[2:5]) - 900) <= 2  # (rounded each)
+
+
+def test_a_window_with_tokens_but_no_first_token_is_pooled_with_the_next():
+    from kvreplay.inference.default_log import prompt_groups
+
+    # line 1: 2 arrived, both still waiting, yet 50 prompt tokens counted (a victim
+    # waiting again after its first token): no request of its own, pooled with line 2's
+    # (both done, 150 more)
+    stats = [_stats(10, 0, 2, 5.0, 0.0), _stats(20, 0, 0, 15.0, 0.0)]
+    ev = EM.from_stats(stats, [0, 2], 2, 10.0)
+    assert prompt_groups(ev, 2) == [(0, 2, 200.0)]
+
+
+def test_busy_intervals_count_what_the_step_time_fits():
+    stats = [_stats(10, 3, 0, 10.0, 50.0), _stats(20, 4, 0, 0.0, 80.0), _stats(30, 0, 0, 0.0, 20.0),
+             _stats(40, 2, 0, 0.0, 10.0)]
+    ev = EM.from_stats(stats, [0, 0, 7, 7], 9, 10.0)
+    # running at both ends and tokens generated: only the interval ending at 20
+    assert EM.busy_intervals(ev) == 1
+
+
+def test_the_counter_loss_is_poisson_scaled_per_scrape_window():
+    """A run whose step 1 (ending at 2.0) adds 2 preemptions to the counter, scraped at
+    0.5, 3.0 and 9.0 where the counter read 0, 5, 5: window 1 logged 5 replayed 2 ->
+    (2 - 5)^2 / 6 = 1.5; window 2 logged 0 replayed 0."""
+    steps = [_rec(0, generated_tokens=1), _rec(1, generated_tokens=1), _rec(2, generated_tokens=1)]
+    pts = [EM.CounterPoint(0.5, 0.0), EM.CounterPoint(3.0, 5.0), EM.CounterPoint(9.0, 5.0)]
+    rows = EM.scrape_windows(steps, [1.0, 2.0, 3.5], pts, [0, 2, 0])
+    assert [(r["preemptions_logged"], r["preemptions_replayed"]) for r in rows] == [(5.0, 2.0), (0.0, 0.0)]
+    assert EM.counter_loss(rows) == pytest.approx(1.5)
+
+
+def test_the_counter_weighs_members_beside_the_stats_lines():
+    """noise_weights with a counter loss: a second likelihood exp(-loss/2) times the stats
+    lines'. Two members with the same stats-line SSE, counter losses 0 and 2: weights in
+    the ratio e^-1 (the ESS floor, 20% of 2 members, is met)."""
+    from kvreplay.inference.uncertainty import noise_weights
+
+    w = noise_weights([10.0, 10.0], 5, [0.0, 2.0])
+    assert w[1] / w[0] == pytest.approx(math.exp(-1.0))
+    assert noise_weights([10.0, 12.0], 5) == noise_weights([10.0, 12.0], 5, [0.0, 0.0])
+
+
+def test_a_data_parallel_default_log_gives_one_record_per_engine(tmp_path):
+    """Each engine's own stats lines make its record (engine 1's lines say one more
+    request running than engine 0's, every time); no default-log answer, and why."""
+    import re
+
+    from kvreplay.audit.record import audit_records
+
+    out = []
+    for line in open(os.path.join(CASE, "server.default.log")):
+        out.append(line)
+        if "Engine 000: Avg prompt throughput" in line:
+            one = line.replace("Engine 000:", "Engine 001:")
+            out.append(re.sub(r"Running: (\d+) reqs", lambda m: f"Running: {int(m.group(1)) + 1} reqs", one))
+    p = tmp_path / "dp2.default.log"
+    p.write_text("".join(out))
+    recs = audit_records(str(p), year=2026)
+    assert [r["engine"] for r in recs] == [0, 1]
+    assert recs[1]["running_mean"] == pytest.approx(recs[0]["running_mean"] + 1)
+    for r in recs:
+        assert r["preemptions_replayed_low"] is None
+        assert any(x.startswith("default log not inferred: a data-parallel default log") for x in r["null_reasons"])
+
+
+def test_the_counter_weighs_a_log_replays_ensemble():
+    """p1's stats-line log (no prompts) with its scrapes: the ensemble's members are
+    weighted by the counter too; the audit's count is the counter's 54 by its last scrape
+    plus what the weighted replays count after it, the recomputed tokens that count times
+    each replay's cost per preemption."""
+    from kvreplay.audit import join, prom
+    from kvreplay.sources import open_replay
+
+    scrapes = prom.read_scrapes(os.path.join(CASE, "metrics.prom.gz"))
+    rp = open_replay([os.path.join(CASE, "server.log")], samples=4, scrapes=scrapes)
+    u = rp.uncertainty
+    assert u.weighted_by == "the stats lines and the scrapes' preemption counter"
+    assert any(m.counter_loss > 0 for m in u.members) and u.counted_after is not None
+    rec: dict = {}
+    join.counter_check(rec, rp, rp.facts, scrapes)
+    tail = u.counted_after
+    assert (rec["preemptions_replayed_low"], rec["preemptions_replayed_high"]) == (54 + tail["low"], 54 + tail["high"])
+    assert rec["preemptions_interval_source"].startswith("the preemption counter's 54 up to its last scrape")
+    assert 0 < rec["recomputed_tokens_low"] <= rec["recomputed_tokens_high"]
+    assert 0 < rec["recompute_ratio_low"] <= rec["recompute_ratio_high"] < 1
+    # without the scrapes: the stats lines alone weigh the members
+    alone = open_replay([os.path.join(CASE, "server.log")], samples=4).uncertainty
+    assert alone.weighted_by == "the stats lines" and alone.counted_after is None
+    assert all(m.counter_loss == 0.0 for m in alone.members)

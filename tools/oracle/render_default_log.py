@@ -11,6 +11,8 @@ semantics). The truth is the run's own totals.
 
     python -m tools.oracle.render_default_log eval --cases 0:24 [--samples 32]     # coverage, widths
     python -m tools.oracle.render_default_log write --case 3 -o /tmp/case3/         # the files
+    python -m tools.oracle.render_default_log eval --cases 0:24 --samples 24 --dump d.jsonl
+    python -m tools.oracle.render_default_log calib --dump d.jsonl --grid 1,1.2,1.5  # widenings
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ def scrape_text(pts, stimes) -> str:
     return "\n".join(out) + "\n"
 
 
-def evaluate(cases, samples: int) -> list[dict]:
+def evaluate(cases, samples: int, dump: str | None = None) -> list[dict]:
     from kvreplay.audit import join, prom
     from kvreplay.inference.default_log import answer_log
     from kvreplay.parsers import parse_lines
@@ -140,7 +142,8 @@ def evaluate(cases, samples: int) -> list[dict]:
             scr = join.counter_points(prom.read_scrapes(pp), "0", 0.0)
         for label, sc in (("log", ()), ("log+scrapes", scr)):
             t0 = time.perf_counter()
-            a = answer_log(facts, sc, samples=samples, seed=0)
+            kept: list = []
+            a = answer_log(facts, sc, samples=samples, seed=0, keep=kept)
             row = {"case": i, "what": truth["what"], "input": label, "seconds": round(time.perf_counter() - t0, 1),
                    "requests": truth["requests"], "requests_found": a.requests}
             for k, iv in (("preemptions", a.preemptions), ("recomputed_tokens", a.recomputed_tokens),
@@ -153,6 +156,12 @@ def evaluate(cases, samples: int) -> list[dict]:
                 row[k + "_width"] = iv.high - iv.low
             row["exact"] = a.counted_exact
             rows.append(row)
+            if dump:
+                import msgspec
+
+                with open(dump, "a") as f:
+                    f.write(json.dumps({**row, "counted": a.counted, "counted_exact": a.counted_exact,
+                                        "members": msgspec.to_builtins(kept)}) + "\n")
             print(json.dumps(row), flush=True)
     return rows
 
@@ -177,12 +186,18 @@ def evaluate_full(cases) -> list[dict]:
                        "iv": [lo, r["preemptions_replayed_median"], hi],
                        "in": lo is not None and lo <= truth["preemptions"] <= hi,
                        "width": None if lo is None else hi - lo, "source": r["preemptions_interval_source"]}
+                rlo, rhi, rt = r["recomputed_tokens_low"], r["recomputed_tokens_high"], truth["recomputed_tokens"] or 0
+                row.update(recomputed_tokens=rt, recomputed_iv=[rlo, r["recomputed_tokens"], rhi],
+                           recomputed_in=rlo is not None and rlo <= rt <= rhi,
+                           recomputed_width=None if rlo is None else rhi - rlo)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     for label in ("log", "log+scrapes"):
         rs = [r for r in rows if r["input"] == label]
         print(f"{label}: {len(rs)} logs, truth inside {sum(r['in'] for r in rs)}, mean width "
-              f"{sum(r['width'] or 0 for r in rs) / max(1, len(rs)):.1f}")
+              f"{sum(r['width'] or 0 for r in rs) / max(1, len(rs)):.1f}; recomputed tokens: truth inside "
+              f"{sum(r['recomputed_in'] for r in rs)}, mean width "
+              f"{sum(r['recomputed_width'] or 0 for r in rs) / max(1, len(rs)):,.0f}")
     return rows
 
 
@@ -202,13 +217,44 @@ def summary(rows: list[dict]) -> None:
                   f"{sum(r['preemptions_iv'][1] == r['preemptions'] for r in ex)}")
 
 
+def calibrate(dumps: list[str], grid: list[float]) -> None:
+    """Coverage and mean width of each interval at each widening in `grid`, over the
+    members `eval --dump` kept (the intervals as the product makes them:
+    default_log.intervals): the factors are chosen on the calibration cases' dump."""
+    import msgspec
+
+    from kvreplay.inference.default_log import Member, intervals
+
+    rows = [json.loads(l) for d in dumps for l in open(d)]
+    for label in ("log", "log+scrapes"):
+        rs = [r for r in rows if r["input"] == label]
+        if not rs:
+            continue
+        print(f"{label}: {len(rs)} logs (cases {min(r['case'] for r in rs)}-{max(r['case'] for r in rs)})")
+        for k, slot in (("preemptions", 0), ("recomputed_tokens", 1), ("recompute_ratio", 2)):
+            cells = []
+            for f in grid:
+                inside = width = 0.0
+                for r in rs:
+                    ms = [msgspec.convert(m, Member, strict=False) for m in r["members"]]
+                    iv = intervals(ms, r["counted"], r["counted_exact"], (f, f, f))[slot]
+                    tol = 1e-6 if k == "recompute_ratio" else 0.5
+                    inside += iv.low - tol <= r[k] <= iv.high + tol
+                    width += iv.high - iv.low
+                cells.append(f"{f:g}: {inside / len(rs):.0%} {width / len(rs):.4g}")
+            print(f"  {k}: " + ", ".join(cells))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", choices=("eval", "eval-full", "write"))
+    ap.add_argument("cmd", choices=("eval", "eval-full", "write", "calib"))
     ap.add_argument("--cases", default="0:12")
     ap.add_argument("--case", type=int, default=0)
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("-o", "--out", default=".")
+    ap.add_argument("--dump", help="eval: append each case's weighted members here (JSON lines); "
+                    "calib: the dumps to read")
+    ap.add_argument("--grid", default="1,1.2,1.4,1.55,1.75,2", help="calib: the widenings tried")
     a = ap.parse_args(argv)
     if a.cmd == "write":
         text, ptext, truth = render(a.case)
@@ -217,11 +263,14 @@ def main(argv=None) -> int:
         open(os.path.join(a.out, "metrics.prom"), "w").write(ptext)
         json.dump(truth, open(os.path.join(a.out, "truth.json"), "w"), indent=1)
         return 0
+    if a.cmd == "calib":  # --dump A.jsonl[,B.jsonl] --grid 1,1.2,1.5
+        calibrate(a.dump.split(","), [float(x) for x in a.grid.split(",")])
+        return 0
     lo, hi = (int(x) for x in a.cases.split(":"))
     if a.cmd == "eval-full":
         evaluate_full(range(lo, hi))
         return 0
-    summary(evaluate(range(lo, hi), a.samples))
+    summary(evaluate(range(lo, hi), a.samples, a.dump))
     return 0
 
 

@@ -23,8 +23,10 @@ def is_default_log(facts: Any) -> bool:
 
 
 def answer_for(facts: Any, metric_paths: list[str], *, profile: str | None = None,
-               samples: int | None = None, seed: int = 0, scrapes: list | None = None):
-    """(DefaultAnswer, how the scrapes were joined or None)."""
+               samples: int | None = None, seed: int = 0, scrapes: list | None = None,
+               keep: list | None = None):
+    """(DefaultAnswer, how the scrapes were joined or None). `keep`: a list the weighted
+    members are appended to, each with the workload it drew (the what-if's)."""
     from kvreplay.audit import join, prom
     from kvreplay.inference.default_log import answer_log
 
@@ -34,7 +36,8 @@ def answer_for(facts: Any, metric_paths: list[str], *, profile: str | None = Non
     if scrapes:
         points, how = join.scrapes_for_facts(facts, scrapes)
     ans = answer_log(facts, points, profile=None if profile in (None, "auto") else profile,
-                     samples=32 if samples is None else max(1, samples), seed=seed)
+                     samples=32 if samples is None else max(1, samples), seed=seed,
+                     keep=keep, draws=keep is not None)
     return ans, how
 
 

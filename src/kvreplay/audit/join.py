@@ -233,19 +233,8 @@ def scrape_check(rp: Any, points: list) -> dict[str, Any] | None:
     model = rp.step_time_model
     ends = [s + (model.dt_record(r) if model is not None else 0.0) for s, r in zip(starts, rp.steps)]
     budget = rp.workload.config.max_num_batched_tokens
-    got = EM.render(rp.steps, ends, [p.t for p in pts], budget=budget)
-    rows = []
-    for (a, b), (ra, rb) in zip(zip(pts, pts[1:]), zip(got, got[1:])):
-        row = {"t0": a.t, "t1": b.t,
-               "preemptions_logged": int(round(b.preemptions - a.preemptions if b.preemptions >= a.preemptions
-                                               else b.preemptions)),
-               "preemptions_replayed": int(round(rb.preemptions - ra.preemptions))}
-        for k, attr in (("prompt", "prompt_tokens"), ("gen", "generation_tokens")):
-            x, y = getattr(a, attr), getattr(b, attr)
-            if x is not None and y is not None:
-                row[f"{k}_logged"] = int(round(y - x if y >= x else y))
-                row[f"{k}_replayed"] = int(round(getattr(rb, attr) - getattr(ra, attr)))
-        rows.append(row)
+    rows = [{k: (v if k in ("t0", "t1") else int(round(v))) for k, v in r.items()}
+            for r in EM.scrape_windows(rp.steps, ends, pts, EM.counted_preemptions(rp.steps, budget))]
     logged = sum(r["preemptions_logged"] for r in rows)
     replayed = sum(r["preemptions_replayed"] for r in rows)
     agree = sum(r["preemptions_logged"] == r["preemptions_replayed"] for r in rows)
@@ -330,6 +319,17 @@ def counter_check(rec: dict[str, Any], rp: Any, facts: Any, scrapes: list) -> No
         rec["preemptions_replayed_low"] = rec["preemptions_replayed_high"] = ev.counted
         rec["preemptions_replayed_median"] = ev.counted
         rec["preemptions_interval_source"] = "exact: vllm:num_preemptions_total over the log"
+    elif getattr(rp.uncertainty, "counted_after", None) is not None:
+        # the counter's count by its last scrape, and what the replays (weighted by the stats
+        # lines and the counter) count after it
+        tail = rp.uncertainty.counted_after
+        rec["preemptions_replayed_low"] = ev.counted + tail["low"]
+        rec["preemptions_replayed_median"] = ev.counted + tail["median"]
+        rec["preemptions_replayed_high"] = ev.counted + tail["high"]
+        rec["preemptions_interval_source"] = (
+            f"the preemption counter's {ev.counted} up to its last scrape, and after it "
+            f"{tail['low']}-{tail['high']} (90%, median {tail['median']}) in the "
+            f"{rp.uncertainty.samples + 1} replays weighted by the stats lines and the counter")
     elif low is not None and high is not None:
         rec["preemptions_replayed_low"] = max(low, ev.counted)
         rec["preemptions_replayed_high"] = max(high, ev.counted)
@@ -337,3 +337,20 @@ def counter_check(rec: dict[str, Any], rp: Any, facts: Any, scrapes: list) -> No
         rec["preemptions_interval_source"] = (
             (rec.get("preemptions_interval_source") or "ensemble") + f"; at least {ev.counted}: the "
             "preemption counter up to its last scrape")
+    if getattr(rp.uncertainty, "counted_after", None) is not None:
+        _counted_cost(rec, rp.uncertainty, ev)
+
+
+def _counted_cost(rec: dict[str, Any], unc: Any, ev: Any) -> None:
+    """The recomputed tokens and recompute ratio when the counter gives the count: each
+    replay of the ensemble gives what a preemption cost (recomputed tokens per
+    preemption), the counter's count scales it (default_log.intervals: the one
+    definition, a default log's with scrapes)."""
+    from kvreplay.inference.default_log import Member, intervals
+
+    ms = [Member(m.weight, m.sse, m.count, m.recomputed,
+                 m.recomputed / m.processed if m.processed else 0.0, m.processed,
+                 m.counted_after, {}) for m in unc.members]
+    pre, recomp, ratio = intervals(ms, ev.counted, ev.counted_exact)
+    rec["recomputed_tokens_low"], rec["recomputed_tokens_high"] = int(recomp.low), int(recomp.high)
+    rec["recompute_ratio_low"], rec["recompute_ratio_high"] = ratio.low, ratio.high

@@ -191,7 +191,8 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
     if replay:  # (a data-parallel log is refused by the replay, with its reason)
         try:
             # with its uncertainty ensemble: the audit reports counts and their intervals
-            rp = open_replay(paths, profile=profile, year=year, log=log)
+            rp = open_replay(paths, profile=profile, year=year, log=log,
+                             scrapes=scrapes if not dp else None)
         except UserError as exc:
             replay_reason = str(exc)
         except KeyError as exc:  # an unknown release in get_profile
@@ -239,6 +240,10 @@ def audit_vllm_log(paths: list[str], label: str, *, profile: str | None, replay:
                 from kvreplay.audit.default_report import fill_default
 
                 fill_default(rec, log.facts, scrapes, profile, origin)
+            elif replay and not log.facts.requests:
+                from kvreplay.inference.default_log import DP_REFUSAL
+
+                rec["null_reasons"].append(f"default log not inferred: {DP_REFUSAL}")
         if iterations and (eng in (None, 0) or not dp):
             _fill_iterations(rec, [i for i in iterations if i.engine in (None, eng)] or iterations)
         if rec["step_spike_ratio"] is None and rp is None:

@@ -52,7 +52,7 @@ ENSEMBLE_RUNS = 8  # ensemble members re-run under each setting (a log that cann
 
 
 def load(paths: Sequence[str], *, profile: str | None = None, year: int | None = None,
-         draws: int = DRAWS, samples: int | None = None) -> Context:
+         draws: int = DRAWS, samples: int | None = None, log: Any = None) -> Context:
     """The log's replay (kvreplay.sources.open_replay): its workload, its steps and their
     arrivals, and the step-time model fitted term by term on what the log times
     (inference/step_model.py: iteration lines, else stats lines and request spans; a
@@ -63,7 +63,7 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
     from kvreplay.inference.step_model import fit_step_model
     from kvreplay.sources import open_replay
 
-    rp = open_replay(list(paths), profile=profile, year=year, samples=samples)
+    rp = open_replay(list(paths), profile=profile, year=year, samples=samples, log=log)
     if rp.kind == "step-trace":
         return _load_step_trace(rp, paths, draws)
     if rp.facts is None or rp.step_time_model is None:

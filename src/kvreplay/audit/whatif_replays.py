@@ -73,12 +73,9 @@ def plan(knobs: dict[str, list[Any]], *, grid: bool = False) -> list[Setting]:
     return out
 
 
-def configure(ctx: Context, setting: Setting, workload: Any = None):
-    """(workload, facts, notes) for a setting, or raise ValueError with vLLM's reason.
-    `workload`: another rebuild of the log's requests (an ensemble member's), else the
-    replay's."""
-    workload = workload if workload is not None else ctx.workload
-    base = workload.config
+def setting_config(base: Any, setting: Setting) -> Any:
+    """The SchedulerConfig under a setting, or raise ValueError with the reason vLLM would
+    refuse it."""
     cfg = dataclasses.replace(base, **{KNOBS[k]: v for k, v in setting.overrides.items()})
     need = -(-cfg.max_model_len // cfg.block_size)
     if need > cfg.num_gpu_blocks - 1:
@@ -87,6 +84,15 @@ def configure(ctx: Context, setting: Setting, workload: Any = None):
     if not cfg.enable_chunked_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
         raise ValueError(f"vLLM would not start: chunked prefill off needs max_num_batched_tokens "
                          f"({cfg.max_num_batched_tokens}) >= max_model_len ({cfg.max_model_len})")
+    return cfg
+
+
+def configure(ctx: Context, setting: Setting, workload: Any = None):
+    """(workload, facts, notes) for a setting, or raise ValueError with vLLM's reason.
+    `workload`: another rebuild of the log's requests (an ensemble member's), else the
+    replay's."""
+    workload = workload if workload is not None else ctx.workload
+    cfg = setting_config(workload.config, setting)
     notes: list[str] = []
     specs = workload.requests
     logged = ctx.facts.requests if ctx.facts is not None else []  # (a step trace: none)

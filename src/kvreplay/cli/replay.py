@@ -71,15 +71,15 @@ def step_time_of(args: argparse.Namespace) -> Any:
     return fixed_step_time(args.step_time_ms)
 
 
-def open_from_args(paths: list[str], args: argparse.Namespace) -> Any:
-    """The `Replay` of `paths` under add_replay_inputs' options; raises ReplayError when
-    the log is too thin."""
+def open_from_args(paths: list[str], args: argparse.Namespace, scrapes: list | None = None) -> Any:
+    """The `Replay` of `paths` under add_replay_inputs' options (`scrapes`: the same
+    server's, read); raises ReplayError when the log is too thin."""
     from kvreplay.sources import open_replay
 
     step_time = step_time_of(args)
     return open_replay(paths, profile=args.profile, vllm_version=args.vllm_version,
                        year=args.year, samples=args.samples, seed=args.seed,
-                       step_time=step_time, config=args.config)
+                       step_time=step_time, config=args.config, scrapes=scrapes)
 
 
 class _Windows(list):
@@ -144,8 +144,13 @@ def run(args: argparse.Namespace) -> int:
     log = None
     rep = None
     reason = ""
+    scrapes = None
+    if metric_paths:
+        from kvreplay.audit.prom import read_scrapes
+
+        scrapes = read_scrapes(metric_paths)
     try:
-        rep = open_from_args(paths, args)
+        rep = open_from_args(paths, args, scrapes)
     except ReplayError as exc:
         reason = str(exc)  # (the exception goes here, and with it its frames' parsed log)
     if rep is None:
@@ -187,9 +192,9 @@ def run(args: argparse.Namespace) -> int:
     report = to_json(rep)
     scrape_chk = None
     if metric_paths:  # the counters as evidence: each scrape replayed against logged
-        from kvreplay.audit import join, prom
+        from kvreplay.audit import join
 
-        points, how = join.scrapes_for_facts(rep.facts, prom.read_scrapes(metric_paths))
+        points, how = join.scrapes_for_facts(rep.facts, scrapes)
         scrape_chk = join.scrape_check(rep, points) if points else {"verdict": how, "windows": []}
         if report.get("verification") is None:  # (a step-trace log has no stats-line check)
             report["verification"] = {}

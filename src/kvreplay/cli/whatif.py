@@ -57,6 +57,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--year", type=int, default=None)
 
 
+def _default_log_sweep(args: argparse.Namespace, settings: list) -> tuple[dict | None, object]:
+    """The sweep of a default log (no request lines; with the same server's scrapes among
+    the inputs): over the workloads its stats lines allow (audit/whatif_default.py). None
+    for a log with request lines (the replay's what-if); scrapes beside such a log are
+    refused. Also the log read (the replay's what-if reads it once)."""
+    from kvreplay.audit import whatif_default
+    from kvreplay.audit.default_report import is_default_log
+    from kvreplay.audit.prom import looks_like_prometheus
+    from kvreplay.sources import read_log
+
+    metric = [p for p in args.log if p != "-" and looks_like_prometheus(p)]
+    logs = [p for p in args.log if p not in metric]
+    if not logs:
+        raise UserError("Prometheus scrapes are read beside their server's log: give the log too")
+    if "-" in logs:
+        if metric:
+            raise UserError("scrapes go with a log file, not stdin")
+        return None, None
+    log = read_log(logs, year=args.year)
+    if not is_default_log(log.facts):
+        if metric:
+            raise UserError("what-if reads scrapes beside a default log (no request lines) "
+                            "only; this log has request lines: drop the scrapes")
+        return None, log
+    ctx = whatif_default.load(log, logs, metric, profile=args.profile, samples=args.samples)
+    return whatif_default.sweep(ctx, settings, args.concurrency, jobs=args.jobs), log
+
+
 def run(args: argparse.Namespace) -> int:
     import json
 
@@ -80,9 +108,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{len(settings)} settings x {len(args.concurrency or [1])} concurrencies is too many runs (max 400)")
     if args.samples is not None and args.samples < 0 or args.draws is not None and args.draws < 0:
         raise UserError("--samples and --draws must be >= 0")
-    ctx = whatif.load(args.log, profile=args.profile, year=args.year, samples=args.samples,
-                      draws=whatif.DRAWS if args.draws is None else args.draws)
-    res = whatif.sweep(ctx, settings, args.concurrency, jobs=args.jobs)
+    res, log = _default_log_sweep(args, settings)
+    if res is None:
+        ctx = whatif.load(args.log, profile=args.profile, year=args.year, samples=args.samples,
+                          draws=whatif.DRAWS if args.draws is None else args.draws, log=log)
+        res = whatif.sweep(ctx, settings, args.concurrency, jobs=args.jobs)
     if args.format == "parquet":
         import polars as pl
 

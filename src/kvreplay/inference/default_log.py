@@ -5,9 +5,11 @@ uvicorn's access line at each finish. What those say (inference/evidence_metrics
 many requests arrived in each interval, the tokens each interval computed, running,
 waiting and KV usage at each line, the length histograms and the preemption counter when
 scraped. This module draws workloads consistent with that (arrivals placed at random
-inside their interval; prompt and output lengths from the histograms, else from a family
-of shapes scaled to the logged token totals; the step time around the one the intervals'
-tokens imply), replays each through the scheduler model on a wall clock, weights each by
+inside their interval, for half the members inside a random stretch of it: a burst; prompt
+and output lengths from the histograms, else from a family of shapes, the prompts scaled
+to each interval's prompt tokens (`prompt_groups`), the outputs to the logged total; the
+step time around the one the busy intervals' tokens imply, more loosely where few were
+busy throughout), replays each through the scheduler model on a wall clock, weights each by
 how well it reproduces every stats line and scrape (`evidence_metrics.check`), and reports
 90% intervals: preemptions (exact when the counter bounds the log), recomputed tokens,
 recompute ratio, and the preemptions per stats interval (the storm windows). No victim is
@@ -24,6 +26,7 @@ import msgspec
 
 from kvreplay.errors import ReplayError
 from kvreplay.inference import evidence_metrics as EM
+from kvreplay.inference import uncertainty as U
 from kvreplay.inference.clock import StepTimeModel
 from kvreplay.replay.engine import Engine
 from kvreplay.replay.records import EngineInputs, preemption_records, totals
@@ -34,6 +37,23 @@ if TYPE_CHECKING:
     from kvreplay.inference.formats import LogFormat
     from kvreplay.inference.facts import LogFacts
 
+
+# A data-parallel default log: one audit record per engine (its own stats lines), and no
+# answer: each engine's arrivals are the change of its running + waiting plus its finishes,
+# and the access lines (the finishes) are the API server's, not any engine's
+DP_REFUSAL = ("a data-parallel default log: its stats lines are per engine (one record each), "
+              "its access lines (the finishes) are the API server's, so no engine's arrivals "
+              "can be told; not answered")
+GROUP_PROMPTS = True  # prompts drawn per stats interval to its prompt tokens (prompt_groups)
+# half the members place each interval's arrivals inside a stretch of it (a burst), of a
+# share log-uniform in [SPREAD_MIN, 1]
+CLUMP = True
+SPREAD_MIN = 0.05
+# each member's step time: the fitted one x a log-normal factor of sigma STEP_SIGMA, or
+# STEP_SIGMA_LOOSE when fewer than BUSY_MIN intervals were busy throughout (the fit is weak)
+STEP_SIGMA = 0.15
+STEP_SIGMA_LOOSE = 0.6
+BUSY_MIN = 3
 
 TO_MAKE_EXACT = ("start vLLM with --enable-log-requests and VLLM_REQUEST_BODY_LOG_LEVEL=INFO "
                  "(each request and its prompt), and --enable-logging-iteration-details (every "
@@ -68,7 +88,7 @@ class DefaultAnswer(msgspec.Struct):
     notes: list[str]
 
 
-class _Member(msgspec.Struct):
+class Member(msgspec.Struct):
     weight: float
     loss: float
     preemptions: int
@@ -77,6 +97,12 @@ class _Member(msgspec.Struct):
     processed: int
     after_count: int  # preemptions after the last scrape (not counted by it)
     per_window: dict[int, int]  # stats window -> preemptions in it (nonzero only)
+    # the workload it drew (kept for the what-if only, `answer(draws=True)`): arrival times,
+    # prompt and output lengths, its step time (seconds per step, per token)
+    arrivals: list[float] = []
+    prompts: list[int] = []
+    outputs: list[int] = []
+    step_time: tuple[float, float] = (0.0, 0.0)
 
 
 def _lengths(n: int, mean: float, rng: random.Random, cap: int, shape: tuple[str, float]) -> list[int]:
@@ -91,7 +117,50 @@ def _lengths(n: int, mean: float, rng: random.Random, cap: int, shape: tuple[str
     return [max(1, min(cap, int(round(x)))) for x in xs]
 
 
-def _workload(config: Any, ins: Sequence[int], outs: Sequence[int]) -> Workload:
+def prompt_groups(ev: EM.MetricsEvidence, m: int) -> list[tuple[int, int, float]]:
+    """The stats lines' prompt tokens, each given to the requests that had their first token
+    in its interval: (first, end, tokens) over the requests in arrival order. vLLM counts a
+    prompt's tokens once, when its first token comes out; by stats line k the first
+    A_k - waiting_k arrivals have had theirs (FCFS: in arrival order; a preempted victim
+    waiting again is the error), so the interval's tokens are those requests' prompts.
+    Intervals whose requests or tokens are none are pooled with the next; the requests no
+    line counted (after the last) are one group of no known tokens (-1)."""
+    out: list[tuple[int, int, float]] = []
+    arrived = done = start = 0
+    tokens = 0.0
+    for w in ev.windows:
+        arrived += w.arrivals
+        done = min(max(done, arrived - w.waiting), arrived, m)
+        tokens += w.prompt_tokens
+        if done > start and tokens > 0:
+            out.append((start, done, tokens))
+            start, tokens = done, 0.0
+    if tokens > 0 and out:  # tokens with no request left: the last group's
+        a, b, t = out[-1]
+        out[-1] = (a, b, t + tokens)
+    if start < m:
+        out.append((start, m, -1.0))
+    return out
+
+
+def _grouped_lengths(ev: EM.MetricsEvidence, m: int, rng: random.Random, cap: int,
+                     shape: tuple[str, float]) -> list[int]:
+    """Prompt lengths of `shape` whose sum in each `prompt_groups` group is its tokens (the
+    requests after the last line: the mean of the rest)."""
+    groups = prompt_groups(ev, m)
+    known = [(b - a, t) for a, b, t in groups if t >= 0]
+    mean = (sum(t for _, t in known) / max(1, sum(n for n, _ in known))) if known else 1.0
+    out: list[int] = []
+    for a, b, t in groups:
+        xs = _lengths(b - a, max(1.0, mean), rng, cap, shape)
+        if t >= 0:
+            f = t / max(1, sum(xs))
+            xs = [max(1, min(cap, int(round(x * f)))) for x in xs]
+        out += xs
+    return out
+
+
+def workload_of(config: Any, ins: Sequence[int], outs: Sequence[int]) -> Workload:
     cap = config.max_model_len
     specs = []
     for j, (p, o) in enumerate(zip(ins, outs)):
@@ -101,12 +170,19 @@ def _workload(config: Any, ins: Sequence[int], outs: Sequence[int]) -> Workload:
     return Workload("default-log member", "", config, specs, max_steps=10**9)
 
 
-def _arrivals(ev: EM.MetricsEvidence, rng: random.Random, phase: float) -> list[float]:
+def _arrivals(ev: EM.MetricsEvidence, rng: random.Random, phase: float,
+              spread: float = 1.0) -> list[float]:
     """Each interval's arrivals at random inside it (a line stamped second s was written
-    at s + phase)."""
+    at s + phase); with `spread` < 1 inside a stretch of that share of it, placed at random
+    (a burst: the stats lines count arrivals, not how they cluster)."""
     out = []
     for w in ev.windows:
-        out += [w.t0 + phase + (w.t1 - w.t0) * rng.random() for _ in range(w.arrivals)]
+        dt = w.t1 - w.t0
+        t0 = w.t0 + phase
+        if spread < 1.0 and w.arrivals:
+            t0 += (1.0 - spread) * dt * rng.random()
+            dt *= spread
+        out += [t0 + dt * rng.random() for _ in range(w.arrivals)]
     if ev.windows and ev.late_arrivals:
         t = ev.windows[-1].t1 + phase
         out += [t + ev.interval_s * rng.random() for _ in range(ev.late_arrivals)]
@@ -134,23 +210,30 @@ def _run(wl: Workload, arrivals: list[float], profile: Profile, model: StepTimeM
 
 
 def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: int = 32,
-           seed: int = 0) -> DefaultAnswer:
+           seed: int = 0, keep: list | None = None, draws: bool = False) -> DefaultAnswer:
     """The ensemble's answer for a log whose evidence is `ev`, served with `config`
-    (a SchedulerConfig from the startup lines) under the scheduler rules `profile`."""
+    (a SchedulerConfig from the startup lines) under the scheduler rules `profile`.
+    `keep`: a list the weighted members are appended to (calibration; with `draws`, each
+    with the workload it drew: the what-if re-runs them)."""
     rng = random.Random(seed)
     n = ev.requests
     ptot, gtot = ev.totals()
     phist, ohist = ev.lengths()
     cap = config.max_model_len
     a, b = EM.step_time(ev)
-    members: list[_Member] = []
+    # the step time's spread: the lines pin it where intervals are busy throughout
+    sigma = STEP_SIGMA if EM.busy_intervals(ev) >= BUSY_MIN else STEP_SIGMA_LOOSE
+    members: list[Member] = []
     notes = []
     span = (ev.windows[-1].t1 - ev.windows[0].t0) if ev.windows else 0.0
     max_steps = max(10_000, int(50 * span / max(a, 1e-3)))
     for i in range(max(1, samples)):
         r = random.Random(rng.random())
         phase = r.random()
-        arrivals = _arrivals(ev, r, phase)
+        spread = 1.0
+        if CLUMP and r.random() < 0.5:
+            spread = math.exp(r.uniform(math.log(SPREAD_MIN), 0.0))
+        arrivals = _arrivals(ev, r, phase, spread)
         m = len(arrivals)
         if m == 0:
             break
@@ -163,10 +246,11 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
             # vLLM counts a prompt's tokens once, when its first token comes out: the logged
             # prompt tokens are the prompts' sum
             shape = (r.choice(("uniform", "lognormal")), r.uniform(0.25, 1.1))
-            ins = _lengths(m, max(1.0, ptot / m), r, cap - 1, shape)
-        jit = math.exp(r.gauss(0.0, 0.15)) if i else 1.0
+            ins = (_grouped_lengths(ev, m, r, cap - 1, shape) if GROUP_PROMPTS else
+                   _lengths(m, max(1.0, ptot / m), r, cap - 1, shape))
+        jit = math.exp(r.gauss(0.0, sigma)) if i else 1.0
         model = StepTimeModel(overhead_s=a * jit, per_token_s=b * jit, per_request_s=0.0)
-        steps, ends = _run(_workload(config, ins, outs), arrivals, profile, model, max_steps)
+        steps, ends = _run(workload_of(config, ins, outs), arrivals, profile, model, max_steps)
         counted = EM.counted_preemptions(steps, config.max_num_batched_tokens)
         chk = EM.check(steps, ends, ev, phase, counted, detail=False)
         t = totals(steps, preemption_records(steps))
@@ -174,37 +258,23 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
         after = 0
         if ev.counted_until is not None:
             after = sum(c for c, e in zip(counted, ends) if e > ev.counted_until)
-        members.append(_Member(0.0, chk.loss, t.preemptions, t.tokens_recomputed,
+        members.append(Member(0.0, chk.loss, t.preemptions, t.tokens_recomputed,
                                t.recompute_ratio or 0.0, t.processed_tokens, after, per))
+        if draws:
+            x = members[-1]
+            x.arrivals, x.prompts, x.outputs = arrivals, list(ins), list(outs)
+            x.step_time = (model.overhead_s, model.per_token_s)
     if not members:
         raise ReplayError("the stats lines show no request: nothing to replay")
     _weigh(members, len(ev.windows))
+    if keep is not None:
+        keep.extend(members)
     w = [x.weight for x in members]
     ess = 1.0 / sum(x * x for x in w) if any(w) else 0.0
-    if ev.counted is not None and ev.counted_exact:
-        pre = Interval(ev.counted, ev.counted, ev.counted)
-    elif ev.counted is not None:
-        tail = _interval([x.after_count for x in members], w, widen=WIDEN_COUNT)
-        pre = Interval(ev.counted + tail.median, ev.counted + tail.low, ev.counted + tail.high)
+    pre, rec, ratio = intervals(members, ev.counted, ev.counted_exact)
+    if ev.counted is not None and not ev.counted_exact:
         notes.append(f"the preemption counter's increase ({ev.counted}) stops at the last scrape; "
                      "after it, the replays give the rest")
-    else:
-        pre = _interval([x.preemptions for x in members], w, widen=WIDEN_COUNT)
-    if ev.counted is not None:
-        # the count is the counter's: each run gives what a preemption cost (recomputed
-        # tokens per preemption), the count scales it
-        cost = [(x, x.recomputed / x.preemptions) for x in members if x.preemptions]
-        if cost:
-            total = [pre.median * c for _, c in cost]
-            cw = [x.weight for x, _ in cost]
-            rec = _interval(total, cw, widen=WIDEN_COUNTED)
-            ratio = _interval([t / max(1, x.processed - x.recomputed + t) for (x, _), t in zip(cost, total)],
-                              cw, digits=6, widen=WIDEN_COUNTED)
-        else:
-            rec = ratio = Interval(0.0, 0.0, 0.0)
-    else:
-        rec = _interval([x.recomputed for x in members], w, widen=WIDEN)
-        ratio = _interval([x.ratio for x in members], w, digits=6, widen=WIDEN)
     wins = []
     busy = set().union(*(x.per_window for x in members))
     none = Interval(0.0, 0.0, 0.0)  # a window no member preempts in (most of a long log)
@@ -218,7 +288,39 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
                          round(ess, 1), seed, src, _headline(pre, rec, ratio, ev), notes)
 
 
-def _weigh(members: list[_Member], lines: int) -> None:
+def intervals(members: Sequence[Member], counted: int | None, exact: bool,
+              widen: tuple[float, float, float] | None = None) -> tuple[Interval, Interval, Interval]:
+    """The preemptions', recomputed tokens' and recompute ratio's intervals over weighted
+    members; `counted`: the preemption counter's increase over the log (exact, or up to
+    its last scrape), `widen`: (WIDEN_COUNT, WIDEN, WIDEN_COUNTED) unless given."""
+    wc, wr, wk = widen or (WIDEN_COUNT, WIDEN, WIDEN_COUNTED)
+    w = [x.weight for x in members]
+    if counted is not None and exact:
+        pre = Interval(counted, counted, counted)
+    elif counted is not None:
+        tail = _interval([x.after_count for x in members], w, widen=wc)
+        pre = Interval(counted + tail.median, counted + tail.low, counted + tail.high)
+    else:
+        pre = _interval([x.preemptions for x in members], w, widen=wc)
+    if counted is not None:
+        # the count is the counter's: each run gives what a preemption cost (recomputed
+        # tokens per preemption), the count scales it
+        cost = [(x, x.recomputed / x.preemptions) for x in members if x.preemptions]
+        if cost:
+            total = [pre.median * c for _, c in cost]
+            cw = [x.weight for x, _ in cost]
+            rec = _interval(total, cw, widen=wk)
+            ratio = _interval([t / max(1, x.processed - x.recomputed + t) for (x, _), t in zip(cost, total)],
+                              cw, digits=6, widen=wk)
+        else:
+            rec = ratio = Interval(0.0, 0.0, 0.0)
+    else:
+        rec = _interval([x.recomputed for x in members], w, widen=wr)
+        ratio = _interval([x.ratio for x in members], w, digits=6, widen=wr)
+    return pre, rec, ratio
+
+
+def _weigh(members: list[Member], lines: int) -> None:
     """Weights exp(-(loss - best) / (2 T)): no member reproduces a log exactly (its
     arrivals and lengths are drawn), so the losses' own spread sets the scale: T is half
     the gap from the best to the median member, so a median member keeps e^-1 of the
@@ -232,33 +334,23 @@ def _weigh(members: list[_Member], lines: int) -> None:
         x.weight = v / tot
 
 
-# The weighted 90% range around the median, widened, calibrated on rendered default logs
-# (tools/render_default_log.py, cases 0-23; docs/accuracy.md): the count's, the recomputed
-# tokens' and ratio's, and the range of a preemption's cost scaled by the counter's count.
-WIDEN_COUNT = 1.55
-WIDEN = 1.2
-WIDEN_COUNTED = 1.75
+# The weighted 90% range around the median (uncertainty.interval), each side's distance
+# from the median scaled: the count's, the recomputed tokens' and ratio's, and (with the
+# counter's count) the range of a preemption's cost scaled by it. Each the smallest of
+# 0.8-2 (steps of 0.1) that holds the truth in 90% of the rendered calibration cases (0-23 of
+# tools/oracle/render_default_log.py: `eval --cases 0:24 --dump`, then `calib`;
+# docs/accuracy.md, section 8).
+WIDEN_COUNT = 1.2
+WIDEN = 1.4
+WIDEN_COUNTED = 1.3
 
 
 def _interval(values: Sequence[float], weights: Sequence[float], digits: int = 0,
               widen: float = 1.0) -> Interval:
-    pairs = sorted(zip(values, weights))
-    tot = sum(w for _, w in pairs) or 1.0
-
-    def q(p: float) -> float:
-        acc = 0.0
-        for v, w in pairs:
-            acc += w / tot
-            if acc >= p - 1e-12:
-                return v
-        return pairs[-1][0]
-
-    def rd(v: float) -> float:
-        return round(v, digits) if digits else float(round(v))
-
-    med, lo, hi = q(0.5), q(0.05), q(0.95)
-    lo, hi = max(0.0, med - widen * (med - lo)), med + widen * (hi - med)
-    return Interval(rd(med), rd(lo), rd(hi))
+    """uncertainty.interval (the one definition: weighted 5%, 50%, 95%), each side's
+    distance from the median scaled by `widen`, as a typed Interval."""
+    d = U.interval(values, weights, digits=digits, stretch=widen)
+    return Interval(float(d["median"]), float(d["low"]), float(d["high"]))
 
 
 def _per_window(steps, ends, ev: EM.MetricsEvidence, phase: float) -> dict[int, int]:
@@ -300,7 +392,8 @@ def evidence_of(facts: LogFacts, fmt: LogFormat, scrapes: Sequence[EM.CounterPoi
 
 
 def answer_log(facts: LogFacts, scrapes: Sequence[EM.CounterPoint] = (), *, profile: str | None = None,
-               samples: int = 32, seed: int = 0) -> DefaultAnswer:
+               samples: int = 32, seed: int = 0, keep: list | None = None,
+               draws: bool = False) -> DefaultAnswer:
     """`answer` for a parsed default log (LogFacts) and the scrapes of the same server.
     Raises ReplayError when the log cannot be answered (no stats line, no KV cache size)."""
     from kvreplay.errors import ReplayError
@@ -312,8 +405,7 @@ def answer_log(facts: LogFacts, scrapes: Sequence[EM.CounterPoint] = (), *, prof
     if fmt.engine != "V1":
         raise ReplayError("a log without request lines is answered for V1-engine servers only")
     if len(facts.engines) > 1:
-        raise ReplayError("a data-parallel default log: its stats lines are per engine, its "
-                          "access lines are not; not answered")
+        raise ReplayError(DP_REFUSAL)
     if not any(s.running is not None for s in facts.stats):
         raise ReplayError("the log has neither request lines nor stats lines: nothing to infer "
                           "the workload from; start vLLM with --enable-log-requests")
@@ -322,4 +414,4 @@ def answer_log(facts: LogFacts, scrapes: Sequence[EM.CounterPoint] = (), *, prof
     ev = evidence_of(facts, fmt, scrapes)
     if ev.requests == 0:
         raise ReplayError("the stats lines show no request: nothing to replay")
-    return answer(ev, cfg, prof, samples=samples, seed=seed)
+    return answer(ev, cfg, prof, samples=samples, seed=seed, keep=keep, draws=draws)

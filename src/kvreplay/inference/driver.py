@@ -11,7 +11,7 @@ their engines the engine protocol (engines.py).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, TYPE_CHECKING
+from typing import Any, Sequence, TYPE_CHECKING
 
 from kvreplay.inference.assemble import (fit_placements, make_replay, place_arrivals,
                                          replay_by_iterations)
@@ -48,10 +48,12 @@ PINNED = 0.95  # of the spanned requests' first schedulings at their S: the span
 @without_cyclic_gc
 def replay_log(facts: LogFacts, *, profile: str | None = None,
                step_time: StepTimeModel | None = None, samples: int | None = None,
-               seed: int = 0) -> Replay:
+               seed: int = 0, counters: Sequence[Any] = ()) -> Replay:
     """Rebuild, fit, place and replay a log. `profile`: the scheduler rules (default: the
     log's release); `step_time`: a step-time model taken as given, not fitted; `samples`:
-    the replays in the uncertainty ensemble (None: automatic, 0: none), drawn with `seed`."""
+    the replays in the uncertainty ensemble (None: automatic, 0: none), drawn with `seed`;
+    `counters`: the same server's scrapes on the log's clock (CounterPoints), whose
+    preemption counter weighs the ensemble's members beside the stats lines."""
     profile = None if profile in (None, "auto") else profile
     fmt = log_format(facts.vllm_version, facts.engine_version, profile)
     prof = scheduler_profile(facts, fmt, profile)
@@ -142,7 +144,8 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
                        seed=seed, pattern=pattern, placement=f.placement,
                        lengths=unknown.lens if unknown is not None else None,
                        shared_prefix=unknown.shared if unknown is not None else 0,
-                       priority_unknown=unknown is not None and unknown.priority_unknown)
+                       priority_unknown=unknown is not None and unknown.priority_unknown,
+                       counters=counters)
         if unc.representative is not None:
             # a member agrees far better with the stats lines than the placed run: show it
             old = run.num_preemptions

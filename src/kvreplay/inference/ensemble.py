@@ -52,7 +52,7 @@ from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.runs import Run, timed_replay
 from kvreplay.inference.verify import anchored_loss, verify
 from kvreplay.inference.uncertainty import (LEAD_BELOW, TOL_STEPS, Member, Uncertainty, calibrated,
-                                           noise_weights, quantiles, summarize)
+                                           interval, noise_weights, quantiles, summarize)
 from kvreplay.replay.records import PreemptionRecord, preemption_records, totals
 
 SAMPLES = 32  # the default ensemble
@@ -245,6 +245,7 @@ class _Context:
     priority_unknown: bool
     placement: tuple[float, float]
     keep_below: float  # return the member's run when its SSE is below this
+    counters: Sequence[Any] = ()  # the scrapes of the same server (CounterPoints, log clock)
 
 
 def _draw_member(c: _Context, i: int) -> tuple[Member, Run | None]:
@@ -268,7 +269,8 @@ def _draw_member(c: _Context, i: int) -> tuple[Member, Run | None]:
                              c.placement, order_window_s=c.fmt.order_window_s)
         arr = c.draw._fix_order([max(a, 0) for a in timed.arrival_steps])
     alt = placed(rb, c.facts, c.fmt, c.profile, arr, c.run.model, c.phase)
-    m = stats_member(alt.run, c.facts, c.fmt, c.phase, c.bounds, c.known)
+    m = stats_member(alt.run, c.facts, c.fmt, c.phase, c.bounds, c.known, c.counters,
+                     rb.workload.config.max_num_batched_tokens)
     m.arrival_steps = array("i", alt.run.arrival_steps)
     if lens is not None:
         m.prompt_lens = tuple(lens)  # (not an int32 array: a damaged log's can overflow it)
@@ -338,7 +340,7 @@ def _map_members(c: _Context, samples: int, steps: int) -> list[tuple[Member, Ru
 
 
 def stats_member(run: Run, facts: LogFacts, fmt: LogFormat, phase: float, bounds: list[float],
-            prompts_known: bool) -> Member:
+            prompts_known: bool, counters: Sequence[Any] = (), budget: int = 0) -> Member:
     anchors = token_anchors(run, facts, fmt, cum_generated(run))
     loss, inexact = _disagreement(run, facts, fmt, phase, anchors, prompts_known)
     by_victim: dict[str, list[int]] = {}
@@ -350,8 +352,24 @@ def stats_member(run: Run, facts: LogFacts, fmt: LogFormat, phase: float, bounds
         t = times[p.step] if p.step < len(times) else run.end
         per_window[bisect.bisect_right(bounds, t)] += 1
     t = totals(run.steps, pre)  # the one definition of the cost (records.py)
+    closs, after = _against_counter(run, counters, budget) if counters else (0.0, 0)
     return Member(1.0, loss + INEXACT_COST * inexact, loss, inexact, t.preemptions,
-                  t.tokens_recomputed, t.processed_tokens, by_victim, per_window)
+                  t.tokens_recomputed, t.processed_tokens, by_victim, per_window,
+                  counter_loss=closs, counted_after=after)
+
+
+def _against_counter(run: Run, counters: Sequence[Any], budget: int) -> tuple[float, int]:
+    """The run against the preemption counter of the same server's scrapes, window by
+    window (evidence_metrics.counter_loss; a step ends at its start + its modelled time),
+    and the preemptions it would count after the last scrape."""
+    from kvreplay.inference import evidence_metrics as EM
+
+    ends = [min(s + run.model.dt_record(r), nxt) for s, r, nxt in
+            zip(run.clock, run.steps, list(run.clock[1:]) + [run.end])]
+    counted = EM.counted_preemptions(run.steps, budget)
+    last = counters[-1].t
+    after = sum(c for c, e in zip(counted, ends) if e > last)
+    return EM.counter_loss(EM.scrape_windows(run.steps, ends, counters, counted)), after
 
 
 def _disagreement(run: Run, facts: LogFacts, fmt: LogFormat, phase: float,
@@ -369,12 +387,17 @@ def ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, run: R
              samples: int, seed: int = 0, pattern: str = "poisson",
              placement: tuple[float, float] = (0.0, 1.0),
              lengths: Sequence[int] | None = None, shared_prefix: int = 0,
-             priority_unknown: bool = False) -> Uncertainty:
+             priority_unknown: bool = False, counters: Sequence[Any] = ()) -> Uncertainty:
     """`samples` members besides the placed run itself (member 0); `lengths`: the
-    estimated prompt lengths (after `shared_prefix`) when the log has none."""
+    estimated prompt lengths (after `shared_prefix`) when the log has none; `counters`:
+    the scrapes of the same server on the log's clock (evidence_metrics.CounterPoint),
+    whose preemption counter weighs each member too."""
     bounds = [line_time(s, phase) for s in facts.stats]
     known = not rebuilt.prompts_estimated
-    members = [stats_member(run, facts, fmt, phase, bounds, known)]
+    counters = [p for p in counters if p.preemptions is not None]
+    counters = counters if len(counters) > 1 else []
+    members = [stats_member(run, facts, fmt, phase, bounds, known, counters,
+                            rebuilt.workload.config.max_num_batched_tokens)]
     best_run: Run | None = None  # the best-fitting member's run, if it beats the placed one
     best_sse = members[0].sse * BETTER
     kinds = KINDS["poisson" if pattern == "poisson" else "other"]
@@ -384,7 +407,7 @@ def ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, run: R
         ctx = _Context(rebuilt, facts, fmt, profile, run, phase, bounds, known,
                        _Draw(around, facts, fmt, phase, phase_known), kinds, seed, rnd,
                        lengths, shared_prefix, priority_unknown, placement,
-                       members[0].sse * BETTER)
+                       members[0].sse * BETTER, counters)
         for m, alt_run in _map_members(ctx, samples, len(run.steps)):
             members.append(m)
             if alt_run is not None and m.sse < best_sse:
@@ -392,7 +415,8 @@ def ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, run: R
         if best_run is None or best_run is around:
             break
         around = best_run
-    w = noise_weights([m.sse for m in members], len(facts.stats))
+    w = noise_weights([m.sse for m in members], len(facts.stats),
+                      [m.counter_loss for m in members] if counters else None)
     starts = [facts.requests[0].time if facts.requests and facts.requests[0].time is not None
               else (bounds[0] if bounds else 0.0)] + bounds
     cal = pattern == "poisson"  # calibrated on Poisson logs (bursts need no correction)
@@ -406,10 +430,15 @@ def ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any, run: R
         p = calibrated(raw, maps[0]) if maps else raw
         return min(p, POOR_FIT_P_MAX) if cal and fit >= POOR_FIT else p
 
-    return summarize(members, w, seed=seed, lines=len(facts.stats),
+    unc = summarize(members, w, seed=seed, lines=len(facts.stats),
                      windows=(starts, bounds + [run.end]), widen=widen, widen_count=widen_n,
                      p_of=p_of, representative=best_run, row_map=maps[1] if maps else None,
-                     poor_fit=cal and fit >= POOR_FIT, shared_prefix=shared_prefix)
+                     poor_fit=cal and fit >= POOR_FIT, shared_prefix=shared_prefix,
+                     weighted_by=("the stats lines and the scrapes' preemption counter" if counters
+                                  else "the stats lines"))
+    if counters:  # what the counter did not count yet, by its last scrape
+        unc.counted_after = interval([m.counted_after for m in members], w, widen=widen_n)
+    return unc
 
 
 def headline(unc: Uncertainty, pre: Sequence[PreemptionRecord], make_exact: str) -> str:

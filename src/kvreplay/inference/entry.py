@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvreplay import events as ev
 from kvreplay.errors import UserError
@@ -83,6 +83,8 @@ class Evidence:
     kv_paths: list[str] = field(default_factory=list)
     config: ev.EngineConfig | None = None  # --config: spans replayed without their log
     vllm_version: str | None = None  # --vllm-version: the release, if not detected
+    # the same server's Prometheus scrapes on the log's clock (evidence_metrics.CounterPoint)
+    counters: list[Any] = field(default_factory=list)
 
 
 def infer(evidence: Evidence, *, profile: str | None = None,
@@ -119,7 +121,7 @@ def infer(evidence: Evidence, *, profile: str | None = None,
     join = join_spans_once(log, spans) if spans is not None else None
     facts = join.facts if join is not None else log.facts
     rep = replay_log(facts, profile=profile, step_time=step_time, samples=samples,
-                     seed=seed)
+                     seed=seed, counters=evidence.counters)
     rep.label = f"{label} (vLLM {rep.info.vllm_version or '?'}, replayed)"
     if join is not None:
         assert spans is not None

@@ -178,10 +178,9 @@ def draw_from_hist(buckets: Sequence[tuple[float, float]], n: int, rng: Any, cap
     return out
 
 
-def step_time(ev: MetricsEvidence) -> tuple[float, float]:
-    """(seconds per step, seconds per token) that fill each fully busy interval: one step
-    decodes about `running` requests, so steps = generated / running, and
-    interval = steps * a + tokens * b (least squares, both >= 0)."""
+def _busy_rows(ev: MetricsEvidence) -> list[tuple[float, float]]:
+    """Per interval busy throughout (requests running at both its lines, tokens generated):
+    (steps per second, tokens per second), steps = generated / mean running."""
     rows = []
     prev_run = 0
     for w in ev.windows:
@@ -190,6 +189,19 @@ def step_time(ev: MetricsEvidence) -> tuple[float, float]:
         if prev_run > 0 and w.running > 0 and w.gen_tokens > 0 and dt > 0:
             rows.append((w.gen_tokens / run / dt, (w.prompt_tokens + w.gen_tokens) / dt))
         prev_run = w.running
+    return rows
+
+
+def busy_intervals(ev: MetricsEvidence) -> int:
+    """How many stats intervals were busy throughout (what `step_time` fits)."""
+    return len(_busy_rows(ev))
+
+
+def step_time(ev: MetricsEvidence) -> tuple[float, float]:
+    """(seconds per step, seconds per token) that fill each fully busy interval: one step
+    decodes about `running` requests, so steps = generated / running, and
+    interval = steps * a + tokens * b (least squares, both >= 0)."""
+    rows = _busy_rows(ev)
     if not rows:
         return 0.02, 0.0
     best = None
@@ -345,21 +357,40 @@ def check(steps: Sequence[StepRecord], step_end: Sequence[float], ev: MetricsEvi
         loss += (d["prompt"] / max(0.1 * w.prompt_tokens, 400.0)) ** 2
         loss += (d["gen"] / max(0.1 * w.gen_tokens, 100.0)) ** 2
         prev = p
-    scr = []
-    sp = [p for p in ev.scrapes if p.preemptions is not None]
-    if len(sp) > 1:
-        got = render(steps, step_end, [p.t for p in sp], counted=counted)
-        for (a, b), (ra, rb) in zip(zip(sp, sp[1:]), zip(got, got[1:])):
-            logged = b.preemptions - a.preemptions if b.preemptions >= a.preemptions else b.preemptions
-            replayed = rb.preemptions - ra.preemptions
-            d = {"t0": a.t, "t1": b.t, "preemptions_logged": logged, "preemptions_replayed": replayed}
-            if a.prompt_tokens is not None and b.prompt_tokens is not None:
-                d["prompt_logged"] = b.prompt_tokens - a.prompt_tokens
-                d["prompt_replayed"] = rb.prompt_tokens - ra.prompt_tokens
-            if a.generation_tokens is not None and b.generation_tokens is not None:
-                d["gen_logged"] = b.generation_tokens - a.generation_tokens
-                d["gen_replayed"] = rb.generation_tokens - ra.generation_tokens
-            if detail:
-                scr.append(d)
-            loss += (replayed - logged) ** 2 / (1.0 + logged)
-    return Check(lines, scr, loss)
+    rows = scrape_windows(steps, step_end, ev.scrapes, counted)
+    loss += counter_loss(rows)
+    return Check(lines, rows if detail else [], loss)
+
+
+def scrape_windows(steps: Sequence[StepRecord], step_end: Sequence[float],
+                   scrapes: Sequence[CounterPoint], counted: Sequence[int]) -> list[dict[str, float]]:
+    """Each window between two scrapes (with the preemption counter): the counter's increase
+    logged and replayed (a counter that went down was reset: its new value is the
+    increase), and the prompt / generation token counters' where scraped."""
+    sp = [p for p in scrapes if p.preemptions is not None]
+    if len(sp) < 2:
+        return []
+    got = list(_points(steps, step_end, [p.t for p in sp], None, counted, False))
+    rows = []
+    for (a, b), (ra, rb) in zip(zip(sp, sp[1:]), zip(got, got[1:])):
+        logged = b.preemptions - a.preemptions if b.preemptions >= a.preemptions else b.preemptions
+        d = {"t0": a.t, "t1": b.t, "preemptions_logged": logged,
+             "preemptions_replayed": rb.preemptions - ra.preemptions}
+        if a.prompt_tokens is not None and b.prompt_tokens is not None:
+            d["prompt_logged"] = (b.prompt_tokens - a.prompt_tokens if b.prompt_tokens >= a.prompt_tokens
+                                  else b.prompt_tokens)
+            d["prompt_replayed"] = rb.prompt_tokens - ra.prompt_tokens
+        if a.generation_tokens is not None and b.generation_tokens is not None:
+            d["gen_logged"] = (b.generation_tokens - a.generation_tokens
+                               if b.generation_tokens >= a.generation_tokens else b.generation_tokens)
+            d["gen_replayed"] = rb.generation_tokens - ra.generation_tokens
+        rows.append(d)
+    return rows
+
+
+def counter_loss(rows: Sequence[dict[str, float]]) -> float:
+    """The preemption counter's disagreement with a run over its scrape windows
+    (`scrape_windows`): sum of (replayed - logged)^2 / (1 + logged), Poisson noise on a
+    count; a run's weight from it is exp(-loss / 2)."""
+    return sum((r["preemptions_replayed"] - r["preemptions_logged"]) ** 2 / (1.0 + r["preemptions_logged"])
+               for r in rows)

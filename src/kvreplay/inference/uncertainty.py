@@ -45,6 +45,10 @@ class Member:
     # the shared prefix, priorities; None where it kept the replay's
     prompt_lens: tuple[int, ...] | None = None
     priorities: tuple[int, ...] | None = None
+    # the preemption counter's disagreement with it over the scrapes of the same server
+    # (evidence_metrics.counter_loss; 0 without scrapes)
+    counter_loss: float = 0.0
+    counted_after: int = 0  # ... and its preemptions the counter counts after its last scrape
 
 
 @dataclass(slots=True)
@@ -70,6 +74,8 @@ class Uncertainty:
     # preemptions the evidence itself shows, whatever the members say (e.g. the recomputes
     # Iteration lines show): the count's interval never goes below it; 0 when none
     count_floor: int = 0
+    # with scrapes: the preemptions counted after the last scrape (median, low, high)
+    counted_after: dict[str, int] | None = None
 
     def assign(self, pre: Sequence[PreemptionRecord]) -> None:
         """Each row's probability: the weighted share of members that preempt its victim
@@ -131,16 +137,23 @@ def calibrated(p: float, knots: Sequence[tuple[float, float]]) -> float:
     return knots[-1][1]
 
 
-def noise_weights(sse: Sequence[float], lines: int) -> list[float]:
+def noise_weights(sse: Sequence[float], lines: int,
+                  counter: Sequence[float] | None = None) -> list[float]:
     """exp(-(SSE - best) / 2T): the stats lines' likelihood under Gaussian read noise whose
     variance is estimated from the best member's residual (T = NOISE_K x its SSE per line,
     at least NOISE_FLOOR). Where every member misfits alike (estimated prompts, a model
     that cannot hit the lines) the weights stay broad; where one member fits far better
     than the rest it takes most of the weight, but never all: T is raised until ESS_MIN of
     the members stay effective (the members cover what the log allows only coarsely, and
-    one lucky draw is not the truth). Calibrated on rendered logs (docs/accuracy.md)."""
+    one lucky draw is not the truth). Calibrated on rendered logs (docs/accuracy.md).
+    `counter`: each member's counter loss (the scrapes' preemption counter,
+    evidence_metrics.counter_loss), a second, independent likelihood exp(-loss / 2) that
+    multiplies the stats lines' (the ESS floor then applies to the product)."""
     best = min(sse)
-    return temper(sse, NOISE_K * max(NOISE_FLOOR, best / max(1, lines)), ESS_MIN)
+    t = NOISE_K * max(NOISE_FLOOR, best / max(1, lines))
+    if counter is None or not any(counter):
+        return temper(sse, t, ESS_MIN)
+    return temper([x / t + c for x, c in zip(sse, counter)], 1.0, ESS_MIN)
 
 
 def temper(sse: Sequence[float], t: float, share: float) -> list[float]:
@@ -182,11 +195,16 @@ def quantiles(values: Sequence[float], weights: Sequence[float]) -> tuple[float,
 
 
 def interval(values: Sequence[float], weights: Sequence[float], digits: int | None = 0,
-             widen: float = 0.0, up: float = 0.0) -> dict[str, Any]:
+             widen: float = 0.0, up: float = 0.0, stretch: float = 1.0) -> dict[str, Any]:
     """Median and 90% interval, each side moved out by `widen` x the median (the replay's
     own error the ensemble does not cover, measured: WIDEN); `up` moves that share of the
-    low side's pad to the high side (tried for replays that undercount; not used)."""
+    low side's pad to the high side (tried for replays that undercount; not used).
+    `stretch` scales each side's distance from the median instead (the default-log
+    ensemble's widening, default_log.py: its members draw whole workloads, so its spread,
+    not its median, sets the scale of what it misses)."""
     lo, med, hi = quantiles(values, weights)
+    if stretch != 1.0:
+        lo, hi = med - stretch * (med - lo), med + stretch * (hi - med)
     pad_lo, pad_hi = widen * med * (1.0 - up), widen * med * (1.0 + up)
     if digits == 0:
         pad_lo, pad_hi = round(pad_lo), round(pad_hi)
