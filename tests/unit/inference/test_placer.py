@@ -50,7 +50,7 @@ def test_clamp_and_step_at():
     assert step_at(CLOCK, 2.5) == 3 and step_at(CLOCK, 3.0) == 3
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 10), st.integers(0, 10)), min_size=1, max_size=30),
        st.booleans())
 def test_consistent_windows_are_honoured_in_file_order(pairs, burst):

@@ -114,7 +114,7 @@ def _pinned(draw):
     return dur, pins
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(_pinned())
 def test_consistent_pins_are_met_and_the_clock_never_runs_back(case):
     dur, pins = case
@@ -150,7 +150,7 @@ def _stamped(draw):
     return model, pins, wins, restarts
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(_stamped())
 def test_pins_and_windows_from_one_true_run_are_all_met(case):
     model, pins, wins, restarts = case
@@ -167,7 +167,7 @@ def test_pins_and_windows_from_one_true_run_are_all_met(case):
             assert w.lo <= ends[w.step] < w.hi
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(st.lists(st.floats(1e-3, 0.3), min_size=1, max_size=30), st.floats(0.0, 0.999))
 def test_a_pinless_stretch_timed_by_true_seconds_fits_them(true, phase):
     """Windows of whole seconds read from a true run at the true durations (an Iteration
