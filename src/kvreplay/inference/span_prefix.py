@@ -30,9 +30,10 @@ from typing import Any, Sequence, TYPE_CHECKING
 
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.runs import Run
-from kvreplay.inference.span_clock import SpanMarks, span_placement
+from kvreplay.inference.span_clock import SAME_S, SpanMarks, span_placement
 
 if TYPE_CHECKING:
+    from kvreplay.inference.clock import StepTimeModel
     from kvreplay.inference.engines import Profile
     from kvreplay.inference.rebuild import Rebuilt
     from kvreplay.inference.formats import LogFormat
@@ -73,6 +74,91 @@ def with_prefixes(rebuilt: Rebuilt, facts: LogFacts, group: Sequence[int],
         new.append(replace(s, prompt_token_ids=p))
     return replace(rebuilt, workload=replace(rebuilt.workload, requests=new),
                    prompt_estimated=[a or b for a, b in zip(rebuilt.prompt_estimated, unknown)])
+
+
+MAX_PREFILL_STEPS = 3  # a request's prefill read from at most this many steps
+
+
+def span_hits(run: Run, rebuilt: Rebuilt, marks: SpanMarks, model: StepTimeModel) -> list[int | None]:
+    """Each request's prefix-cache hit (tokens, whole blocks) as its span's prefill says, or
+    None where it does not say. vLLM stamps the request at its first scheduling (S, the
+    start of step a) and its first token (F, the end of step f): F - S is the duration of
+    steps a..f, and the step-time model prices each scheduled token (spec A9; the renders'
+    formula is the same form). Where the run's steps a..f are the real ones (its step a
+    starts at S) and no other request is first admitted in them, the gap between F - S and
+    the model's price of the run's steps a..f is this request's computed tokens the run got
+    wrong: hit = prompt - (the run's computed + gap / per-token cost), in whole blocks.
+    None: no span, the run's step a not at S, another first admission in a..f (the gap is
+    their sum), a step under the token floor (its price does not depend on its tokens), or
+    the gap saying more tokens than the prompt (the real prefill took other steps)."""
+    bs = rebuilt.workload.config.block_size
+    first: dict[str, tuple[int, int]] = {}  # id -> (step of first admission, its hit)
+    news: list[int] = []  # first admissions per step
+    tok: dict[str, int] = {}
+    for k, rec in enumerate(run.steps):
+        n = 0
+        for a in rec.admitted:
+            if not a.resumed and a.request not in first:
+                first[a.request] = (k, a.prefix_hit)
+                n += 1
+        news.append(n)
+        for rid in rec.first_tokens:
+            tok.setdefault(rid, k)
+    out: list[int | None] = []
+    per = model.per_token_s
+    for i, spec in enumerate(rebuilt.workload.requests):
+        out.append(None)
+        if i >= len(marks.has_span) or not marks.has_span[i] or per <= 0:
+            continue
+        if spec.id not in first or spec.id not in tok:
+            continue
+        a, hit = first[spec.id]
+        f = tok[spec.id]
+        if not 0 <= f - a < MAX_PREFILL_STEPS or abs(run.clock[a] - marks.scheduled[i]) > SAME_S:
+            continue
+        if sum(news[a:f + 1]) != 1 or any(run.steps[k].num_scheduled_tokens <= model.token_floor
+                                          for k in range(a, f + 1)):
+            continue
+        pred = sum(model.dt_record(run.steps[k]) for k in range(a, f + 1))
+        n = len(spec.prompt_token_ids)
+        computed = n - hit + (marks.first_token[i] - marks.scheduled[i] - pred) / per
+        if computed > n + bs / 2:
+            continue
+        full = (n - 1) // bs * bs
+        out[-1] = max(0, min(full, int(round((n - computed) / bs)) * bs))
+    return out
+
+
+def groups_from_hits(hits: Sequence[int | None], lengths: Sequence[int], marks: SpanMarks,
+                     bs: int) -> tuple[list[int], list[int]]:
+    """A sharing that gives each request its hit: (group of each request, prefix of each
+    group; group 0 shares nothing). Requests with the same hit h > 0 share one prefix of h
+    tokens; its first holder (the founder, whose prefill computed it: hit 0, a prompt of
+    more than h tokens, its first token before the first sharer was scheduled, not
+    another's founder) is the latest such request before the first sharer. Unknown hits
+    share nothing."""
+    group = [0] * len(hits)
+    sizes = [0]
+    key: dict[int, int] = {}
+    founders: set[int] = set()
+    order = sorted(range(len(hits)), key=lambda i: (marks.entry[i], i))
+    for pos, i in enumerate(order):
+        h = hits[i]
+        if not h:
+            continue
+        if h in key:
+            group[i] = key[h]
+            continue
+        key[h] = g = len(sizes)
+        sizes.append(h)
+        group[i] = g
+        for j in reversed(order[:pos]):
+            if j not in founders and hits[j] == 0 and lengths[j] - 1 >= h and \
+                    marks.first_token[j] <= marks.scheduled[i] + SAME_S:
+                founders.add(j)
+                group[j] = g
+                break
+    return group, sizes
 
 
 def shared_workload(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat) -> tuple[Any, int]:
