@@ -122,8 +122,9 @@ def span_hits(run: Run, rebuilt: Rebuilt, marks: SpanMarks, model: StepTimeModel
         pred = sum(model.dt_record(run.steps[k]) for k in range(a, f + 1))
         n = len(spec.prompt_token_ids)
         computed = n - hit + (marks.first_token[i] - marks.scheduled[i] - pred) / per
-        if computed > n + bs / 2:
-            continue
+        if computed > n + bs / 2 or \
+                run.steps[a].num_scheduled_tokens + computed - (n - hit) < model.token_floor + bs:
+            continue  # (the real step under the floor: its price says nothing of its tokens)
         full = (n - 1) // bs * bs
         out[-1] = max(0, min(full, int(round((n - computed) / bs)) * bs))
     return out

@@ -1,0 +1,79 @@
+"""span_prefix.span_hits: a request's prefix-cache hit read from its span's prefill window
+(F - S) priced by the step-time model; groups_from_hits: a sharing that gives each request
+its hit. The expected hits are written by hand from the durations built here, not taken
+from the code under test."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from kvreplay.inference.clock import StepTimeModel
+from kvreplay.inference.span_clock import SpanMarks
+from kvreplay.inference.span_prefix import groups_from_hits, span_hits
+from kvreplay.replay.records import Admission, StepRecord
+
+MODEL = StepTimeModel(overhead_s=0.0015, per_token_s=4e-5, per_request_s=5e-5,
+                      per_context_token_s=4e-8, token_floor=120)
+
+
+def _case(real_hit: int, *, co_admitted: bool = False, start_off: float = 0.0,
+          extra_s: float = 0.0):
+    """Step 0: 10 decodes (context 5,000) and request r0's whole 1,000-token prompt, which
+    the run computes entirely (hit 0); the real step computed 1,000 - real_hit of it."""
+    adm = [Admission("r0", 0, 1000, False)]
+    toks, reqs = 1010, 11
+    if co_admitted:
+        adm.append(Admission("r1", 0, 200, False))
+        toks, reqs = 1210, 12
+    rec0 = StepRecord(step=0, num_scheduled=reqs, num_scheduled_tokens=toks,
+                      context_tokens=5000, admitted=adm, first_tokens=["r0"])
+    rec1 = StepRecord(step=1, num_scheduled=reqs, num_scheduled_tokens=reqs,
+                      context_tokens=6000)
+    real = MODEL.dt(toks - real_hit, reqs, 5000 + real_hit) + extra_s
+    s = 100.0
+    marks = SpanMarks(entry=[s, s], scheduled=[s, s], first_token=[s + real, s + real],
+                      last_token=[None, None], bounds=[], has_span=[True, True])
+    run = SimpleNamespace(steps=[rec0, rec1], clock=[s + start_off, s + real])
+    specs = [SimpleNamespace(id="r0", prompt_token_ids=list(range(1000))),
+             SimpleNamespace(id="r1", prompt_token_ids=list(range(200)))]
+    rebuilt = SimpleNamespace(workload=SimpleNamespace(requests=specs,
+                                                       config=SimpleNamespace(block_size=16)))
+    return run, rebuilt, marks
+
+
+def test_hit_read_from_the_prefill_window():
+    for real in (0, 16, 320, 880):
+        run, rb, marks = _case(real)
+        assert span_hits(run, rb, marks, MODEL)[0] == real
+    # 976 cached: the real step scheduled 34 tokens, under the 120-token floor, and cost
+    # the floor's price whatever its tokens: the window does not say
+    assert span_hits(*_case(976)[:3], MODEL)[0] is None
+    # r1 was never admitted in this run: nothing said about it
+    assert span_hits(*_case(320)[:3], MODEL)[1] is None
+
+
+def test_no_hit_where_the_window_does_not_say():
+    # two first admissions in the step: the gap is their sum
+    run, rb, marks = _case(320, co_admitted=True)
+    assert span_hits(run, rb, marks, MODEL)[0] is None
+    # the run's step does not start at the span's S
+    run, rb, marks = _case(320, start_off=0.003)
+    assert span_hits(run, rb, marks, MODEL)[0] is None
+    # the real prefill took longer than the whole prompt costs (another step): not a hit
+    run, rb, marks = _case(0, extra_s=0.02)
+    assert span_hits(run, rb, marks, MODEL)[0] is None
+
+
+def test_groups_from_hits():
+    n = 6
+    t = [float(i) for i in range(n)]
+    marks = SpanMarks(entry=t, scheduled=t, first_token=[x + 0.5 for x in t],
+                      last_token=[None] * n, bounds=[], has_span=[True] * n)
+    hits = [0, 0, 320, 320, None, 160]
+    lengths = [1000, 200, 900, 800, 700, 600]
+    group, sizes = groups_from_hits(hits, lengths, marks, 16)
+    # request 1 (200 tokens) cannot hold a 320-token prefix: request 0 founded it
+    assert group[2] == group[3] == group[0] != 0 and sizes[group[2]] == 320
+    # ... but holds the 160-token prefix request 5 finds
+    assert group[1] == group[5] not in (0, group[2]) and sizes[group[5]] == 160
+    assert group[4] == 0  # an unknown hit shares with none
