@@ -42,7 +42,7 @@ def _case(real_hit: int, *, co_admitted: bool = False, start_off: float = 0.0,
 
 
 def test_hit_read_from_the_prefill_window():
-    for real in (0, 16, 320, 880):
+    for real in (0, 16, 320, 864):
         run, rb, marks = _case(real)
         assert span_hits(run, rb, marks, MODEL)[0] == real
     # 976 cached: the real step scheduled 34 tokens, under the 120-token floor, and cost
