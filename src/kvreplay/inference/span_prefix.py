@@ -24,16 +24,20 @@ named 1 of 33 victims on a render with five live groups (the one-prefix replay: 
 
 from __future__ import annotations
 
+import bisect
 import random
 from dataclasses import replace
 from typing import Any, Sequence, TYPE_CHECKING
 
+import msgspec
+
+from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.runs import Run
+from kvreplay.inference.step_fit import FINE_FLOORS, NVARS, best_fit, segments
 from kvreplay.inference.span_clock import SAME_S, SpanMarks, span_placement
 
 if TYPE_CHECKING:
-    from kvreplay.inference.clock import StepTimeModel
     from kvreplay.inference.engines import Profile
     from kvreplay.inference.rebuild import Rebuilt
     from kvreplay.inference.formats import LogFormat
@@ -92,8 +96,90 @@ def span_hits(run: Run, rebuilt: Rebuilt, marks: SpanMarks, model: StepTimeModel
     their sum), a step under the token floor (its price does not depend on its tokens), or
     the gap saying more tokens than the prompt (the real prefill took other steps)."""
     bs = rebuilt.workload.config.block_size
-    first: dict[str, tuple[int, int]] = {}  # id -> (step of first admission, its hit)
-    news: list[int] = []  # first admissions per step
+    out: list[int | None] = [None] * len(rebuilt.workload.requests)
+    per = model.per_token_s
+    if per <= 0:
+        return out
+    for i, a, f, hit, n, dur in _prefill_rows(run, rebuilt, marks):
+        if any(run.steps[k].num_scheduled_tokens <= model.token_floor for k in range(a, f + 1)):
+            continue
+        pred = sum(model.dt_record(run.steps[k]) for k in range(a, f + 1))
+        computed = n - hit + (dur - pred) / per
+        if computed > n + bs / 2 or \
+                run.steps[a].num_scheduled_tokens + computed - (n - hit) < model.token_floor + bs:
+            continue  # (the real step under the floor: its price says nothing of its tokens)
+        full = (n - 1) // bs * bs
+        out[i] = max(0, min(full, int(round((n - computed) / bs)) * bs))
+    return out
+
+
+HIT_MODEL_ROUNDS = 8
+MIN_FOUNDERS = 4  # prefill windows read as computing their whole prompt, for a refit
+
+
+def hit_model(run: Run, rebuilt: Rebuilt, marks: SpanMarks, model: StepTimeModel) -> StepTimeModel:
+    """The step-time model the prefill windows price hits by. The model fitted over every
+    span window (span_clock) prices each prefill with the hits the replay shown gave, and a
+    per-token cost off by x% moves every hit read from it (span_hits) by x% of its prompt:
+    the hits absorb the error. What does not move: a request that computed its whole prompt
+    (the first of its sharing, or its prefix evicted) has hit 0, so the right model puts
+    those windows exactly at their whole prompt's price, and none above it. Fitted to that
+    envelope: each round, the windows read as hit 0 or less (within half a block) are
+    refitted with their whole prompt computed, together with the single steps between two
+    span boundaries that schedule only decodes (their price exact, their composition the
+    run's), until the set stops changing."""
+    bs = rebuilt.workload.config.block_size
+    rows = _prefill_rows(run, rebuilt, marks)
+    singles = []
+    bounds = marks.bounds
+    for k in range(len(run.steps) - 1):
+        rec = run.steps[k]
+        if rec.admitted or rec.recomputed or not rec.num_scheduled or \
+                rec.num_scheduled_tokens != rec.num_scheduled:
+            continue
+        if _on(bounds, run.clock[k]) and _on(bounds, run.clock[k + 1]):
+            singles.append(([rec], run.clock[k + 1] - run.clock[k]))
+    found: frozenset[int] = frozenset()
+    for _ in range(HIT_MODEL_ROUNDS):
+        if model.per_token_s <= 0:
+            break
+        now = []
+        for j, (i, a, f, hit, n, dur) in enumerate(rows):
+            pred = sum(model.dt_record(run.steps[k]) for k in range(a, f + 1))
+            computed = n - hit + (dur - pred) / model.per_token_s
+            if computed >= n - bs / 2:
+                now.append(j)
+        if len(now) < MIN_FOUNDERS or frozenset(now) == found:
+            break
+        found = frozenset(now)
+        data = list(singles)
+        for j in now:
+            i, a, f, hit, n, dur = rows[j]
+            steps = list(run.steps[a:f + 1])
+            steps[0] = msgspec.structs.replace(
+                steps[0], num_scheduled_tokens=steps[0].num_scheduled_tokens + hit,
+                context_tokens=max(0, steps[0].context_tokens - hit))
+            data.append((steps, dur))
+        best = best_fit(segments(data), FINE_FLOORS, NVARS)
+        if best is None or best[2][1] <= 0:
+            break
+        c = best[2]
+        model = StepTimeModel(c[0], c[1], c[2], c[3], best[1])
+    return model
+
+
+def _on(bounds: Sequence[float], t: float) -> bool:
+    k = bisect.bisect_left(bounds, t - SAME_S)
+    return k < len(bounds) and abs(bounds[k] - t) <= SAME_S
+
+
+def _prefill_rows(run: Run, rebuilt: Rebuilt, marks: SpanMarks
+                  ) -> list[tuple[int, int, int, int, int, float]]:
+    """(request, first admission step a, first-token step f, the run's hit, prompt tokens,
+    F - S) of each request whose prefill window the run has at its span's S, with no other
+    first admission in steps a..f (span_hits)."""
+    first: dict[str, tuple[int, int]] = {}
+    news: list[int] = []
     tok: dict[str, int] = {}
     for k, rec in enumerate(run.steps):
         n = 0
@@ -104,11 +190,9 @@ def span_hits(run: Run, rebuilt: Rebuilt, marks: SpanMarks, model: StepTimeModel
         news.append(n)
         for rid in rec.first_tokens:
             tok.setdefault(rid, k)
-    out: list[int | None] = []
-    per = model.per_token_s
+    rows = []
     for i, spec in enumerate(rebuilt.workload.requests):
-        out.append(None)
-        if i >= len(marks.has_span) or not marks.has_span[i] or per <= 0:
+        if i >= len(marks.has_span) or not marks.has_span[i]:
             continue
         if spec.id not in first or spec.id not in tok:
             continue
@@ -116,18 +200,11 @@ def span_hits(run: Run, rebuilt: Rebuilt, marks: SpanMarks, model: StepTimeModel
         f = tok[spec.id]
         if not 0 <= f - a < MAX_PREFILL_STEPS or abs(run.clock[a] - marks.scheduled[i]) > SAME_S:
             continue
-        if sum(news[a:f + 1]) != 1 or any(run.steps[k].num_scheduled_tokens <= model.token_floor
-                                          for k in range(a, f + 1)):
+        if sum(news[a:f + 1]) != 1:
             continue
-        pred = sum(model.dt_record(run.steps[k]) for k in range(a, f + 1))
-        n = len(spec.prompt_token_ids)
-        computed = n - hit + (marks.first_token[i] - marks.scheduled[i] - pred) / per
-        if computed > n + bs / 2 or \
-                run.steps[a].num_scheduled_tokens + computed - (n - hit) < model.token_floor + bs:
-            continue  # (the real step under the floor: its price says nothing of its tokens)
-        full = (n - 1) // bs * bs
-        out[-1] = max(0, min(full, int(round((n - computed) / bs)) * bs))
-    return out
+        rows.append((i, a, f, hit, len(spec.prompt_token_ids),
+                     marks.first_token[i] - marks.scheduled[i]))
+    return rows
 
 
 def groups_from_hits(hits: Sequence[int | None], lengths: Sequence[int], marks: SpanMarks,
