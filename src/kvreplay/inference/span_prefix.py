@@ -81,6 +81,8 @@ def with_prefixes(rebuilt: Rebuilt, facts: LogFacts, group: Sequence[int],
 
 
 MAX_PREFILL_STEPS = 3  # a request's prefill read from at most this many steps
+QUANT_TOL = 0.25  # of a block: a window priced this far off whole blocks is not read
+MIN_HITS = 8  # hits read (span_hits) for the sharing they imply to replace the one prefix
 
 
 def span_hits(run: Run, rebuilt: Rebuilt, marks: SpanMarks, model: StepTimeModel) -> list[int | None]:
@@ -101,15 +103,18 @@ def span_hits(run: Run, rebuilt: Rebuilt, marks: SpanMarks, model: StepTimeModel
     if per <= 0:
         return out
     for i, a, f, hit, n, dur in _prefill_rows(run, rebuilt, marks):
-        if any(run.steps[k].num_scheduled_tokens <= model.token_floor for k in range(a, f + 1)):
+        if run.steps[a].num_scheduled_tokens <= model.token_floor:
             continue
         pred = sum(model.dt_record(run.steps[k]) for k in range(a, f + 1))
         computed = n - hit + (dur - pred) / per
         if computed > n + bs / 2 or \
                 run.steps[a].num_scheduled_tokens + computed - (n - hit) < model.token_floor + bs:
             continue  # (the real step under the floor: its price says nothing of its tokens)
+        blocks = (n - computed) / bs
+        if abs(blocks - round(blocks)) > QUANT_TOL and round(blocks) > 0:
+            continue  # a hit is whole blocks: a window off the grid is priced wrong
         full = (n - 1) // bs * bs
-        out[i] = max(0, min(full, int(round((n - computed) / bs)) * bs))
+        out[i] = max(0, min(full, int(round(blocks)) * bs))
     return out
 
 
@@ -239,6 +244,34 @@ def groups_from_hits(hits: Sequence[int | None], lengths: Sequence[int], marks: 
     return group, sizes
 
 
+def pinned(base: Rebuilt, shown: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile,
+           marks: SpanMarks, run: Run, agreed: int, fixed_model: bool
+           ) -> tuple[Rebuilt, Run, int, list[int | None] | None]:
+    """The replay shown with each request's hit as its prefill window says: the hits read
+    from the one-prefix run (`shown`, `run`) by the envelope model (hit_model, span_hits),
+    the sharing they imply (groups_from_hits) on the workload without the one prefix
+    (`base`), replayed by the spans' clock. Kept when at least MIN_HITS hits are read and
+    the new run agrees with the spans' first schedulings at least as well; else the
+    one-prefix run, and None for the hits."""
+    hm = hit_model(run, shown, marks, run.model)
+    hits = span_hits(run, shown, marks, hm) if hm is not run.model else []
+    if sum(h is not None for h in hits) < MIN_HITS:
+        return shown, run, agreed, None
+    rb = hits_workload(base, facts, hits, marks)
+    alt, ag = span_placement(rb, facts, fmt, profile, run.model, marks, fixed_model=fixed_model)
+    if ag < agreed:
+        return shown, run, agreed, None
+    return rb, alt, ag, hits
+
+
+def hits_workload(base: Rebuilt, facts: LogFacts, hits: Sequence[int | None],
+                  marks: SpanMarks) -> Rebuilt:
+    """`base`'s workload with the sharing groups_from_hits makes of `hits`."""
+    lens = [len(s.prompt_token_ids) for s in base.workload.requests]
+    group, sizes = groups_from_hits(hits, lens, marks, base.workload.config.block_size)
+    return with_prefixes(base, facts, group, sizes)
+
+
 def shared_workload(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat) -> tuple[Any, int]:
     """The replay shown's workload: one prefix of the estimated length (module doc)."""
     from kvreplay.inference.prompts import shared_prefix_estimate
@@ -249,7 +282,8 @@ def shared_workload(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat) -> tuple[
 
 def prefix_ensemble(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile, marks: SpanMarks,
                     run: Run, phase: float, prefix: int, *, samples: int = SAMPLES,
-                    seed: int = 0) -> Any:
+                    seed: int = 0, hits: Sequence[int | None] | None = None,
+                    base: Rebuilt | None = None) -> Any:
     """The ensemble over prefix sharings (module doc): an uncertainty.Uncertainty, member 0
     the replay shown (`run`)."""
     from kvreplay.inference.ensemble import POOR_FIT, stats_member
@@ -259,8 +293,16 @@ def prefix_ensemble(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: 
     bounds = [line_time(s, phase) for s in facts.stats]
     members = [stats_member(run, facts, fmt, phase, bounds, False)]
     n = len(facts.requests)
+    known = [h for h in hits or () if h is not None]
     for k in range(samples):
         rng = random.Random(f"kvreplay-span-prefix:{seed}:{k}")
+        if hits is not None and base is not None and known:
+            # the hits the windows read stay; each unread one drawn from those read
+            drawn = [h if h is not None else rng.choice(known) for h in hits]
+            rb = hits_workload(base, facts, drawn, marks)
+            alt, _ = span_placement(rb, facts, fmt, profile, run.model, marks, fixed_model=True)
+            members.append(stats_member(alt, facts, fmt, phase, bounds, False))
+            continue
         g = rng.choice(GROUPS)
         scale = rng.choice(SCALES)
         group, opened = [], 1
