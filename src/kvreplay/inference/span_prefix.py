@@ -1,25 +1,38 @@
 """Prefix caching with the request spans but not the prompts' tokens: the spans give every
 arrival's step (span_clock.py) and every prompt's length (`gen_ai.usage.prompt_tokens`);
 which prompts share which prefix they do not give, and vLLM's preemptions depend on it
-(a shared prefix is KV computed once and held once, spec A5). So the run is not pinned:
-this module makes the replay shown and the ensemble over what the evidence allows.
+(a shared prefix is KV computed once and held once, spec A5). What the spans do give is
+each request's prefill window: S (the start of the step that first scheduled it) to F
+(the end of the step of its first token), vLLM's engine stamps, so the steps a..f of that
+window took F - S; a prefix-cache hit is tokens those steps did not compute (spec A5, A9).
 
-* The replay shown (`shared_workload`): every prompt (after the first) starts with one
-  prefix of the length the stats lines' prefix-cache hit rate implies
-  (prompts.shared_prefix_estimate; the spans' lengths give the queried total), in whole
-  blocks, never the whole prompt; the arrivals placed by the spans' engine stamps.
-* The ensemble (`prefix_ensemble`): members that draw another sharing: G groups (1-20)
+* First replay (`shared_workload`): every prompt (after the first) starts with one prefix
+  of the length the stats lines' prefix-cache hit rate implies
+  (prompts.shared_prefix_estimate), the arrivals placed by the spans' engine stamps.
+* Hits read from the windows (`pinned`): the step-time model fitted to the windows'
+  envelope (`hit_model`: the requests that computed their whole prompt, hit 0, sit on it;
+  the model fitted over every window prices the hits the first replay gave and is off by
+  what they are off) prices each window whose steps the run has at S with no other first
+  admission in them; the tokens it did not compute, in whole blocks, are the hit
+  (`span_hits`). Requests with the same hit share one prefix, first computed by the latest
+  earlier request with hit 0 long enough to hold it (`groups_from_hits`); unread hits share
+  nothing. Replayed by the spans' clock, this is the replay shown when at least MIN_HITS
+  hits were read and it agrees with the spans' first schedulings as well as the first.
+  On the span_harness renders (docs/accuracy.md, section 5) the synchronous runs' windows
+  give 30-60 hits of 150, none wrong by more than a block; asynchronous scheduling's
+  two-step windows give few and poorer ones.
+* The ensemble (`prefix_ensemble`): with hits read, each member keeps them and draws every
+  unread hit from the hits read; without, members draw another sharing: G groups (1-20)
   opened over the run, each arrival joining one of the latest LIVE, each group with its
-  own prefix, of the estimate x 0-1.5 x U(0.25, 1.75). Each member is replayed by the same snapped clock
-  (the arrivals do not move: the spans pin them) and weighted by the stats lines, as the
-  ensemble of a log without spans (ensemble.py: its count interval, per-request and
-  per-row probabilities). Its probabilities are not calibrated against rendered logs with
-  known answers beyond tools/span_harness.py's renders: a row is at most *inferred*.
+  own prefix, of the estimate x 0-1.5 x U(0.25, 1.75). Each member is replayed by the same
+  snapped clock (the arrivals do not move: the spans pin them) and weighted by the stats
+  lines, as the ensemble of a log without spans (ensemble.py: its count interval,
+  per-request and per-row probabilities), its rows at most *inferred*.
 
-Tried and not kept: each request's hit from its span's prefill time (the window from its
-first scheduling to its first token, priced by the step-time model: the tokens the steps
-did not compute came from the cache): refined from the replay above it oscillated and
-named 1 of 33 victims on a render with five live groups (the one-prefix replay: 3 of 33).
+Tried and not kept: hits read with the model fitted over every window (not the envelope),
+refined by replaying: the hits absorb the model's error, the per-token cost drifts (33,
+30, 18 us against the render's 40) and the hits with it (pc-sync-poisson-s0: 5 of 61 read
+hits right, 48 wrong; with the envelope model 59 of 59 right).
 """
 
 from __future__ import annotations
