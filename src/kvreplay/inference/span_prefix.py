@@ -274,11 +274,25 @@ def pinned(base: Rebuilt, shown: Rebuilt, facts: LogFacts, fmt: LogFormat, profi
     hits = span_hits(run, shown, marks, hm) if hm is not run.model else []
     if sum(h is not None for h in hits) < MIN_HITS:
         return shown, run, agreed, None
-    rb = hits_workload(base, facts, hits, marks)
+    rb = hits_workload(base, facts, filled(hits, base, marks), marks)
     alt, ag = span_placement(rb, facts, fmt, profile, run.model, marks, fixed_model=fixed_model)
     if ag < agreed:
         return shown, run, agreed, None
     return rb, alt, ag, hits
+
+
+def filled(hits: Sequence[int | None], base: Rebuilt, marks: SpanMarks) -> list[int | None]:
+    """Each unread hit the latest earlier (by entry) read hit over 0 that its prompt holds:
+    prompts arriving together mostly share the prefixes then live."""
+    out = list(hits)
+    lens = [len(s.prompt_token_ids) for s in base.workload.requests]
+    last: list[int] = []
+    for i in sorted(range(len(out)), key=lambda i: (marks.entry[i], i)):
+        if out[i] is None:
+            out[i] = next((h for h in reversed(last) if lens[i] - 1 >= h), 0)
+        elif out[i]:
+            last.append(out[i])  # type: ignore[arg-type]
+    return out
 
 
 def hits_workload(base: Rebuilt, facts: LogFacts, hits: Sequence[int | None],
