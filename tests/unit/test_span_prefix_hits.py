@@ -77,3 +77,23 @@ def test_groups_from_hits():
     # ... but holds the 160-token prefix request 5 finds
     assert group[1] == group[5] not in (0, group[2]) and sizes[group[5]] == 160
     assert group[4] == 0  # an unknown hit shares with none
+
+
+def test_unread_hits_take_the_latest_read_one_the_prompt_holds():
+    from kvreplay.inference.span_prefix import filled
+
+    n = 5
+    t = [float(i) for i in range(n)]
+    marks = SpanMarks(entry=t, scheduled=t, first_token=t, last_token=[None] * n, bounds=[],
+                      has_span=[True] * n)
+    lens = [1000, 900, 800, 200, 700]
+    base = SimpleNamespace(workload=SimpleNamespace(
+        requests=[SimpleNamespace(prompt_token_ids=list(range(k))) for k in lens]))
+    # requests 2 and 4 take 320 (the latest read); request 3's 200 tokens cannot hold it
+    assert filled([0, 320, None, None, None], base, marks) == [0, 320, 320, 0, 320]
+    # ... but hold the earlier 160; a read 0 stays 0, and is not a prefix to take
+    assert filled([0, 160, 320, None, 0], base, marks) == [0, 160, 320, 160, 0]
+    assert filled([None, 0, 480, None, None],
+                  SimpleNamespace(workload=SimpleNamespace(requests=[
+                      SimpleNamespace(prompt_token_ids=list(range(k)))
+                      for k in (1000, 900, 800, 300, 700)])), marks) == [0, 0, 480, 0, 480]
