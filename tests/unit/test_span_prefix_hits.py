@@ -97,3 +97,54 @@ def test_unread_hits_take_the_latest_read_one_the_prompt_holds():
                   SimpleNamespace(workload=SimpleNamespace(requests=[
                       SimpleNamespace(prompt_token_ids=list(range(k)))
                       for k in (1000, 900, 800, 300, 700)])), marks) == [0, 0, 480, 0, 480]
+
+
+def test_envelope_model_recovers_the_price_the_guessed_hits_hide():
+    """A run that gave every prompt hit 0 when half the real ones hit 320 tokens, and a
+    model 20% cheap per token (what a fit over the guessed hits gives): hit_model finds the
+    render's model again from the windows that computed their whole prompt and the single
+    decode steps, and the hits read with it are the real ones."""
+    import random
+
+    from kvreplay.inference.span_prefix import hit_model
+
+    rng = random.Random(5)
+    steps, clock, specs, real_hits = [], [], [], []
+    sched, first = [], []
+    t = 100.0
+    for i in range(14):
+        n = rng.randrange(500, 1500)
+        d = rng.randrange(10, 40)  # decodes running beside it
+        ctx = rng.randrange(2000, 30000)
+        h = 320 if i % 2 else 0
+        rid = f"r{i}"
+        pre = StepRecord(step=len(steps), num_scheduled=d + 1, num_scheduled_tokens=n + d,
+                         context_tokens=ctx, admitted=[Admission(rid, 0, n, False)],
+                         first_tokens=[rid])
+        dur = MODEL.dt(n - h + d, d + 1, ctx + h)
+        steps.append(pre)
+        clock.append(t)
+        sched.append(t)
+        first.append(t + dur)
+        t += dur
+        dec = StepRecord(step=len(steps), num_scheduled=d + 1, num_scheduled_tokens=d + 1,
+                         context_tokens=ctx + n)
+        steps.append(dec)
+        clock.append(t)
+        t += MODEL.dt(d + 1, d + 1, ctx + n)
+        specs.append(SimpleNamespace(id=rid, prompt_token_ids=list(range(n))))
+        real_hits.append(h)
+    steps.append(StepRecord(step=len(steps)))
+    clock.append(t)
+    marks = SpanMarks(entry=sched, scheduled=sched, first_token=first,
+                      last_token=[None] * len(sched), bounds=sorted(clock), has_span=[True] * len(sched))
+    run = SimpleNamespace(steps=steps, clock=clock)
+    rebuilt = SimpleNamespace(workload=SimpleNamespace(requests=specs,
+                                                       config=SimpleNamespace(block_size=16)))
+    wrong = StepTimeModel(0.004, 3.2e-5, 0.0, 8e-8, 32)
+    hm = hit_model(run, rebuilt, marks, wrong)
+    assert abs(hm.per_token_s - MODEL.per_token_s) < 1e-7
+    assert hm.token_floor == MODEL.token_floor
+    assert span_hits(run, rebuilt, marks, hm) == real_hits
+    # the wrong model reads other hits (the error a cheap token puts in every one)
+    assert span_hits(run, rebuilt, marks, wrong) != real_hits
