@@ -83,24 +83,13 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
             if span_prefix.applies(facts, rebuilt):
                 base = rebuilt
                 rebuilt, prefix = span_prefix.shared_workload(rebuilt, facts, fmt)
-                rebuilt.notes.append(
-                    f"prefix caching on, prompts not logged: the spans give each prompt's "
-                    f"length, not what it shares; the replay shown gives every prompt one "
-                    f"shared prefix of {prefix} tokens (what the stats lines' prefix-cache "
-                    f"hit rate implies), and the uncertainty ensemble draws other sharings")
             run, agreed = span_placement(rebuilt, facts, fmt, prof, step_time or f.model,
                                          marks, fixed_model=step_time is not None)
             phase, loss, anchored = 0.5, f.loss, None
             if prefix is not None:
                 rebuilt, run, agreed, hits = span_prefix.pinned(
                     base, rebuilt, facts, fmt, prof, marks, run, agreed, step_time is not None)
-                if hits is not None:
-                    rebuilt.notes.append(
-                        f"prefix caching on, prompts not logged: {sum(h is not None for h in hits)} "
-                        f"of {len(hits)} requests' prefix-cache hits read from their spans' "
-                        f"prefill times (the step-time model prices the tokens computed); the "
-                        f"replay shown gives those hits, the others none, and the uncertainty "
-                        f"ensemble draws the others' from the hits read")
+                rebuilt.notes.append(span_prefix.note(prefix, hits))
             rebuilt.notes.append(
                 f"arrivals placed by the request spans' engine stamps (each request enters at "
                 f"the step its queue time began; the clock snapped to the spans' step "

@@ -295,6 +295,20 @@ def filled(hits: Sequence[int | None], base: Rebuilt, marks: SpanMarks) -> list[
     return out
 
 
+def note(prefix: int, hits: Sequence[int | None] | None) -> str:
+    """What the replay shown assumed of the sharing (the report's note)."""
+    if hits is None:
+        return (f"prefix caching on, prompts not logged: the spans give each prompt's length, "
+                f"not what it shares; the replay shown gives every prompt one shared prefix "
+                f"of {prefix} tokens (what the stats lines' prefix-cache hit rate implies), and "
+                f"the uncertainty ensemble draws other sharings")
+    return (f"prefix caching on, prompts not logged: {sum(h is not None for h in hits)} of "
+            f"{len(hits)} requests' prefix-cache hits read from their spans' prefill times "
+            f"(the step-time model prices the tokens computed); the replay shown gives those "
+            f"hits, each other request the latest earlier hit read that its prompt holds, and "
+            f"the uncertainty ensemble draws the others' from the hits read")
+
+
 def hits_workload(base: Rebuilt, facts: LogFacts, hits: Sequence[int | None],
                   marks: SpanMarks) -> Rebuilt:
     """`base`'s workload with the sharing groups_from_hits makes of `hits`."""
