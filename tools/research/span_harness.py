@@ -166,6 +166,7 @@ def score_one(case: Path, log: str) -> dict[str, Any]:
         c = unc.preemptions
         row["interval"] = [c["low"], c["median"], c["high"]]
         row["holds"] = c["low"] <= len(true) <= c["high"]
+        row["width"] = c["high"] - c["low"]
         p8 = [j for j, q in enumerate(found) if (q.probability or 0.0) >= 0.8]
         row["p80"] = len(p8)
         row["p80_right"] = sum(1 for j in p8 if j in right)
@@ -196,7 +197,8 @@ def score(args: argparse.Namespace) -> int:
     with_iv = [r for r in rows if "holds" in r]
     print(f"TOTAL {len(rows)} replays: {max(tot['hit'], tot['hit_busy'])}.. of {tot['true']} "
           f"victims (step {tot['hit']}, busy step {tot['hit_busy']}); intervals held "
-          f"{sum(r['holds'] for r in with_iv)} of {len(with_iv)}; p>=0.8 right "
+          f"{sum(r['holds'] for r in with_iv)} of {len(with_iv)} (mean width "
+          f"{sum(r['width'] for r in with_iv) / max(1, len(with_iv)):.1f}); p>=0.8 right "
           f"{tot['p80_right']} of {tot['p80']}; sure rows wrong {tot['sure_wrong']} of "
           f"{tot['sure_rows']}")
     if args.json:

@@ -69,6 +69,8 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
     if facts.iterations:
         facts = with_notes(facts, f"Iteration lines not used: {why_not or 'a step time was given'}")
     prefix = None  # prefix caching, prompts unknown: the shared prefix (span_prefix.py)
+    base = None  # ... the workload before it
+    hits = None  # ... and each request's hit read from its span (None: not read)
     marks = None
     agreed = 0
     with stage(f"fit the clock and place {len(facts.requests):,} arrivals"):
@@ -81,15 +83,15 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
         if facts.span_placement:
             assert marks is not None
             if span_prefix.applies(facts, rebuilt):
+                base = rebuilt
                 rebuilt, prefix = span_prefix.shared_workload(rebuilt, facts, fmt)
-                rebuilt.notes.append(
-                    f"prefix caching on, prompts not logged: the spans give each prompt's "
-                    f"length, not what it shares; the replay shown gives every prompt one "
-                    f"shared prefix of {prefix} tokens (what the stats lines' prefix-cache "
-                    f"hit rate implies), and the uncertainty ensemble draws other sharings")
             run, agreed = span_placement(rebuilt, facts, fmt, prof, step_time or f.model,
                                          marks, fixed_model=step_time is not None)
             phase, loss, anchored = 0.5, f.loss, None
+            if prefix is not None:
+                rebuilt, run, agreed, hits = span_prefix.pinned(
+                    base, rebuilt, facts, fmt, prof, marks, run, agreed, step_time is not None)
+                rebuilt.notes.append(span_prefix.note(prefix, hits))
             rebuilt.notes.append(
                 f"arrivals placed by the request spans' engine stamps (each request enters at "
                 f"the step its queue time began; the clock snapped to the spans' step "
@@ -133,7 +135,7 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
         with stage("uncertainty ensemble over prefix sharings"):
             unc = span_prefix.prefix_ensemble(rebuilt, facts, fmt, prof, marks, run, phase,
                                               prefix, samples=samples or span_prefix.SAMPLES,
-                                              seed=seed)
+                                              seed=seed, hits=hits, base=base)
         unc.assign(pre)
         if unc.poor_fit:
             for p in pre:

@@ -1,36 +1,54 @@
 """Prefix caching with the request spans but not the prompts' tokens: the spans give every
 arrival's step (span_clock.py) and every prompt's length (`gen_ai.usage.prompt_tokens`);
 which prompts share which prefix they do not give, and vLLM's preemptions depend on it
-(a shared prefix is KV computed once and held once, spec A5). So the run is not pinned:
-this module makes the replay shown and the ensemble over what the evidence allows.
+(a shared prefix is KV computed once and held once, spec A5). What the spans do give is
+each request's prefill window: S (the start of the step that first scheduled it) to F
+(the end of the step of its first token), vLLM's engine stamps, so the steps a..f of that
+window took F - S; a prefix-cache hit is tokens those steps did not compute (spec A5, A9).
 
-* The replay shown (`shared_workload`): every prompt (after the first) starts with one
-  prefix of the length the stats lines' prefix-cache hit rate implies
-  (prompts.shared_prefix_estimate; the spans' lengths give the queried total), in whole
-  blocks, never the whole prompt; the arrivals placed by the spans' engine stamps.
-* The ensemble (`prefix_ensemble`): members that draw another sharing: G groups (1-20)
+* First replay (`shared_workload`): every prompt (after the first) starts with one prefix
+  of the length the stats lines' prefix-cache hit rate implies
+  (prompts.shared_prefix_estimate), the arrivals placed by the spans' engine stamps.
+* Hits read from the windows (`pinned`): the step-time model fitted to the windows'
+  envelope (`hit_model`: the requests that computed their whole prompt, hit 0, sit on it;
+  the model fitted over every window prices the hits the first replay gave and is off by
+  what they are off) prices each window whose steps the run has at S with no other first
+  admission in them; the tokens it did not compute, in whole blocks, are the hit
+  (`span_hits`). Requests with the same hit share one prefix, first computed by the latest
+  earlier request with hit 0 long enough to hold it (`groups_from_hits`); unread hits share
+  nothing. Replayed by the spans' clock, this is the replay shown when at least MIN_HITS
+  hits were read and it agrees with the spans' first schedulings as well as the first.
+  On the span_harness renders (docs/accuracy.md, section 5) the synchronous runs' windows
+  give 30-60 hits of 150, none wrong by more than a block; asynchronous scheduling's
+  two-step windows give few and poorer ones.
+* The ensemble (`prefix_ensemble`): with hits read, each member keeps them and draws every
+  unread hit from the hits read; without, members draw another sharing: G groups (1-20)
   opened over the run, each arrival joining one of the latest LIVE, each group with its
-  own prefix, of the estimate x 0-1.5 x U(0.25, 1.75). Each member is replayed by the same snapped clock
-  (the arrivals do not move: the spans pin them) and weighted by the stats lines, as the
-  ensemble of a log without spans (ensemble.py: its count interval, per-request and
-  per-row probabilities). Its probabilities are not calibrated against rendered logs with
-  known answers beyond tools/span_harness.py's renders: a row is at most *inferred*.
+  own prefix, of the estimate x 0-1.5 x U(0.25, 1.75). Each member is replayed by the same
+  snapped clock (the arrivals do not move: the spans pin them) and weighted by the stats
+  lines, as the ensemble of a log without spans (ensemble.py: its count interval,
+  per-request and per-row probabilities), its rows at most *inferred*.
 
-Tried and not kept: each request's hit from its span's prefill time (the window from its
-first scheduling to its first token, priced by the step-time model: the tokens the steps
-did not compute came from the cache): refined from the replay above it oscillated and
-named 1 of 33 victims on a render with five live groups (the one-prefix replay: 3 of 33).
+Tried and not kept: hits read with the model fitted over every window (not the envelope),
+refined by replaying: the hits absorb the model's error, the per-token cost drifts (33,
+30, 18 us against the render's 40) and the hits with it (pc-sync-poisson-s0: 5 of 61 read
+hits right, 48 wrong; with the envelope model 59 of 59 right).
 """
 
 from __future__ import annotations
 
+import bisect
 import random
 from dataclasses import replace
 from typing import Any, Sequence, TYPE_CHECKING
 
+import msgspec
+
+from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.runs import Run
-from kvreplay.inference.span_clock import SpanMarks, span_placement
+from kvreplay.inference.step_fit import FINE_FLOORS, NVARS, best_fit, segments
+from kvreplay.inference.span_clock import SAME_S, SpanMarks, span_placement
 
 if TYPE_CHECKING:
     from kvreplay.inference.engines import Profile
@@ -43,6 +61,10 @@ GROUPS = (1, 3, 5, 10, 20)  # a member's number of prefix groups over the run
 LIVE = 5  # ... of which the latest this many take new members
 SCALES = (0.0, 0.5, 0.75, 1.0, 1.25, 1.5)  # a member's mean prefix length / the estimate
 SPREAD = 0.75  # each group's prefix: the member's mean x U(1 - SPREAD, 1 + SPREAD)
+# every interval's sides moved out by this x its median (uncertainty.interval): the least
+# that makes the count interval hold on the calibration renders (span_harness seeds 0 and 2,
+# caching on, plain logs: 6 of 8 held unwidened, 8 of 8 so); held out: docs/accuracy.md 5
+WIDEN = 0.1
 
 
 def applies(facts: LogFacts, rebuilt: Rebuilt) -> bool:
@@ -75,6 +97,226 @@ def with_prefixes(rebuilt: Rebuilt, facts: LogFacts, group: Sequence[int],
                    prompt_estimated=[a or b for a, b in zip(rebuilt.prompt_estimated, unknown)])
 
 
+MAX_PREFILL_STEPS = 3  # a request's prefill read from at most this many steps
+QUANT_TOL = 0.25  # of a block: a window priced this far off whole blocks is not read
+MIN_HITS = 8  # hits read (span_hits) for the sharing they imply to replace the one prefix
+
+
+def span_hits(run: Run, rebuilt: Rebuilt, marks: SpanMarks, model: StepTimeModel) -> list[int | None]:
+    """Each request's prefix-cache hit (tokens, whole blocks) as its span's prefill says, or
+    None where it does not say. vLLM stamps the request at its first scheduling (S, the
+    start of step a) and its first token (F, the end of step f): F - S is the duration of
+    steps a..f, and the step-time model prices each scheduled token (spec A9; the renders'
+    formula is the same form). Where the run's steps a..f are the real ones (its step a
+    starts at S) and no other request is first admitted in them, the gap between F - S and
+    the model's price of the run's steps a..f is this request's computed tokens the run got
+    wrong: hit = prompt - (the run's computed + gap / per-token cost), in whole blocks.
+    None: no span, the run's step a not at S, another first admission in a..f (the gap is
+    their sum), a step under the token floor (its price does not depend on its tokens), or
+    the gap saying more tokens than the prompt (the real prefill took other steps)."""
+    bs = rebuilt.workload.config.block_size
+    out: list[int | None] = [None] * len(rebuilt.workload.requests)
+    per = model.per_token_s
+    if per <= 0:
+        return out
+    for i, a, f, hit, n, dur in _prefill_rows(run, rebuilt, marks):
+        if run.steps[a].num_scheduled_tokens <= model.token_floor:
+            continue
+        pred = sum(model.dt_record(run.steps[k]) for k in range(a, f + 1))
+        computed = n - hit + (dur - pred) / per
+        if computed > n + bs / 2 or \
+                run.steps[a].num_scheduled_tokens + computed - (n - hit) < model.token_floor + bs:
+            continue  # (the real step under the floor: its price says nothing of its tokens)
+        blocks = (n - computed) / bs
+        if abs(blocks - round(blocks)) > QUANT_TOL and round(blocks) > 0:
+            continue  # a hit is whole blocks: a window off the grid is priced wrong
+        full = (n - 1) // bs * bs
+        out[i] = max(0, min(full, int(round(blocks)) * bs))
+    return out
+
+
+HIT_MODEL_ROUNDS = 8
+MIN_FOUNDERS = 4  # prefill windows read as computing their whole prompt, for a refit
+
+
+def hit_model(run: Run, rebuilt: Rebuilt, marks: SpanMarks, model: StepTimeModel) -> StepTimeModel:
+    """The step-time model the prefill windows price hits by. The model fitted over every
+    span window (span_clock) prices each prefill with the hits the replay shown gave, and a
+    per-token cost off by x% moves every hit read from it (span_hits) by x% of its prompt:
+    the hits absorb the error. What does not move: a request that computed its whole prompt
+    (the first of its sharing, or its prefix evicted) has hit 0, so the right model puts
+    those windows exactly at their whole prompt's price, and none above it. Fitted to that
+    envelope: each round, the windows read as hit 0 or less (within half a block) are
+    refitted with their whole prompt computed, together with the single steps between two
+    span boundaries that schedule only decodes (their price exact, their composition the
+    run's), until the set stops changing."""
+    bs = rebuilt.workload.config.block_size
+    rows = _prefill_rows(run, rebuilt, marks)
+    singles = []
+    bounds = marks.bounds
+    for k in range(len(run.steps) - 1):
+        rec = run.steps[k]
+        if rec.admitted or rec.recomputed or not rec.num_scheduled or \
+                rec.num_scheduled_tokens != rec.num_scheduled:
+            continue
+        if _on(bounds, run.clock[k]) and _on(bounds, run.clock[k + 1]):
+            singles.append(([rec], run.clock[k + 1] - run.clock[k]))
+    found: frozenset[int] = frozenset()
+    for _ in range(HIT_MODEL_ROUNDS):
+        if model.per_token_s <= 0:
+            break
+        now = []
+        for j, (i, a, f, hit, n, dur) in enumerate(rows):
+            pred = sum(model.dt_record(run.steps[k]) for k in range(a, f + 1))
+            computed = n - hit + (dur - pred) / model.per_token_s
+            if computed >= n - bs / 2:
+                now.append(j)
+        if len(now) < MIN_FOUNDERS or frozenset(now) == found:
+            break
+        found = frozenset(now)
+        data = list(singles)
+        for j in now:
+            i, a, f, hit, n, dur = rows[j]
+            steps = list(run.steps[a:f + 1])
+            steps[0] = msgspec.structs.replace(
+                steps[0], num_scheduled_tokens=steps[0].num_scheduled_tokens + hit,
+                context_tokens=max(0, steps[0].context_tokens - hit))
+            data.append((steps, dur))
+        best = best_fit(segments(data), FINE_FLOORS, NVARS)
+        if best is None or best[2][1] <= 0:
+            break
+        c = best[2]
+        model = StepTimeModel(c[0], c[1], c[2], c[3], best[1])
+    return model
+
+
+def _on(bounds: Sequence[float], t: float) -> bool:
+    k = bisect.bisect_left(bounds, t - SAME_S)
+    return k < len(bounds) and abs(bounds[k] - t) <= SAME_S
+
+
+def _prefill_rows(run: Run, rebuilt: Rebuilt, marks: SpanMarks
+                  ) -> list[tuple[int, int, int, int, int, float]]:
+    """(request, first admission step a, first-token step f, the run's hit, prompt tokens,
+    F - S) of each request whose prefill window the run has at its span's S, with no other
+    first admission in steps a..f (span_hits)."""
+    first: dict[str, tuple[int, int]] = {}
+    news: list[int] = []
+    tok: dict[str, int] = {}
+    for k, rec in enumerate(run.steps):
+        n = 0
+        for a in rec.admitted:
+            if not a.resumed and a.request not in first:
+                first[a.request] = (k, a.prefix_hit)
+                n += 1
+        news.append(n)
+        for rid in rec.first_tokens:
+            tok.setdefault(rid, k)
+    rows = []
+    for i, spec in enumerate(rebuilt.workload.requests):
+        if i >= len(marks.has_span) or not marks.has_span[i]:
+            continue
+        if spec.id not in first or spec.id not in tok:
+            continue
+        a, hit = first[spec.id]
+        f = tok[spec.id]
+        if not 0 <= f - a < MAX_PREFILL_STEPS or abs(run.clock[a] - marks.scheduled[i]) > SAME_S:
+            continue
+        if sum(news[a:f + 1]) != 1:
+            continue
+        rows.append((i, a, f, hit, len(spec.prompt_token_ids),
+                     marks.first_token[i] - marks.scheduled[i]))
+    return rows
+
+
+def groups_from_hits(hits: Sequence[int | None], lengths: Sequence[int], marks: SpanMarks,
+                     bs: int) -> tuple[list[int], list[int]]:
+    """A sharing that gives each request its hit: (group of each request, prefix of each
+    group; group 0 shares nothing). Requests with the same hit h > 0 share one prefix of h
+    tokens; its first holder (the founder, whose prefill computed it: hit 0, a prompt of
+    more than h tokens, its first token before the first sharer was scheduled, not
+    another's founder) is the latest such request before the first sharer. Unknown hits
+    share nothing."""
+    group = [0] * len(hits)
+    sizes = [0]
+    key: dict[int, int] = {}
+    founders: set[int] = set()
+    order = sorted(range(len(hits)), key=lambda i: (marks.entry[i], i))
+    for pos, i in enumerate(order):
+        h = hits[i]
+        if not h:
+            continue
+        if h in key:
+            group[i] = key[h]
+            continue
+        key[h] = g = len(sizes)
+        sizes.append(h)
+        group[i] = g
+        for j in reversed(order[:pos]):
+            if j not in founders and hits[j] == 0 and lengths[j] - 1 >= h and \
+                    marks.first_token[j] <= marks.scheduled[i] + SAME_S:
+                founders.add(j)
+                group[j] = g
+                break
+    return group, sizes
+
+
+def pinned(base: Rebuilt, shown: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile,
+           marks: SpanMarks, run: Run, agreed: int, fixed_model: bool
+           ) -> tuple[Rebuilt, Run, int, list[int | None] | None]:
+    """The replay shown with each request's hit as its prefill window says: the hits read
+    from the one-prefix run (`shown`, `run`) by the envelope model (hit_model, span_hits),
+    the sharing they imply (groups_from_hits) on the workload without the one prefix
+    (`base`), replayed by the spans' clock. Kept when at least MIN_HITS hits are read and
+    the new run agrees with the spans' first schedulings at least as well; else the
+    one-prefix run, and None for the hits."""
+    hm = hit_model(run, shown, marks, run.model)
+    hits = span_hits(run, shown, marks, hm) if hm is not run.model else []
+    if sum(h is not None for h in hits) < MIN_HITS:
+        return shown, run, agreed, None
+    rb = hits_workload(base, facts, filled(hits, base, marks), marks)
+    alt, ag = span_placement(rb, facts, fmt, profile, run.model, marks, fixed_model=fixed_model)
+    if ag < agreed:
+        return shown, run, agreed, None
+    return rb, alt, ag, hits
+
+
+def filled(hits: Sequence[int | None], base: Rebuilt, marks: SpanMarks) -> list[int | None]:
+    """Each unread hit the latest earlier (by entry) read hit over 0 that its prompt holds:
+    prompts arriving together mostly share the prefixes then live."""
+    out = list(hits)
+    lens = [len(s.prompt_token_ids) for s in base.workload.requests]
+    last: list[int] = []
+    for i in sorted(range(len(out)), key=lambda i: (marks.entry[i], i)):
+        if out[i] is None:
+            out[i] = next((h for h in reversed(last) if lens[i] - 1 >= h), 0)
+        elif out[i]:
+            last.append(out[i])  # type: ignore[arg-type]
+    return out
+
+
+def note(prefix: int, hits: Sequence[int | None] | None) -> str:
+    """What the replay shown assumed of the sharing (the report's note)."""
+    if hits is None:
+        return (f"prefix caching on, prompts not logged: the spans give each prompt's length, "
+                f"not what it shares; the replay shown gives every prompt one shared prefix "
+                f"of {prefix} tokens (what the stats lines' prefix-cache hit rate implies), and "
+                f"the uncertainty ensemble draws other sharings")
+    return (f"prefix caching on, prompts not logged: {sum(h is not None for h in hits)} of "
+            f"{len(hits)} requests' prefix-cache hits read from their spans' prefill times "
+            f"(the step-time model prices the tokens computed); the replay shown gives those "
+            f"hits, each other request the latest earlier hit read that its prompt holds, and "
+            f"the uncertainty ensemble draws the others' from the hits read")
+
+
+def hits_workload(base: Rebuilt, facts: LogFacts, hits: Sequence[int | None],
+                  marks: SpanMarks) -> Rebuilt:
+    """`base`'s workload with the sharing groups_from_hits makes of `hits`."""
+    lens = [len(s.prompt_token_ids) for s in base.workload.requests]
+    group, sizes = groups_from_hits(hits, lens, marks, base.workload.config.block_size)
+    return with_prefixes(base, facts, group, sizes)
+
+
 def shared_workload(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat) -> tuple[Any, int]:
     """The replay shown's workload: one prefix of the estimated length (module doc)."""
     from kvreplay.inference.prompts import shared_prefix_estimate
@@ -85,7 +327,8 @@ def shared_workload(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat) -> tuple[
 
 def prefix_ensemble(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile, marks: SpanMarks,
                     run: Run, phase: float, prefix: int, *, samples: int = SAMPLES,
-                    seed: int = 0) -> Any:
+                    seed: int = 0, hits: Sequence[int | None] | None = None,
+                    base: Rebuilt | None = None) -> Any:
     """The ensemble over prefix sharings (module doc): an uncertainty.Uncertainty, member 0
     the replay shown (`run`)."""
     from kvreplay.inference.ensemble import POOR_FIT, stats_member
@@ -95,8 +338,16 @@ def prefix_ensemble(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: 
     bounds = [line_time(s, phase) for s in facts.stats]
     members = [stats_member(run, facts, fmt, phase, bounds, False)]
     n = len(facts.requests)
+    known = [h for h in hits or () if h is not None]
     for k in range(samples):
         rng = random.Random(f"kvreplay-span-prefix:{seed}:{k}")
+        if hits is not None and base is not None and known:
+            # the hits the windows read stay; each unread one drawn from those read
+            drawn = [h if h is not None else rng.choice(known) for h in hits]
+            rb = hits_workload(base, facts, drawn, marks)
+            alt, _ = span_placement(rb, facts, fmt, profile, run.model, marks, fixed_model=True)
+            members.append(stats_member(alt, facts, fmt, phase, bounds, False))
+            continue
         g = rng.choice(GROUPS)
         scale = rng.choice(SCALES)
         group, opened = [], 1
@@ -114,4 +365,4 @@ def prefix_ensemble(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: 
     fit = min(m.sse for m in members) / max(1, len(facts.stats))
     return summarize(members, w, seed=seed, lines=len(facts.stats),
                      windows=([facts.requests[0].time or 0.0] + bounds, bounds + [run.end]),
-                     poor_fit=fit >= POOR_FIT, shared_prefix=prefix)
+                     poor_fit=fit >= POOR_FIT, shared_prefix=prefix, widen=WIDEN)
