@@ -12,14 +12,23 @@ times ('1%|', '(', '[', '"a", '), cuts, CR / ESC / NUL / invalid UTF-8, JSON wra
 for whole files gzip (some corrupted).
 
 `parse`: each input is a document of mutated lines parsed from bytes; it must not raise and
-its events must count every physical line. Inputs run in batches in a child process (its
-CPU and peak RSS are read from wait4); an input over --max-cpu seconds is reported.
-`commands`: each input is a whole mutated log (or workload JSON) run through `replay`,
-`audit` and `export` by kvreplay's CLI `main` in a forked child (RLIMIT_CPU 60 s,
-RLIMIT_AS --max-rss); the exit code must be 0 or 2 and no traceback may reach stderr.
+its events must count every physical line. Inputs run in batches (--batch, 500) in a forked
+child under RLIMIT_AS (--max-rss-mb) and RLIMIT_CPU; each input has its own CPU limit
+(--max-cpu, 5 s: an ITIMER_PROF timer stops it, a failure). A batch that dies (a pattern
+stuck inside one C call, a crash) is run again input by input.
+`commands`: each input is a small mutated log (a large seed is cut to its first 40-400
+lines; some gzipped, some corrupt) or workload JSON, run through `replay` (mostly
+`--samples 0`, some with the ensemble), `audit` or `export` by kvreplay's CLI `main()`,
+--batch (20) inputs per forked child, each under its own CPU limit (--max-cpu, 60 s) and
+the child under RLIMIT_AS; a share (--subprocess, 2%) runs as `python -m kvreplay` in a
+process of its own (the real console path). The exit code must be 0 or 2 (1: a tripped
+audit gate) and no traceback may reach stderr.
 
-The report (JSON) gives inputs run, failures (with the input saved under --keep), max CPU
-seconds and max RSS of any one input (commands) or batch (parse).
+Every failure is saved under --keep (the input, and beside it `.why.txt`: the command and
+the traceback or limit). The report (JSON) gives inputs run, failures, the largest CPU
+seconds of any one input and the largest peak RSS of any child (a batch's peak bounds each
+of its inputs'), the exit codes and what refused the inputs that exited 2. Two runs with
+different --seed values use two cores.
 """
 
 from __future__ import annotations
