@@ -187,6 +187,7 @@ def _in_child(fn, *args, cpu_limit: int = 600, as_limit: int | None = None) -> t
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.close(r)
         code = 0
         try:
@@ -271,7 +272,7 @@ def run_parse(n: int, seed: int, seconds: float, batch: int, max_cpu: float, max
                                     "head": data[:300].decode("utf-8", "replace")})
         _keep(keep, f"parse-s{seed}-{done + k}.log", data, why)
 
-    while done < n and time.time() - t0 < seconds:
+    while done < n and time.time() - t0 < seconds and not _STOP:
         docs = [make_doc(rng, lines) for _ in range(min(batch, n - done))]
         res, cpu, rss, status = _in_child(_parse_batch, docs, max_cpu, as_limit=max_rss_mb << 20)
         rep["max_cpu_s_batch"] = max(rep["max_cpu_s_batch"], cpu)
@@ -454,7 +455,7 @@ def run_commands(n: int, seed: int, seconds: float, batch: int, max_cpu: float, 
                 rep["examples"].append({"input": k, "argv": argv, "cpu": round(cpu, 2), "why": why[-800:]})
             _keep(keep, f"cmd-s{seed}-{k}-{argv[0]}{suffix}", data, " ".join(argv) + "\n\n" + why)
 
-    while i < n and time.time() - t0 < seconds:
+    while i < n and time.time() - t0 < seconds and not _STOP:
         items = []
         for k in range(i, min(n, i + batch)):
             data, suffix = command_input(rng, files, lines)
@@ -497,6 +498,13 @@ def run_commands(n: int, seed: int, seconds: float, batch: int, max_cpu: float, 
     return rep
 
 
+_STOP: list[int] = []  # SIGTERM: stop after the batch running, and report
+
+
+def _on_term(signum, frame):  # noqa: ARG001
+    _STOP.append(signum)
+
+
 PROFILES = {"ci": {"parse": 2000, "commands": 12}, "long": {"parse": 1_000_000, "commands": 10_000}}
 
 
@@ -518,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     n = a.n or PROFILES[a.profile][a.mode]
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    signal.signal(signal.SIGTERM, _on_term)
     if a.mode == "parse":
         rep = run_parse(n, a.seed, a.seconds, a.batch or 500, a.max_cpu or 5.0, a.max_rss_mb, a.keep, log)
     else:
