@@ -116,6 +116,9 @@ class EventList(Sequence[Any]):
         j = i % len(self._items)
         return self._row(bisect_right(self._rows_at, j) - 1)
 
+    def __reduce__(self):  # (pickled as its events: a process pool, a cache)
+        return (EventList, (list(self),))
+
     @property
     def packed(self) -> int:
         """How many stats rows are held packed."""

@@ -5,6 +5,7 @@ its Struct."""
 from __future__ import annotations
 
 import math
+import pickle
 from pathlib import Path
 
 import msgspec
@@ -39,6 +40,8 @@ def test_real_logs_round_trip():
         for i in range(-n, n):
             assert packed[i] == parsed[i]
         assert packed[3:40:3] == parsed[3:40:3]
+        again = pickle.loads(pickle.dumps(packed))  # (a process pool's argument)
+        assert isinstance(again, EventList) and _bytes(again) == _bytes(parsed)
         # every other event is the parsed object itself
         assert all(a is b for a, b in zip(packed, parsed) if not isinstance(b, ev.Stats))
 
