@@ -433,3 +433,13 @@ def test_a_cut_line_nested_deeper_than_the_recursion_limit():
         deep_f = deep_f.children[0]
     deep_f.meta.start_pos, deep_f.meta.end_pos = 1, 3
     assert grammar.tree_fields(tree, text) == [("a", "a"), ("inner", text[1:3]), ("b", "b")]
+
+
+def test_a_broken_workload_json_with_a_huge_integer_is_one_line(tmp_path):
+    # found by the fuzz harness (seed 202, input 1,848): JSON that msgspec refuses, whose
+    # fallback decode (for the message) met a 5,000-digit integer first: ValueError traceback
+    p = tmp_path / "w.workload.json"
+    p.write_text('{"config": {"num_gpu_blocks": ' + "9" * 5000 + '}, "requests": [,]}')
+    r = _cli("replay", str(p), "--samples", "0")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-500:]
+    assert len(r.stderr.strip().splitlines()) == 1 and "not JSON" in r.stderr
