@@ -28,19 +28,30 @@ LogInput = LogEvidence
 def read_log(paths: Sequence[str], *, vllm_version: str | None = None,
              year: int | None = None) -> LogInput:
     """Parse log files (merged by time) into events, once."""
-    from kvreplay.parsers import detect_version, merge_config, parse_files
-
+    from kvreplay import events as ev
+    from kvreplay.parsers import merge_config, parse_files
+    from kvreplay.parsers.compact import EventList
+    from kvreplay.parsers.version import Detector
     from kvreplay.progress import stage
 
     _check_exist(paths)
+    # one pass: the events kept (stats lines packed: parsers.compact), the release detected
+    # and the startup config's events set aside as they go by
+    detector = Detector(vllm_version)
+    config_events: list[Any] = []
+    events = EventList()
     with stage(f"parse {', '.join(Path(p).name for p in paths)}"):
-        events = list(parse_files(list(paths), year=year, vllm_version=vllm_version))
+        for e in parse_files(list(paths), year=year, vllm_version=vllm_version):
+            detector.feed(e)
+            if isinstance(e, (ev.EngineConfig, ev.KvCapacity)):
+                config_events.append(e)
+            events.append(e)
     if not events:
         raise UserError(f"{', '.join(paths)}: empty log")
     check_vllm_log(events, paths)
     if len(paths) > 1:
         check_one_server(events, vllm_version)
-    return LogInput(list(paths), events, detect_version(events, vllm_version), merge_config(events))
+    return LogInput(list(paths), events, detector.result(), merge_config(config_events))
 
 
 def check_vllm_log(events: Sequence[Any], paths: Sequence[str]) -> None:

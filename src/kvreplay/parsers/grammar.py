@@ -110,21 +110,23 @@ def tree_fields(tree: Any, text: str) -> list[tuple[str, str]]:
     from lark import Token, Tree
 
     out: list[tuple[str, str]] = []
-
-    def walk(node: Any) -> None:
-        for child in node.children:
-            if isinstance(child, Token):
-                if child.type.startswith("F_"):
-                    out.append((child.type[2:].lower(), str(child)))
-            elif isinstance(child, Tree):
-                name = str(child.data)
-                if name.startswith("f_"):
-                    meta = child.meta
-                    out.append((name[2:], text[meta.start_pos:meta.end_pos]))
-                else:
-                    walk(child)
-
-    walk(tree)
+    # depth first, children in order, with a stack of our own: a tree as deep as the line
+    # is long (a cut line of 100,000 nested brackets) must not reach Python's recursion limit
+    stack = [iter(tree.children)]
+    while stack:
+        child = next(stack[-1], None)
+        if child is None:
+            stack.pop()
+        elif isinstance(child, Token):
+            if child.type.startswith("F_"):
+                out.append((child.type[2:].lower(), str(child)))
+        elif isinstance(child, Tree):
+            name = str(child.data)
+            if name.startswith("f_"):
+                meta = child.meta
+                out.append((name[2:], text[meta.start_pos:meta.end_pos]))
+            else:
+                stack.append(iter(child.children))
     return out
 
 

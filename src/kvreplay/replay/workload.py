@@ -101,6 +101,8 @@ def load_workload(path: str | Path) -> dict[str, Any]:
         raise UserError(f"{path}: {head}; expected {what}") from None
     except RecursionError:
         raise UserError(f"{path}: not a workload: JSON nested deeper than the decoder's limit") from None
+    except ValueError as exc:  # an integer past Python's digit limit, before the syntax error
+        raise UserError(f"{path}: not JSON ({str(exc).split(';')[0]}); expected {what}") from None
     if not isinstance(data, dict) or "requests" not in data:
         keys = ", ".join(sorted(data)[:5]) if isinstance(data, dict) else type(data).__name__
         raise UserError(f"{path}: JSON that is not a workload (a workload has 'config' and "

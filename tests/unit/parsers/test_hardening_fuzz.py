@@ -53,11 +53,31 @@ def _harness(tmp_path, *args: str) -> dict:
 
 
 def test_quick_parse_profile(tmp_path):
-    rep = _harness(tmp_path, "parse", "--n", "400", "--seed", "7", "--batch", "200", "--max-cpu", "5")
-    assert rep["inputs"] > 0 and rep["failures"] == 0 and rep["slow"] == 0, rep["examples"][:3]
+    rep = _harness(tmp_path, "parse", "--n", "400", "--seed", "7", "--batch", "200", "--max-cpu", "5",
+                   "--keep", str(tmp_path / "keep"))
+    assert rep["inputs"] == 400 and rep["failures"] == 0 and rep["slow"] == 0, rep["examples"][:3]
+    assert 0 < rep["max_rss_kb_batch"] < 2 << 20 and rep["max_cpu_s_input"] < 5
+    assert not (tmp_path / "keep").exists()
+
+
+def test_an_input_over_its_cpu_limit_is_a_failure_with_a_reproducer(tmp_path):
+    # a limit no input can meet: every input is stopped by its timer, reported, and saved
+    out = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, "-m", "tools.research.fuzz_inputs", "parse", "--n", "30", "--seed", "7",
+                        "--batch", "10", "--max-cpu", "0.000001", "--keep", str(tmp_path / "keep"), "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    rep = json.loads(out.read_text())
+    assert r.returncode == 1 and rep["failures"] == rep["slow"] == 30, rep
+    kept = sorted((tmp_path / "keep").glob("parse-s7-*.log"))
+    assert len(kept) == 30
+    assert (tmp_path / "keep" / (kept[0].name + ".why.txt")).read_text().startswith("over ")
 
 
 def test_quick_commands_profile(tmp_path):
-    rep = _harness(tmp_path, "commands", "--n", "6", "--seed", "3", "--max-rss-mb", "2048")
-    assert rep["runs"] > 0 and rep["failures"] == 0, rep["examples"][:3]
-    assert rep["max_rss_kb"] < 2 << 20
+    # in batches through main() in a forked child, and a share as `python -m kvreplay`
+    rep = _harness(tmp_path, "commands", "--n", "8", "--seed", "3", "--batch", "4", "--subprocess", "0.3",
+                   "--max-rss-mb", "2048", "--keep", str(tmp_path / "keep"))
+    assert rep["inputs"] == 8 and rep["failures"] == 0, rep["examples"][:3]
+    assert rep["in_process"] > 0 and rep["subprocess"] > 0 and rep["in_process"] + rep["subprocess"] == 8
+    assert rep["max_rss_kb_batch"] < 2 << 20 and rep["max_rss_kb_subprocess"] < 2 << 20
+    assert sum(rep["exit_codes"].values()) == 8 and set(rep["exit_codes"]) <= {"0", "1", "2"}

@@ -405,3 +405,41 @@ def test_kv_events_gzip_bomb_is_bounded(tmp_path, monkeypatch):
     assert is_kv_events_file(str(p)) is False
     with pytest.raises(UserError, match="gzip bomb"):
         read_kv_events(str(p))
+
+
+def test_a_cut_line_nested_deeper_than_the_recursion_limit():
+    # found by the fuzz harness (seed 101, input 119,128): a non-default args line cut inside
+    # 5,000 nested brackets; the cut-line recovery's tree walk raised RecursionError
+    from kvreplay import events as ev
+    from kvreplay.parsers import grammar
+
+    line = ("(APIServer pid=2801) INFO 05-07 10:00:05 [startup.py:96] non-default args: {'model_tag': "
+            + "[" * 5000 + "]" * 4000)
+    t0 = _cpu()
+    evs = list(parse_lines([line], year=2026))
+    assert _cpu() - t0 < 5.0
+    assert sum(e.lines for e in evs) == 1 and len(evs) == 1
+    assert isinstance(evs[0], (ev.EngineConfig, ev.Unparsed))
+    # the walk gives a deep tree's fields in source order, as the recursive walk did
+    from lark import Token, Tree
+
+    deep = Tree("f_inner", [Token("F_X", "x")])
+    for _ in range(5000):
+        deep = Tree("wrap", [deep])
+    tree = Tree("_", [Token("F_A", "a"), deep, Tree("wrap", [Token("F_B", "b")])])
+    text = "a" + " " * 10
+    deep_f = deep
+    while deep_f.data != "f_inner":
+        deep_f = deep_f.children[0]
+    deep_f.meta.start_pos, deep_f.meta.end_pos = 1, 3
+    assert grammar.tree_fields(tree, text) == [("a", "a"), ("inner", text[1:3]), ("b", "b")]
+
+
+def test_a_broken_workload_json_with_a_huge_integer_is_one_line(tmp_path):
+    # found by the fuzz harness (seed 202, input 1,848): JSON that msgspec refuses, whose
+    # fallback decode (for the message) met a 5,000-digit integer first: ValueError traceback
+    p = tmp_path / "w.workload.json"
+    p.write_text('{"config": {"num_gpu_blocks": ' + "9" * 5000 + '}, "requests": [,]}')
+    r = _cli("replay", str(p), "--samples", "0")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-500:]
+    assert len(r.stderr.strip().splitlines()) == 1 and "not JSON" in r.stderr
