@@ -16,11 +16,10 @@ its range is theirs. No row is trustworthy: every run is a drawn workload.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Sequence
 
 from kvreplay.audit import metrics as M
-from kvreplay.audit.whatif_replays import KNOBS, Setting, drive, median_run, setting_config
+from kvreplay.audit.whatif_replays import KNOBS, Setting, drive, fan_out, median_run, setting_config
 from kvreplay.audit.whatif_ranges import sweep_knee
 
 RUNS = 8  # workloads re-run per row, at most
@@ -153,23 +152,7 @@ def sweep(ctx: DefaultContext, settings: list[Setting], concurrency: Sequence[in
     """Every setting (x every concurrency), as whatif_replays.sweep's result."""
     from kvreplay.inference.uncertainty import interval
 
-    base = ctx.config
-    settings = [s if not s.overrides or any(getattr(base, KNOBS[k]) != v for k, v in s.overrides.items())
-                else Setting(s.label + " (= logged)", s.overrides) for s in settings]
-    conc: list[int | None] = list(concurrency) if concurrency else [None]
-    tasks = [(i, c, settings) for i in range(len(settings)) for c in conc]
-    jobs = jobs or min(len(tasks), os.cpu_count() or 1)
-    if jobs <= 1 or len(tasks) <= 1:
-        _init(ctx)
-        rows = [_task(t) for t in tasks]
-    else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
-        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context(method),
-                                 initializer=_init, initargs=(ctx,)) as ex:
-            rows = list(ex.map(_task, tasks, chunksize=1))
+    settings, rows = fan_out(ctx, ctx.config, settings, concurrency, jobs, _init, _task)
     a = ctx.answer
     n = len(ctx.members)
     src = "stats lines and scrapes" if a.counted is not None else "stats lines"
@@ -205,7 +188,7 @@ def sweep(ctx: DefaultContext, settings: list[Setting], concurrency: Sequence[in
     out = {"log": ctx.log, "model": model, "fit": f"the {src} of a default log", "mode": mode,
            "notes": notes, "rows": rows, "knees": knees}
     if not concurrency:
-        k = sweep_knee(rows, "max_num_seqs", base.max_num_seqs, KNOBS)
+        k = sweep_knee(rows, "max_num_seqs", ctx.config.max_num_seqs, KNOBS)
         if k is not None:
             k["text"] = k["text"].replace("under the step-time models the log allows",
                                           f"(lowest-highest) under the {n} workloads the log allows")

@@ -312,26 +312,32 @@ def _init(ctx: Context) -> None:
     _CTX = ctx
 
 
-def sweep(ctx: Context, settings: list[Setting], concurrency: Sequence[int] | None = None,
-          *, jobs: int | None = None) -> dict[str, Any]:
-    """Every setting (x every concurrency); rows in a fixed order whatever the jobs."""
-    base = ctx.workload.config
+def fan_out(ctx: Any, base: Any, settings: list[Setting], concurrency: Sequence[int] | None,
+            jobs: int | None, init: Any, task: Any) -> tuple[list[Setting], list[Any]]:
+    """Every setting (x every concurrency) run by `task` after `init(ctx)`, in this process
+    or a pool; a setting equal to the logged config is labelled so. Rows in a fixed order
+    whatever the jobs."""
     settings = [s if not s.overrides or any(getattr(base, KNOBS[k]) != v for k, v in s.overrides.items())
                 else Setting(s.label + " (= logged)", s.overrides) for s in settings]
     conc: list[int | None] = list(concurrency) if concurrency else [None]
     tasks = [(i, c, settings) for i in range(len(settings)) for c in conc]
     jobs = jobs or min(len(tasks), os.cpu_count() or 1)
     if jobs <= 1 or len(tasks) <= 1:
-        _init(ctx)
-        rows = [_task(t) for t in tasks]
-    else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
+        init(ctx)
+        return settings, [task(t) for t in tasks]
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
 
-        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context(method),
-                                 initializer=_init, initargs=(ctx,)) as ex:
-            rows = list(ex.map(_task, tasks, chunksize=1))
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context(method),
+                             initializer=init, initargs=(ctx,)) as ex:
+        return settings, list(ex.map(task, tasks, chunksize=1))
+
+
+def sweep(ctx: Context, settings: list[Setting], concurrency: Sequence[int] | None = None,
+          *, jobs: int | None = None) -> dict[str, Any]:
+    """Every setting (x every concurrency); rows in a fixed order whatever the jobs."""
+    settings, rows = fan_out(ctx, ctx.workload.config, settings, concurrency, jobs, _init, _task)
     knees = knees_of(rows) if concurrency else []
     if concurrency:
         mode = ("closed loop: N clients, each sending the log's next request as soon as its "
@@ -343,7 +349,7 @@ def sweep(ctx: Context, settings: list[Setting], concurrency: Sequence[int] | No
     out = {"log": ctx.log, "model": ctx.model.describe(), "fit": ctx.fit_text, "mode": mode,
            "notes": ctx.notes, "rows": rows, "knees": knees}
     if not concurrency:
-        k = sweep_knee(rows, "max_num_seqs", base.max_num_seqs, KNOBS)
+        k = sweep_knee(rows, "max_num_seqs", ctx.workload.config.max_num_seqs, KNOBS)
         if k is not None:
             out["seqs_knee"] = k
     return out
