@@ -1,5 +1,5 @@
 """Physical lines -> events: the record grouper (the reader is in reader.py, the clock in
-clock.py).
+timestamps.py, a record's envelope in envelopes.py, a message's event in message_events.py).
 
 Invariant: for every input file, the `lines` of the events emitted for it sum to the number
 of physical lines (newline-terminated, plus a final unterminated one). Nothing is dropped:
@@ -26,21 +26,22 @@ from kvreplay.parsers.timestamps import Clock, _abs_time, _clock_for
 from kvreplay.parsers.fast import _FAST_GET
 from kvreplay.parsers.fast import fast_message as _fast
 from kvreplay.parsers.reader import CHUNK, MAX_LINE, line_chunks, open_text, physical_lines  # noqa: F401
+from kvreplay.parsers.envelopes import (  # noqa: F401  (_ENV_CACHE, _ENV_COMMON: tests read them here)
+    _ENV_CACHE, _ENV_COMMON, _ENV_MATCH, _envelope, _envelope_plain, _lark_env, _procs, _rust_env,
+    _small_int, _ENGINE_NUM)
+from kvreplay.parsers.message_events import (  # noqa: F401  (message_event: the API's name here)
+    _I64, _TB_LEVELS, _check_ints, _tb_continuation, _traceback_event, message_event)
 
 # False: every line takes the general route (FileParser.feed, matchers, builders); the tests
 # compare both routes. True: the hot loop of `parse_chunks` and the fused paths of fast.py.
 FAST_PATHS = True
 WRAP_WIDTHS = frozenset({80, 100, 120, 132, 160, 200, 240, 250, 256, 300, 500, 512, 1000, 1024, 2000, 2048, 4000, 4096})
 
-_ENV_MATCH = matchers.ENVELOPE.match
 _DISPATCH = matchers.dispatch
-_MATCHERS = matchers.MATCHERS
-_BUILDERS = build.BUILDERS
 _UVICORN = re.compile(
     r"(?:\(([A-Za-z][\w-]*(?: [\w=-]+)*?) pid=(\d+)\) +)?INFO: +(?:(\S+) - \"([A-Z]+) (\S+)(?: (HTTP/[\d.]+))?\" (\d{3})(?: (.*))?|(.*))$"
 )
 _WRAPPER_ISO = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) +")
-_EXC_LINE = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Failure)\b(?::|$)")
 _PCT_BAR = re.compile(r"\d%\|")
 
 
@@ -65,207 +66,9 @@ _PROGRESS = _Progress
 _RANK = re.compile(r"\[rank\d+\]: ?")
 _FOREIGN_SRC = re.compile(r" \(([\w/]+\.py):(\d+)\)$")
 _PY_WARNING = re.compile(r"\S+\.py:\d+: \w*Warning: ")
-_TB_LEVELS = frozenset({"ERROR", "CRITICAL", "WARNING"})
 _QUOTES = {'"': '"', "'": "'", "`": "`", "\u201c": "\u201d", "\u2018": "\u2019"}  # opening -> closing
 _FOREIGN_TIME = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?")
 _FOREIGN_LEVEL = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
-
-
-# ------------------------------------------------------------------ record -> events
-
-
-_PROC_CACHE: dict[str, tuple[str | None, int | None, int | None]] = {}
-_ENGINE_NUM = re.compile(r"EngineCore(?:_DP|_)(\d+)$")
-
-
-def _small_int(s: str) -> int | None:
-    """An id or count as logged; None past 18 digits (no pid or engine index is that long, and
-    int() of thousands of digits is slow and then refused)."""
-    return int(s) if len(s) <= 18 else None
-
-
-def _procs(text: str) -> tuple[str | None, int | None, int | None]:
-    r = _PROC_CACHE.get(text)
-    if r is None:
-        m = matchers.PROC.search(text)
-        if m is None:
-            r = (None, None, None)
-        else:
-            name = m.group(1)
-            em = _ENGINE_NUM.match(name)
-            r = (name, _small_int(m.group(2)), _small_int(em.group(1)) if em else None)
-        if len(_PROC_CACHE) < 10000:
-            _PROC_CACHE[text] = r
-    return r
-
-
-_REPEATED = re.compile(r" *\[repeated (\d+)x across cluster\]$")
-
-
-_I64 = 1 << 63
-_astuple = __import__("msgspec").structs.astuple
-
-
-def _check_ints(e: ev.Event) -> None:
-    """ValueError for a count or size past int64 (no server logs one; typed columns downstream
-    cannot hold it): the line is then unparsed, with the reason."""
-    for v in _astuple(e):
-        if v.__class__ is int and (v >= _I64 or v < -_I64):
-            f = e.__struct_fields__[_astuple(e).index(v)]
-            raise ValueError(f"{f} out of range ({str(v)[:24]}...)")
-
-
-def message_event(msg: str, base: dict[str, Any], level: str | None, lark: bool = False) -> ev.Event:
-    """One log message (envelope already removed) -> one event."""
-    if msg.endswith("across cluster]"):  # Ray's de-duplication suffix
-        m = _REPEATED.search(msg)
-        if m is not None:
-            e = message_event(msg[: m.start()], base, level, lark)
-            e.repeat = _small_int(m.group(1))
-            return e
-    if msg.startswith(newlines.RUST_STATS_HEAD):  # the Rust front end's stats line
-        return newlines.rust_stats(msg, base)
-    if msg.startswith(newlines.PREEMPT_HEAD):  # vLLM PR #42827's per-victim warning
-        return newlines.preemption_warning(msg, base)
-    d = _DISPATCH(msg)
-    if d is not None:
-        kind, text = d
-        if lark:
-            from kvreplay.parsers.grammar import lark_message_fields
-
-            fields = lark_message_fields(kind, text)
-        else:
-            fields = _MATCHERS[kind](text)
-            if fields is not None and kind == "generated":
-                fields = [(matchers.RENAME.get(k, k), v) for k, v in fields]
-        truncated = False
-        if fields is None:  # cut short? the grammar says which fields came before the cut
-            from kvreplay.parsers.grammar import cut_fields
-
-            fields = cut_fields(kind, text)
-            if not fields:
-                return ev.Unparsed(reason=f"malformed {kind} line (cut or unknown variant)", text=msg, **base)
-            if kind == "generated":
-                fields = [(matchers.RENAME.get(k, k), v) for k, v in fields]
-            truncated = True
-        try:
-            e = _BUILDERS[kind](fields, base)
-            _check_ints(e)
-        except Exception as exc:  # a builder rejecting odd values must not stop the parse
-            if truncated:
-                return ev.Unparsed(reason=f"{kind} line cut before its required fields", text=msg, **base)
-            return ev.Unparsed(reason=f"bad {kind} line: {type(exc).__name__}: {str(exc)[:80]}", text=msg, **base)
-        if truncated:
-            e.truncated = True
-        return e
-    try:
-        e = build.config_line(msg, base)
-        if e is not None:
-            _check_ints(e)
-            return e
-        if level in _TB_LEVELS or level is None:
-            e = build.error_event(msg, base)
-            if e is not None:
-                _check_ints(e)
-                return e
-    except Exception as exc:  # odd values in a config or error line must not stop the parse
-        return ev.Unparsed(reason=f"bad line: {type(exc).__name__}: {str(exc)[:80]}", text=msg, **base)
-    return ev.Log(message=msg, **base)
-
-
-def _traceback_event(head: str, body: list[str], base: dict[str, Any]) -> ev.Event:
-    exc_type = exc_msg = None
-    for s in reversed(body):
-        t = s.strip()
-        if _EXC_LINE.match(t):
-            exc_type, _, exc_msg = t.partition(":")
-            exc_msg = exc_msg.strip() or None
-            break
-    probe = "\n".join([head] + body[-3:])
-    hit = build.classify_error(probe)
-    return ev.Traceback(head=head, exc_type=exc_type, exc_message=exc_msg, category=hit[0] if hit else None, **base)
-
-
-def _tb_continuation(msg: str) -> bool:
-    c = msg[:1]
-    return (
-        c == " " or c == "\t" or c == "^" or msg.startswith(("Traceback (", "During handling", "The above exception", "File \""))
-        or _EXC_LINE.match(msg) is not None
-    )
-
-
-_ENV_CACHE: dict[str, tuple] = {}
-
-
-def _envelope(s: str) -> tuple | None:
-    """ENVELOPE.match(s) as `(wrapper_datetime or wrapper_time, level, date, hms, source,
-    process, pid, engine, end)`, or None.
-
-    Memoised on the line's text up to its first "] " (the envelope of a bracketed-source
-    record ends there): a regex match depends only on the text it reads, and an envelope
-    that ends at the first "] " reads nothing past it (no envelope group can span "] "
-    except `ip=...`, which is never memoised). A miss tries `_ENV_COMMON` first: when it
-    matches, ENVELOPE matches the same text with the same groups (it is ENVELOPE with one
-    space per separator, at most one `(name pid=N)` and no wrapper, each taken the way
-    ENVELOPE's greedy/lazy order takes it)."""
-    k = s.find("] ")
-    if k > 0:
-        key = s[: k + 2]
-        r = _ENV_CACHE.get(key)
-        if r is not None:
-            return r
-    m = _ENV_COMMON(s)
-    if m is not None:
-        procs, level, date, hms, source = m.groups()
-        process, pid, engine = _procs(procs) if procs else (None, None, None)
-        end = m.end()
-        r = (None, level, date, hms, source, process, pid, engine, end)
-    else:
-        r = _envelope_plain(s)
-        if r is None:
-            return None
-        end = r[8]
-    if k > 0 and end == k + 2 and ", ip=" not in key:
-        if len(_ENV_CACHE) >= 4096:
-            _ENV_CACHE.clear()
-        _ENV_CACHE[key] = r
-    return r
-
-
-_ENV_COMMON = re.compile(
-    r"(\([A-Za-z][\w-]* pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d) (\d\d:\d\d:\d\d) \[([^\s\[\]:]+\.py:\d+)\] "
-).match
-
-
-def _envelope_plain(s: str) -> tuple | None:
-    """`_envelope` by ENVELOPE alone (the general route)."""
-    if ".py:" not in s:  # the source "[file.py:N]" is required
-        return None
-    m = _ENV_MATCH(s)
-    if m is None:
-        return None
-    wt, _comp, wdt, procs, level, date, hms, source = m.groups()
-    process, pid, engine = _procs(procs) if procs else (None, None, None)
-    return (wt or wdt, level, date, hms, source, process, pid, engine, m.end())
-
-
-def _rust_env(s: str) -> tuple | None:
-    """The envelope of a Rust front end record (`[log_stats.rs:273]`), as `_envelope` gives it."""
-    m = newlines.RUST_ENVELOPE(s)
-    if m is None:
-        return None
-    process, pid, level, date, hms, source = m.groups()
-    level = {"WARN": "WARNING", "TRACE": "DEBUG"}.get(level, level)
-    return (None, level, date, hms, source, process, None if pid is None else int(pid), None, m.end())
-
-
-def _lark_env(s: str) -> tuple | None:
-    env = _lark_envelope(s)
-    if env is None:
-        return None
-    (wt, _comp, wdt, procs, level, date, hms, source), end = env
-    process, pid, engine = _procs(procs) if procs else (None, None, None)
-    return (wt or wdt, level, date, hms, source, process, pid, engine, end)
 
 
 # pending record: [lineno, span, msg, prefix (TB levels only), level, raw_len, tb_body, note,
@@ -523,30 +326,6 @@ class FileParser:
         self._flush()
         if self.raw_tb is not None:
             self.out.append(self._flush_raw_tb())
-
-
-def _lark_envelope(s: str):
-    """The Lark twin of ENVELOPE.match: ((groups...), end offset) or None."""
-    from kvreplay.parsers.grammar import lark_envelope_fields
-
-    if not s or s[0] not in "([0123456789DIWECabcdefghijklmnopqrstuvwxyzABFGHJKLMNOPQRSTUVXYZ_-.":
-        return None
-    fields = lark_envelope_fields(s)
-    if fields is None:
-        return None
-    d: dict[str, str] = {}
-    procs = []
-    for k, v in fields:
-        if k == "process":
-            procs.append(v)
-        elif k == "pid":
-            procs[-1] = f"({procs[-1]} pid={v}) "
-        else:
-            d[k] = v
-    msg = d.get("message", "")
-    end = len(s) - len(msg)
-    return (d.get("wrapper_time"), d.get("compose"), d.get("wrapper_datetime"), "".join(procs) or None,
-            d["level"], d["date"], d["time"], d["source"]), end
 
 
 # ------------------------------------------------------------------ files
