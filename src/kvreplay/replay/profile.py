@@ -165,8 +165,10 @@ def parse_version(text: str) -> tuple[int, int, int] | None:
     parts = core.split(".")
     nums: list[int] = []
     for part in parts[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit()) if not part.isdigit() else part
-        if not digits:
+        # ASCII digits only (str.isdigit also takes "²", which int() refuses); no release
+        # number is 10 digits long, and int() of thousands of digits is refused
+        digits = "".join(ch for ch in part if "0" <= ch <= "9")
+        if not digits or len(digits) > 9:
             break
         nums.append(int(digits))
     if len(nums) < 2:

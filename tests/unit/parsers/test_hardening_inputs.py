@@ -443,3 +443,25 @@ def test_a_broken_workload_json_with_a_huge_integer_is_one_line(tmp_path):
     r = _cli("replay", str(p), "--samples", "0")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-500:]
     assert len(r.stderr.strip().splitlines()) == 1 and "not JSON" in r.stderr
+
+
+@pytest.mark.parametrize("version", ["v" + "9" * 5000, "0.\u00b2.1"])
+def test_a_release_number_no_int_can_read_is_no_release(version):
+    # found by the fuzz harness (seed 205, input 314: export of a log whose banner names
+    # release v999...9, 5,000 digits): int() refused it with a traceback; "²" is a digit
+    # to str.isdigit but not to int()
+    from kvreplay.replay.profile import parse_version
+
+    assert parse_version(version) is None
+    assert parse_version("v0.33.0") == (0, 33, 0) and parse_version("0.6.6.post1") == (0, 6, 6)
+
+
+def test_export_of_a_log_naming_a_5000_digit_release_is_one_line(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("(EngineCore_0 pid=1) INFO 04-17 23:05:00 [core.py:61] Initializing a V1 LLM "
+                   "engine (v" + "9" * 5000 + ") with config: model='m'\n"
+                   "INFO 04-17 23:05:01 [loggers.py:123] Engine 000: Avg prompt throughput: "
+                   "0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 0 reqs, "
+                   "Waiting: 0 reqs, GPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%\n")
+    r = _cli("export", str(log), "--year", "2026", "--perfetto", str(tmp_path / "o.pftrace"))
+    _no_traceback(r)
