@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Run vLLM's own V1 scheduler (the "oracle") on a workload: a dev tool.
 
-The oracle harness scripts under tools/oracle/harness/ (copies of the conformance
-material's oracle harness, our own code, not vLLM's: harness/PROVENANCE.md) drive the
-real vLLM Scheduler / KVCacheManager on CPU with a fake model and write the
+The oracle harness under tools/oracle/harness/ (one step loop, oracle_core.py, with one
+class per vLLM release, oracle_releases.py; our own code, not vLLM's: harness/PROVENANCE.md)
+drives the real vLLM Scheduler / KVCacheManager on CPU with a fake model and writes the
 conformance trace format. Each release needs its own venv with vLLM
 installed --no-deps (see tests/data/oracle/README.md, or run
 `python -m tools.oracle.oracle --install RELEASE`).
