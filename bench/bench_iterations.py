@@ -89,7 +89,7 @@ def main() -> int:
         same = len(true & {(on[p.step], p.victim) for p in rep.preemptions})
         label = "with prompts" if prompts else "without prompts"
         print(f"replay, {label:15s}: {total:7.2f} s, CPU {cpu:.2f} s  ({total / floor:.1f}x "
-              f"the floor; {len(lines):,} lines); {it['matched']:,} of {it['lines']:,} "
+              f"the floor; {len(lines):,} lines); {it.matched:,} of {it.lines:,} "
               f"Iteration lines match; {same} of {len(true)} preemptions at the same step "
               "and victim")
     if len(cpu_of) == 2:

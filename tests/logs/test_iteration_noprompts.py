@@ -206,7 +206,7 @@ def test_a_replay_that_matches_every_line_keeps_its_rows_likely() -> None:
     at its step (truth.json); still labelled inferred, as 8 prompts were only seen as sums."""
     rep = replay_logs([str(DATA / "b_fcfs_heavy" / "server.iter.log")], year=2026)
     truth = json.loads((DATA / "b_fcfs_heavy" / "truth.json").read_text())
-    assert rep.verification.iterations["matched"] == 613
+    assert rep.verification.iterations.matched == 613
     assert sorted((p.step, p.victim) for p in rep.preemptions) == \
         sorted((p["step"], p["victim_log_id"]) for p in truth["preemptions"])
     assert all(p.probability is not None and p.probability >= 0.8 and p.confidence == "inferred"

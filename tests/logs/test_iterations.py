@@ -110,8 +110,8 @@ def test_every_preemption_at_its_step_with_prompts(case: str) -> None:
     assert [p.computed_tokens_lost for p in sorted(rep.preemptions, key=lambda p: p.step)] == \
         [p["num_computed_tokens_before"] for p in sorted(truth["preemptions"], key=lambda p: p["step"])]
     it = rep.verification.iterations
-    assert it["matched"] == it["lines"] == truth["num_steps"]
-    assert it["first_mismatch"] is None
+    assert it.matched == it.lines == truth["num_steps"]
+    assert it.first_mismatch is None
     assert all(p.confidence == "exact-by-log" for p in rep.preemptions)
     assert all("Iteration line" in p.basis for p in rep.preemptions)
     assert rep.num_steps == truth["num_steps"]
@@ -136,7 +136,7 @@ def test_without_prompts_the_report_says_how_sure_it_is() -> None:
     assert sorted((p.step, p.victim) for p in b.preemptions) == \
         sorted((p["step"], p["victim_log_id"]) for p in truth["preemptions"])
     p1 = _replay("p1_poisson_fcfs_200", "server.iter.log")
-    lengths = p1.verification.iterations["prompt_lengths"]
+    lengths = p1.verification.iterations.prompt_lengths
     assert lengths.get("exact", 0) < 200
     assert not any(p.confidence == "exact-by-log" for p in p1.preemptions)
 
@@ -152,10 +152,10 @@ def test_an_altered_line_is_the_first_mismatch(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text("\n".join(src) + "\n")
     rep = replay_logs([str(log)], year=2026)
-    mm = rep.verification.iterations["first_mismatch"]
-    assert (mm["file"], mm["line"], mm["iteration"]) == (str(log), idx + 1, 700)
-    assert "generation tokens" in " ".join(mm["differences"])
-    step = mm["step"]
+    mm = rep.verification.iterations.first_mismatch
+    assert (mm.file, mm.line, mm.iteration) == (str(log), idx + 1, 700)
+    assert "generation tokens" in " ".join(mm.differences)
+    step = mm.step
     before = [p for p in rep.preemptions if p.step < step]
     after = [p for p in rep.preemptions if p.step >= step]
     assert before and after
@@ -234,8 +234,8 @@ def test_round_trip_over_the_oracle_bank(tmp_path: Path) -> None:
         if not true:
             continue
         runs += 1
-        assert ours == true, (d.name, it["first_mismatch"])
-        assert it["first_mismatch"] is None, d.name
+        assert ours == true, (d.name, it.first_mismatch)
+        assert it.first_mismatch is None, d.name
         same += 1
     assert runs >= 120
 
@@ -303,4 +303,4 @@ def test_requests_logged_a_line_early_still_replay_exactly(tmp_path_factory, cas
     on = _by_token_step((r.step, r.num_scheduled_tokens) for r in rep.steps)
     true = sorted((tn[r["step"]], q["req"], q["trigger"]) for r in recs for q in r.get("preemptions", ()))
     assert sorted((on[p.step], p.victim, p.trigger) for p in rep.preemptions) == true
-    assert rep.verification.iterations["first_mismatch"] is None
+    assert rep.verification.iterations.first_mismatch is None

@@ -115,10 +115,10 @@ def score(name: str, d: str, samples: int | None, repeat: int = 1) -> dict:
     rep_p, dt_p, cpu_p = replay_once(os.path.join(d, "server.iter.reqbody.log"), samples, repeat)
     found = [(p.step, p.victim) for p in rep.preemptions]
     hits = match_preemptions(true, found)
-    it = rep.verification.iterations or {}
+    it = rep.verification.iterations
     row = {"case": name, "true": len(true), "found": len(found), "at_step_5": len(hits),
            "share": round(len(hits) / len(true), 3) if true else 1.0,
-           "lines_matched": f"{it.get('matched')}/{it.get('lines')}",
+           "lines_matched": f"{it.matched}/{it.lines}" if it else "None/None",
            "confidence": rep.confidence,
            "s_noprompts": round(dt, 2), "s_prompts": round(dt_p, 2),
            "ratio": round(dt / max(dt_p, 1e-9), 2),

@@ -3,7 +3,7 @@ printed it, and what a placement by the lines yields.
 
 Consumes: `LogFacts` (the first engine's iteration lines), the `LogFormat` (whether the
 lines print KV usage), the replay's step records. Produces: `LineCheck` (the steps against
-their lines, in order: N advances with each step that scheduled a token), `Mismatch` (a
+their lines, in order: N advances with each step that scheduled a token), `IterationMismatch` (a
 line the replay does not match, and how), `IterationMatch` (the placed run, the lines
 checked and matched, the first mismatch); `checked_run` (a run's steps against them);
 `unusable` (why a log's lines cannot place its arrivals), `kv_within_split` (a KV-usage
@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, TYPE_CHECKING
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.runs import Run
+from kvreplay.replay.checks import IterationCheck, IterationMismatch
 from kvreplay.replay.records import StepRecord
 
 if TYPE_CHECKING:
@@ -50,25 +51,12 @@ def unusable(facts: LogFacts, fmt: LogFormat) -> str | None:
 
 
 @dataclass(slots=True)
-class Mismatch:
-    iteration: int  # N of the line
-    file: str
-    line: int
-    step: int  # the replay's step
-    differences: list[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"iteration": self.iteration, "file": self.file, "line": self.line,
-                "step": self.step, "differences": self.differences}
-
-
-@dataclass(slots=True)
 class IterationMatch:
     run: Run
     lines: int  # iteration lines in the log
     checked: int  # lines the replay had a step for
     matched: int  # ... that it matched in every field
-    first_mismatch: Mismatch | None
+    first_mismatch: IterationMismatch | None
     exact_until_step: int  # steps before this one are pinned by the log (all, if no mismatch)
     line_of_step: dict[int, int] = field(default_factory=dict)  # step -> N
     lag: dict[int, int] = field(default_factory=dict)  # arrival line - lower bound: count
@@ -82,14 +70,13 @@ class IterationMatch:
     sum_groups: list[list[int]] = field(default_factory=list)
     exhausted: bool = False  # the search ran out of its allowance (SEARCH_STEPS_PER_LINE)
 
-    def report(self) -> dict[str, Any]:
-        return {"lines": self.lines, "checked": self.checked, "matched": self.matched,
-                "first_mismatch": self.first_mismatch.to_dict() if self.first_mismatch else None,
-                "exact_until_step": self.exact_until_step,
-                "arrival_lag": {str(k): v for k, v in sorted(self.lag.items())},
-                "backtracks": self.backtracks, "prompt_lengths": self.prompt_lengths,
-                "kv_unsure_lines": self.kv_unsure,
-                **({"search_allowance_spent": True} if self.exhausted else {})}
+    def report(self) -> IterationCheck:
+        return IterationCheck(
+            lines=self.lines, checked=self.checked, matched=self.matched,
+            first_mismatch=self.first_mismatch, exact_until_step=self.exact_until_step,
+            arrival_lag={str(k): v for k, v in sorted(self.lag.items())},
+            backtracks=self.backtracks, prompt_lengths=self.prompt_lengths,
+            kv_unsure_lines=self.kv_unsure, search_allowance_spent=self.exhausted)
 
 
 class LineCheck:
@@ -145,23 +132,24 @@ class LineCheck:
                                 else ""))
         return diffs
 
-    def mismatch(self, rec: StepRecord, diffs: list[str]) -> Mismatch:
+    def mismatch(self, rec: StepRecord, diffs: list[str]) -> IterationMismatch:
         n = self.line_of_step.get(rec.step, self.n - 1)
         if rec.updated_batch is not None and any("after Iteration" in d for d in diffs):
             n = self.line_of_step.get(rec.updated_batch, n)
         it = self.by_n.get(n) or self.by_n[self.last_n]
-        return Mismatch(n, it.file, it.line, rec.step, diffs)
+        return IterationMismatch(iteration=n, file=it.file, line=it.line, step=rec.step,
+                                 differences=diffs)
 
 
 def checked_run(run: Iterable[tuple[StepRecord, Callable[[], list[tuple[str, int]]]]],
                 lc: LineCheck, lengths: LineLengths, blocks: int
-                ) -> tuple[list[StepRecord], Mismatch | None, set[int], int]:
+                ) -> tuple[list[StepRecord], IterationMismatch | None, set[int], int]:
     """A run's steps, each with how to read its running requests after it (`running_state`,
     read before the next step), against their lines: the steps, the first mismatch, the
     lines mismatched, and the lines whose only difference is a KV usage a sum's split
     explains (`kv_split_explains`: not mismatches)."""
     steps: list[StepRecord] = []
-    first: Mismatch | None = None
+    first: IterationMismatch | None = None
     bad: set[int] = set()
     kv_unsure = 0
     for rec, running in run:

@@ -74,6 +74,43 @@ class LineDifference(msgspec.Struct):
     differences: list[str]
 
 
+class IterationMismatch(msgspec.Struct, kw_only=True):
+    """The first Iteration line the replay does not match, and how."""
+
+    iteration: int  # N of the line
+    file: str
+    line: int
+    step: int  # the replay's step
+    differences: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "file": self.file, "line": self.line,
+                "step": self.step, "differences": self.differences}
+
+
+class IterationCheck(msgspec.Struct, kw_only=True):
+    """The replay against the log's `Iteration(N)` lines (inference/iterations.py)."""
+
+    lines: int  # Iteration lines in the log
+    checked: int  # lines the replay had a step for
+    matched: int  # ... that it matched in every field
+    first_mismatch: IterationMismatch | None
+    exact_until_step: int  # steps before this one are pinned by the log
+    arrival_lag: dict[str, int]  # arrival line - lower bound: requests
+    backtracks: int
+    prompt_lengths: dict[str, int]  # what the lines said of estimated prompts: requests
+    kv_unsure_lines: int  # lines whose KV usage may differ by how a sum of prompts splits
+    search_allowance_spent: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lines": self.lines, "checked": self.checked, "matched": self.matched,
+                "first_mismatch": self.first_mismatch.to_json() if self.first_mismatch else None,
+                "exact_until_step": self.exact_until_step, "arrival_lag": self.arrival_lag,
+                "backtracks": self.backtracks, "prompt_lengths": self.prompt_lengths,
+                "kv_unsure_lines": self.kv_unsure_lines,
+                **({"search_allowance_spent": True} if self.search_allowance_spent else {})}
+
+
 class Verification(msgspec.Struct, kw_only=True):
     """The replay against every stats line: how many agree (tolerant check) and match
     exactly (V1), the first that does not, each line's check; with Iteration lines, their
@@ -85,7 +122,7 @@ class Verification(msgspec.Struct, kw_only=True):
     first_inexact: LineDifference | None = None  # the first line not matched exactly
     lines: list[StatsLineCheck] = []
     exact_lines: int | None = None  # lines matched without tolerance (V1 logs only)
-    iterations: dict[str, Any] | None = None  # the Iteration lines' check
+    iterations: IterationCheck | None = None  # the Iteration lines' check
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -96,7 +133,7 @@ class Verification(msgspec.Struct, kw_only=True):
         if self.exact_lines is not None:
             out["exact_lines"] = self.exact_lines
         if self.iterations is not None:
-            out["iterations"] = self.iterations
+            out["iterations"] = self.iterations.to_json()
         return out
 
 

@@ -69,12 +69,12 @@ def check_text(tl: Any, step: int, scrapes: ScrapeCheck | None) -> Text:
         it = v.iterations
         if it:
             t.append("\nIteration lines\n", style="bold")
-            t.append(f"{it['matched']} of {it['lines']} match the replay step by step "
+            t.append(f"{it.matched} of {it.lines} match the replay step by step "
                      "(context and generation requests and tokens, KV usage)\n")
-            mm = it.get("first_mismatch")
+            mm = it.first_mismatch
             if mm:
-                t.append(f"first mismatch: {_where(mm['file'], mm['line'])} (Iteration("
-                         f"{mm['iteration']}), step {mm['step']}): " + "; ".join(mm["differences"])
+                t.append(f"first mismatch: {_where(mm.file, mm.line)} (Iteration("
+                         f"{mm.iteration}), step {mm.step}): " + "; ".join(mm.differences)
                          + "\n", style="yellow")
     w = rep.warnings
     if w is not None:
