@@ -12,7 +12,6 @@ import msgspec
 
 from kvreplay.errors import UserError
 
-POLL_S = 0.05  # how long a read waits for new lines before the session may replay
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvreplay.live.follow import open_follower
+    from kvreplay.live.follow import POLL_S, open_follower
     from kvreplay.live.session import Session
 
     if args.exit_idle is not None and args.exit_idle < 0:

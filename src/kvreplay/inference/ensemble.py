@@ -129,7 +129,7 @@ class _Draw:
         self.facts, self.phase, self.phase_known = facts, phase, phase_known
         anchors = token_anchors(run, facts, fmt)
         self.clock = run.clock + [run.end]
-        self.wins = [(w.first, w.last) for w in windows(run, facts, anchors, self.clock)]
+        self.wins = windows(run, facts, anchors, self.clock)
         self.base = [max(a, 0) for a in run.arrival_steps]
         first = self.clock[0] if self.clock else 0.0
         # steps in the run's first second: the scale of a whole shift of early arrivals
@@ -148,8 +148,7 @@ class _Draw:
 
     def _fix(self, arr: list[int]) -> list[int]:
         """Each arrival inside its window, then in file order (_fix_order)."""
-        return self._fix_order([min(max(a, lo), max(lo, hi))
-                                for (lo, hi), a in zip(self.wins, arr)])
+        return self._fix_order([w.clamp(a) for w, a in zip(self.wins, arr)])
 
     def jitter(self, rng: random.Random, j: int) -> list[int]:
         return self._fix([b + rng.randint(-j, j) for b in self.base])

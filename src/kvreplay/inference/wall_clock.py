@@ -37,6 +37,7 @@ when it should).
 
 from __future__ import annotations
 
+import bisect
 from typing import Literal, Sequence
 
 import msgspec
@@ -90,16 +91,10 @@ def wall_clock(durations: Sequence[float], pins: Sequence[ClockPin] = (),
     win_at: dict[int, list[tuple[int, float, float]]] = {}
 
     def stretch_of(pos: int, edge: Edge) -> int:
-        # an end belongs to its step's stretch, a start to the stretch it opens
+        # an end belongs to its step's stretch, a start to the stretch it opens (the last
+        # stretch holds the end of the run)
         step = pos - 1 if edge == "end" else pos
-        lo, hi = 0, len(bounds) - 2
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if bounds[mid] <= step:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return min(bisect.bisect_right(bounds, step) - 1, len(bounds) - 2)
 
     for e in (*pins, *windows):
         if not 0 <= _edge_pos(e.step, e.edge) <= n:

@@ -16,6 +16,7 @@ from typing import IO
 from kvreplay.errors import UserError
 
 CHUNK = 1 << 20  # bytes read at once: a batch is bounded however far behind we are
+POLL_S = 0.05  # how long a read waits for new lines before a session may replay (watch, tui)
 
 
 class Batch:

@@ -112,15 +112,12 @@ class MetricsFeed:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            t = self._now()
-            try:
-                self._q.put((t, self._fetch(self.url)))
-            except (OSError, ValueError, urllib.error.URLError) as exc:
-                self._q.put((t, exc))
+            self.scrape_now()
             self._stop.wait(self.every)
 
     def scrape_now(self) -> None:
-        """One scrape in the caller's thread (the last one at the end of a watch)."""
+        """One scrape, its page (or why it could not be read) queued for `take`; also called
+        in the caller's thread for the last one at the end of a watch."""
         t = self._now()
         try:
             self._q.put((t, self._fetch(self.url)))
@@ -149,6 +146,7 @@ class MetricsFeed:
         return out
 
     def _row(self, t: float, got: object, named: int) -> list[CounterRow | MetricsNotice]:
+        from kvreplay.audit.metrics import counter_deltas
         from kvreplay.audit.prom import parse_scrape
 
         if isinstance(got, BaseException):
@@ -178,7 +176,7 @@ class MetricsFeed:
             return out
         t0, v0 = self._last
         reset = value < v0
-        inc = value if reset else value - v0
+        (inc,) = counter_deltas([v0, value])
         self._total += inc
         self._last = (t, value)
         kv = [v["kv_usage"] for v in sc.values.values() if "kv_usage" in v]

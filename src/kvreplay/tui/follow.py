@@ -21,10 +21,10 @@ from typing import Any
 from textual.message import Message
 
 from kvreplay.errors import UserError
+from kvreplay.live.follow import POLL_S
 from kvreplay.live.session import NoticeRow, Session
 from kvreplay.replay.timeline import Timeline
 
-POLL_S = 0.05  # how long a read waits for new lines before the session may replay
 
 
 class FollowSession(Session):
