@@ -75,7 +75,7 @@ def heaviest(members: Sequence[Any]) -> tuple[list[Any], list[float]]:
         if acc >= WEIGHT_SHARE:
             break
     tot = sum(m.weight for m in out) or 1.0
-    return out, [m.weight / tot if tot else 1.0 / len(out) for m in out]
+    return out, [m.weight / tot for m in out]
 
 
 def member_workload(cfg: Any, m: Any) -> tuple[Any, list[float], int]:

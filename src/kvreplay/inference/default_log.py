@@ -44,10 +44,8 @@ if TYPE_CHECKING:
 DP_REFUSAL = ("a data-parallel default log: its stats lines are per engine (one record each), "
               "its access lines (the finishes) are the API server's, so no engine's arrivals "
               "can be told; not answered")
-GROUP_PROMPTS = True  # prompts drawn per stats interval to its prompt tokens (prompt_groups)
 # half the members place each interval's arrivals inside a stretch of it (a burst), of a
 # share log-uniform in [SPREAD_MIN, 1]
-CLUMP = True
 SPREAD_MIN = 0.05
 # each member's step time: the fitted one x a log-normal factor of sigma STEP_SIGMA, or
 # STEP_SIGMA_LOOSE when fewer than BUSY_MIN intervals were busy throughout (the fit is weak)
@@ -217,7 +215,7 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
     with the workload it drew: the what-if re-runs them)."""
     rng = random.Random(seed)
     n = ev.requests
-    ptot, gtot = ev.totals()
+    _, gtot = ev.totals()
     phist, ohist = ev.lengths()
     cap = config.max_model_len
     a, b = EM.step_time(ev)
@@ -231,7 +229,7 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
         r = random.Random(rng.random())
         phase = r.random()
         spread = 1.0
-        if CLUMP and r.random() < 0.5:
+        if r.random() < 0.5:
             spread = math.exp(r.uniform(math.log(SPREAD_MIN), 0.0))
         arrivals = _arrivals(ev, r, phase, spread)
         m = len(arrivals)
@@ -246,8 +244,7 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
             # vLLM counts a prompt's tokens once, when its first token comes out: the logged
             # prompt tokens are the prompts' sum
             shape = (r.choice(("uniform", "lognormal")), r.uniform(0.25, 1.1))
-            ins = (_grouped_lengths(ev, m, r, cap - 1, shape) if GROUP_PROMPTS else
-                   _lengths(m, max(1.0, ptot / m), r, cap - 1, shape))
+            ins = _grouped_lengths(ev, m, r, cap - 1, shape)
         jit = math.exp(r.gauss(0.0, sigma)) if i else 1.0
         model = StepTimeModel(overhead_s=a * jit, per_token_s=b * jit, per_request_s=0.0)
         steps, ends = _run(workload_of(config, ins, outs), arrivals, profile, model, max_steps)

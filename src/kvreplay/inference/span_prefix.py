@@ -116,14 +116,12 @@ def span_hits(run: Run, rebuilt: Rebuilt, marks: SpanMarks, model: StepTimeModel
     the gap saying more tokens than the prompt (the real prefill took other steps)."""
     bs = rebuilt.workload.config.block_size
     out: list[int | None] = [None] * len(rebuilt.workload.requests)
-    per = model.per_token_s
-    if per <= 0:
+    if model.per_token_s <= 0:
         return out
     for i, a, f, hit, n, dur in _prefill_rows(run, rebuilt, marks):
         if run.steps[a].num_scheduled_tokens <= model.token_floor:
             continue
-        pred = sum(model.dt_record(run.steps[k]) for k in range(a, f + 1))
-        computed = n - hit + (dur - pred) / per
+        computed = _computed(run, model, a, f, hit, n, dur)
         if computed > n + bs / 2 or \
                 run.steps[a].num_scheduled_tokens + computed - (n - hit) < model.token_floor + bs:
             continue  # (the real step under the floor: its price says nothing of its tokens)
@@ -167,9 +165,7 @@ def hit_model(run: Run, rebuilt: Rebuilt, marks: SpanMarks, model: StepTimeModel
             break
         now = []
         for j, (i, a, f, hit, n, dur) in enumerate(rows):
-            pred = sum(model.dt_record(run.steps[k]) for k in range(a, f + 1))
-            computed = n - hit + (dur - pred) / model.per_token_s
-            if computed >= n - bs / 2:
+            if _computed(run, model, a, f, hit, n, dur) >= n - bs / 2:
                 now.append(j)
         if len(now) < MIN_FOUNDERS or frozenset(now) == found:
             break
@@ -188,6 +184,15 @@ def hit_model(run: Run, rebuilt: Rebuilt, marks: SpanMarks, model: StepTimeModel
         c = best[2]
         model = StepTimeModel(c[0], c[1], c[2], c[3], best[1])
     return model
+
+
+def _computed(run: Run, model: StepTimeModel, a: int, f: int, hit: int, n: int,
+              dur: float) -> float:
+    """The prompt tokens a prefill window (steps a..f, `dur` long by the span) computed, by
+    `model`: the run's computed (n - hit) plus what the model's price of the run's steps
+    leaves of `dur`, at its per-token cost (> 0)."""
+    pred = sum(model.dt_record(run.steps[k]) for k in range(a, f + 1))
+    return n - hit + (dur - pred) / model.per_token_s
 
 
 def _on(bounds: Sequence[float], t: float) -> bool:
