@@ -90,7 +90,7 @@ def draw_lengths(lens: Sequence[int], status: dict[int, str], groups: Sequence[S
 
 
 def _replay(workload: Any, profile: Any, inputs: Any) -> list:
-    eng = make_engine(workload, profile, inputs=inputs)
+    eng = make_engine(workload, profile, inputs=inputs, counts_only=True)
     steps = []
     while not eng.done:
         steps.append(eng.step())
