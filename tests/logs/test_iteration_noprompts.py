@@ -222,23 +222,23 @@ def test_the_search_run_kept_as_the_replay_is_the_run_its_inputs_make(
     On b the pass's own run is kept (its lines give the queued requests their lengths
     before the scheduler reads them); on f it went back, and is run again either way."""
     from kvreplay.cli.replay_report import to_json
-    from kvreplay.inference import iterations
+    from kvreplay.inference import iteration_search
 
-    run = iterations._Search.run
+    run = iteration_search.Search.run
     kept: list[bool] = []
 
-    def spy(self: iterations._Search) -> None:
+    def spy(self: iteration_search.Search) -> None:
         run(self)
         kept.append(not self.rerun)
 
-    def forced(self: iterations._Search) -> None:
+    def forced(self: iteration_search.Search) -> None:
         run(self)
         self.rerun = True
 
     path = str(DATA / case / "server.iter.log")
-    monkeypatch.setattr(iterations._Search, "run", spy)
+    monkeypatch.setattr(iteration_search.Search, "run", spy)
     own = replay_logs([path], year=2026)
-    monkeypatch.setattr(iterations._Search, "run", forced)
+    monkeypatch.setattr(iteration_search.Search, "run", forced)
     again = replay_logs([path], year=2026)
     assert kept == [case == "b_fcfs_heavy"]
     assert len(own.steps) == len(again.steps) > 0
