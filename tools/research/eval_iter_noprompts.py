@@ -2,7 +2,7 @@
 """Score the Iteration-line replay of logs WITHOUT prompt bodies (dev tool).
 
     python -m tools.research.eval_iter_noprompts [--out /tmp/iternp] [--only logcases|renders]
-        [--cases NAME,...] [--samples N] [--repeat N]
+        [--cases NAME,...] [--samples N] [--repeat N] [--seed-base 2900]
 
 Two sets of inputs, each replayed twice, without and with prompt bodies (the same run):
 
@@ -58,14 +58,15 @@ def bursty(wl: dict, rng: random.Random) -> dict:
     return wl
 
 
-def render_cases(out: str, model: dict) -> list[dict]:
-    """The rendered set: (policy x prefix caching x arrivals), one seed each."""
+def render_cases(out: str, model: dict, seed_base: int = 2900) -> list[dict]:
+    """The rendered set: (policy x prefix caching x arrivals), one seed each (seed_base +
+    0..7; 2900: the set the constants were chosen on, another base: a held-out set)."""
     rows = []
     c = 0
     for policy in ("fcfs", "priority"):
         for pc in (False, True):
             for arrivals in ("poisson", "bursty"):
-                seed = 2900 + c
+                seed = seed_base + c
                 c += 1
                 rng = random.Random(seed)
                 blocks = rng.randrange(1500, 2201, 50)
@@ -73,7 +74,8 @@ def render_cases(out: str, model: dict) -> list[dict]:
                 wl_d = poisson_workload(seed, 200, policy, pc, False, blocks, gap, 64)
                 if arrivals == "bursty":
                     wl_d = bursty(wl_d, rng)
-                name = f"r{c:02d}-{policy}-{'pc' if pc else 'nopc'}-{arrivals}"
+                name = (f"r{c:02d}-{policy}-{'pc' if pc else 'nopc'}-{arrivals}"
+                        + ("" if seed_base == 2900 else f"-s{seed_base}"))
                 d = os.path.join(out, name)
                 truth_p = os.path.join(d, "truth.json")
                 if not os.path.exists(truth_p):
@@ -151,6 +153,8 @@ def main() -> int:
     ap.add_argument("--cases", default="")
     ap.add_argument("--samples", type=int, default=None)
     ap.add_argument("--repeat", type=int, default=1, help="time each replay N times (least)")
+    ap.add_argument("--seed-base", type=int, default=2900,
+                    help="the renders' seeds (2900: the tuning set; another: held out)")
     args = ap.parse_args()
     want = set(filter(None, args.cases.split(",")))
     cases = []
@@ -159,7 +163,7 @@ def main() -> int:
                   if os.path.exists(os.path.join(LOGCASES, n, "server.iter.log"))]
     if args.only != "logcases":
         model = json.load(open(os.path.join(LOGCASES, "p1_poisson_fcfs_200", "truth.json")))["step_time_model"]
-        cases += [(r["name"], r["dir"]) for r in render_cases(args.out, model)]
+        cases += [(r["name"], r["dir"]) for r in render_cases(args.out, model, args.seed_base)]
     cases = [(n, d) for n, d in cases if not want or n in want]
     if cases:  # load the modules once, outside the times
         replay_once(os.path.join(cases[0][1], "server.iter.log"), args.samples)

@@ -58,7 +58,7 @@ def _tokens(old: Sequence[int], n: int, i: int) -> list[int]:
     if n <= len(old):
         return list(old[:n])
     start = old[-1] + 1 if old else 1_000_000 + i * 100_003
-    return list(old) + list(range(start, start + n - len(old)))
+    return [*old, *range(start, start + n - len(old))]
 
 
 def draw_lengths(lens: Sequence[int], status: dict[int, str], groups: Sequence[Sequence[int]],
@@ -97,10 +97,13 @@ def _replay(workload: Any, profile: Any, inputs: Any) -> list:
     return steps
 
 
-def lines_missed(steps: Sequence[Any], facts: LogFacts) -> int:
+def lines_missed(steps: Sequence[Any], facts: LogFacts,
+                 by_n: dict[int, Any] | None = None) -> int:
     """Iteration lines whose context / generation requests and tokens the run does not
-    reproduce (the N-th token step against Iteration(N)), and lines it has no step for."""
-    by_n = {it.step: it for it in facts.iterations}
+    reproduce (the N-th token step against Iteration(N)), and lines it has no step for.
+    `by_n`: the lines by N (built from `facts` when not given)."""
+    if by_n is None:
+        by_n = {it.step: it for it in facts.iterations}
     n = missed = 0
     for rec in steps:
         if rec.num_scheduled_tokens <= 0:
@@ -117,14 +120,15 @@ def lines_missed(steps: Sequence[Any], facts: LogFacts) -> int:
     return missed + sum(1 for k in by_n if k >= n)
 
 
-def _member(steps: Sequence[Any], clock: Sequence[float], facts: LogFacts) -> Member:
+def _member(steps: Sequence[Any], clock: Sequence[float], facts: LogFacts,
+            by_n: dict[int, Any]) -> Member:
     pre = preemption_records(steps, list(clock) + [clock[-1] if clock else 0.0] * max(
         0, len(steps) - len(clock)))
     by_victim: dict[str, list[int]] = {}
     for p in pre:
         by_victim.setdefault(p.victim, []).append(p.step)
     t = totals(steps, pre)
-    miss = lines_missed(steps, facts)
+    miss = lines_missed(steps, facts, by_n)
     return Member(1.0, float(miss), float(miss), miss, t.preemptions, t.tokens_recomputed,
                   t.processed_tokens, by_victim, [t.preemptions])
 
@@ -144,7 +148,8 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
     cfg = wl.config
     lens = [len(s.prompt_token_ids) for s in wl.requests]
     cap = [max(1, cfg.max_model_len - s.max_tokens) for s in wl.requests]
-    members = [_member(run.steps, run.clock, facts)]
+    by_n = {it.step: it for it in facts.iterations}
+    members = [_member(run.steps, run.clock, facts, by_n)]
     for k in range(samples):
         rng = random.Random(f"kvreplay-iteration-ensemble:{seed}:{k}")
         new = draw_lengths(lens, status, m.sum_groups, cap, cfg.block_size, rng)
@@ -158,7 +163,7 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
             steps = _replay(replace(wl, requests=specs), profile, run.inputs)
         except ValueError:  # a drawn length the engine refuses: not a run the log allows
             continue
-        mem = _member(steps, run.clock, facts)
+        mem = _member(steps, run.clock, facts, by_n)
         mem.prompt_lens = tuple(new)
         members.append(mem)
     w = noise_weights([x.sse for x in members], max(1, len(facts.iterations)))
