@@ -15,7 +15,8 @@ allow: exact kept, a sum split at random with its total kept (log-normal shares)
 moved within +-1 block, a bound raised, an estimate redrawn log-normally; under the
 priority policy without logged priorities, random priorities 0-4. Weight: how many
 Iteration lines the member reproduces (uncertainty.noise_weights on the lines it misses).
-The count's interval is over every member, and no lower than the recomputes the lines show
+The count's interval is over every member, at least its median +- COUNT_Z x sqrt(median),
+and no lower than the recomputes the lines show
 (iteration_lines.recomputes_count: a lower bound); a row's and a request's probability over the
 drawn members only (the search's replay names the rows: its agreement is not evidence).
 Seeded: the same log gives the same ensemble.
@@ -23,6 +24,7 @@ Seeded: the same log gives the same ensemble.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 from typing import Any, Sequence
@@ -35,10 +37,17 @@ from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.iteration_lines import recomputes_count
 from kvreplay.replay.records import PreemptionRecord, preemption_records, totals
 
-# Members besides the search's own replay. Each is one replay of the log; 6 keep the whole
-# replay within ~2x the same log with prompts. On tools/research/eval_iter_noprompts's 11
-# logs 6 held the count as often as 16 (11 of 11); 4 did not (f: 5-9, true 10).
-SAMPLES = 6
+# Members besides the search's own replay. Each is one whole replay of the log, as costly
+# as the replay with prompts' own run (the scheduler is ~80% of it: a member recording
+# only counts saves 7%), so the members set the time: 3 keep the replay within 2x the same
+# log with prompts (6: 2.3-2.8x). With COUNT_Z, 3 held the count on
+# tools/research/eval_iter_noprompts's 11 logs (11 of 11) and on 8 held-out renders
+# (--seed-base 3100: 8 of 8), as 6 did; without it 3 and 4 lost f (5-9, true 10).
+SAMPLES = 3
+# The count's 90% interval is at least its median +- COUNT_Z x sqrt(median): a count's own
+# noise (Poisson-like), which a few members cannot show on a log of few preemptions (f:
+# median 7 of 3 members, true 10); on larger counts WIDEN is the wider.
+COUNT_Z = 1.645
 MAX_STEPS = 200_000  # (samples x steps) beyond which the ensemble is not run
 SUM_SIGMA = 0.6  # log-normal spread of a sum's shares
 EST_SIGMA = 0.5  # ... of a length no line pinned
@@ -48,8 +57,10 @@ EST_SIGMA = 0.5  # ... of a length no line pinned
 # cases, 8 renders): the search undercounts by up to a third; not checked on held-out logs.
 WIDEN = 0.35
 # The drawn members' weights for the probabilities keep this share of them effective (a
-# member that matches a few more lines is not much likelier to have the right victims)
-ROW_ESS = 0.5
+# member that matches a few more lines is not much likelier to have the right victims).
+# With 3 members, 0.5 let one member's say-so make a row likely (held-out renders: rows at
+# p >= 0.8 right 1 of 2); 0.8: 7 of 7 on the 11 logs and the held-out 8, as with 6 at 0.5.
+ROW_ESS = 0.8
 
 
 def _tokens(old: Sequence[int], n: int, i: int) -> list[int]:
@@ -181,6 +192,9 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
     # (no storm timeline: the members are not counted per stats line)
     unc = summarize(members, w, seed=seed, lines=len(facts.iterations), voters=(drawn, dw),
                     widen=WIDEN, weighted_by="the Iteration lines")
+    c = unc.preemptions
+    pad = round(COUNT_Z * math.sqrt(c["median"]))
+    c["low"], c["high"] = max(0, min(c["low"], c["median"] - pad)), max(c["high"], c["median"] + pad)
     # the recomputes the lines show are preemptions every run the log allows has: the
     # count is at least that many (a member with fewer misses lines no weight measures)
     shown = recomputes_count(facts, wl, profile)
