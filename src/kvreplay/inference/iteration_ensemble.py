@@ -31,7 +31,8 @@ from typing import Any, Sequence
 
 from kvreplay.inference.engines import make_engine
 from kvreplay.inference.uncertainty import (NOISE_FLOOR, NOISE_K, TOL_STEPS, Member,
-                                           Uncertainty, noise_weights, summarize, temper)
+                                           Uncertainty, calibrated, noise_weights, summarize,
+                                           temper)
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.iteration_lines import recomputes_count
@@ -61,6 +62,16 @@ WIDEN = 0.35
 # With 3 members, 0.5 let one member's say-so make a row likely (held-out renders: rows at
 # p >= 0.8 right 1 of 2); 0.8: 7 of 7 on the 11 logs and the held-out 8, as with 6 at 0.5.
 ROW_ESS = 0.8
+# A request's `p_preempted` (the drawn members' share that preempt it at all) -> the share
+# of such requests truly preempted, where the lines do not pin the run (member 0 misses a
+# line): (raw share, share right), isotonic over the bins < 0.2, 0.2-0.5, 0.5-0.8, >= 0.8.
+# Measured with tools/research/eval_iter_noprompts on its 11 logs and the 8 held-out
+# renders (--seed-base 3100), 3 members: 91 of 407, 142 of 574, 95 of 422, 47 of 165 truly
+# preempted (raw, p >= 0.8 read as 0.8+ but right 28% of the time). The members redraw
+# every unpinned prompt, so who they preempt says little about who was: every bin is near
+# the base rate. A request one of its rows makes likelier keeps that row's probability
+# (the row's event implies the request's).
+REQUEST_MAP = ((0.1, 0.22), (0.35, 0.24), (0.65, 0.24), (0.9, 0.28))
 
 
 def _tokens(old: Sequence[int], n: int, i: int) -> list[int]:
@@ -183,7 +194,8 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
     # its agreement with itself is no evidence; its weight would make every row sure.
     # Unless it matches every line, KV usage included: the blocks in use are then pinned
     # at every step (to the line's 0.1 %), and with them where the pool runs out.
-    if m.matched == m.lines and members[0].sse == 0:
+    pinned = m.matched == m.lines and members[0].sse == 0
+    if pinned:
         drawn, dw = members, w
     else:
         drawn = members[1:] or members
@@ -191,7 +203,10 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
             NOISE_FLOOR, min(x.sse for x in drawn) / max(1, len(facts.iterations))), ROW_ESS)
     # (no storm timeline: the members are not counted per stats line)
     unc = summarize(members, w, seed=seed, lines=len(facts.iterations), voters=(drawn, dw),
-                    widen=WIDEN, weighted_by="the Iteration lines")
+                    widen=WIDEN, weighted_by="the Iteration lines",
+                    p_of=None if pinned else _request_p)
+    if not pinned:
+        _rows_lift_requests(unc, pre)
     c = unc.preemptions
     pad = round(COUNT_Z * math.sqrt(c["median"]))
     c["low"], c["high"] = max(0, min(c["low"], c["median"] - pad)), max(c["high"], c["median"] + pad)
@@ -204,6 +219,29 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
         for k in ("low", "median", "high"):
             c[k] = max(c[k], shown)
     return unc
+
+
+def _request_p(raw: float) -> float:
+    return calibrated(raw, REQUEST_MAP)
+
+
+def _rows_lift_requests(unc: Uncertainty, pre: Sequence[PreemptionRecord]) -> None:
+    """A request is at least as likely preempted as any row naming it (the rows' own
+    probabilities, Uncertainty.assign, as the replay gives them); the order kept most
+    likely first."""
+    unc.assign(pre)
+    top: dict[str, float] = {}
+    for p in pre:
+        if p.probability is not None:
+            top[p.victim] = max(top.get(p.victim, 0.0), p.probability)
+    if not top:
+        return
+    for r in unc.requests:
+        q = top.get(r["id"], 0.0)
+        if q > r["p_preempted"]:
+            r["expected_preemptions"] = round(max(r["expected_preemptions"], q), 3)
+            r["p_preempted"] = q
+    unc.requests.sort(key=lambda r: (-r["p_preempted"], -r["expected_preemptions"], r["id"]))
 
 
 def iteration_headline(unc: Uncertainty, pre: Sequence[PreemptionRecord], make_exact: str,
