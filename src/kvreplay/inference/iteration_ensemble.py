@@ -207,9 +207,7 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
                     p_of=None if pinned else _request_p)
     if not pinned:
         _rows_lift_requests(unc, pre)
-    c = unc.preemptions
-    pad = round(COUNT_Z * math.sqrt(c["median"]))
-    c["low"], c["high"] = max(0, min(c["low"], c["median"] - pad)), max(c["high"], c["median"] + pad)
+    count_noise(unc.preemptions)
     # the recomputes the lines show are preemptions every run the log allows has: the
     # count is at least that many (a member with fewer misses lines no weight measures)
     shown = recomputes_count(facts, wl, profile)
@@ -219,6 +217,13 @@ def iteration_ensemble(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: A
         for k in ("low", "median", "high"):
             c[k] = max(c[k], shown)
     return unc
+
+
+def count_noise(c: dict[str, int]) -> None:
+    """The count's interval `c` widened to at least its median +- COUNT_Z x sqrt(median)."""
+    pad = round(COUNT_Z * math.sqrt(c["median"]))
+    c["low"] = max(0, min(c["low"], c["median"] - pad))
+    c["high"] = max(c["high"], c["median"] + pad)
 
 
 def _request_p(raw: float) -> float:
