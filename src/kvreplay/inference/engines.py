@@ -51,17 +51,14 @@ def make_workload(fmt: LogFormat, cfg: Any, specs: list[RequestSpec], parent: di
 
 
 def make_engine(workload: Workload | V0Workload, profile: Profile, *,
-                inputs: EngineInputs | None = None, record_sampled: bool = False,
-                counts_only: bool = False) -> ReplayEngine:
+                inputs: EngineInputs | None = None, record_sampled: bool = False) -> ReplayEngine:
     """An engine for `workload`; with `inputs`, the run they describe, else one whose
-    requests enter only when submitted. `counts_only`: its StepRecords carry only what a
-    count reads (replay.engine.COUNT_FIELDS; V1 only, a V0 engine records every field)."""
+    requests enter only when submitted."""
     if isinstance(workload, V0Workload):
         return V0Steps(workload, inputs=inputs, record_sampled=record_sampled)
     if inputs is None:
         inputs = EngineInputs([-1] * len(workload.requests))
-    return Engine(workload, profile, inputs=inputs, record_sampled=record_sampled,
-                  counts_only=counts_only)
+    return Engine(workload, profile, inputs=inputs, record_sampled=record_sampled)
 
 
 V0_PROFILE_NAMES = (None, "auto", "v0", "0.6.6", "0.6.6.post1", V0ProfileRef().name)

@@ -33,6 +33,7 @@ from kvreplay.inference.engines import make_engine
 from kvreplay.inference.uncertainty import (NOISE_FLOOR, NOISE_K, TOL_STEPS, Member,
                                            Uncertainty, calibrated, noise_weights, summarize,
                                            temper)
+from kvreplay.events import Iteration
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.iteration_lines import recomputes_count
@@ -40,7 +41,7 @@ from kvreplay.replay.records import PreemptionRecord, preemption_records, totals
 
 # Members besides the search's own replay. Each is one whole replay of the log, as costly
 # as the replay with prompts' own run (the scheduler is ~80% of it: a member recording
-# only counts saves 7%), so the members set the time: 3 keep the replay within 2x the same
+# only counts saved 7%, not kept), so the members set the time: 3 keep the replay within 2x the same
 # log with prompts (6: 2.3-2.8x). With COUNT_Z, 3 held the count on
 # tools/research/eval_iter_noprompts's 11 logs (11 of 11) and on 8 held-out renders
 # (--seed-base 3100: 8 of 8), as 6 did; without it 3 and 4 lost f (5-9, true 10).
@@ -112,7 +113,7 @@ def draw_lengths(lens: Sequence[int], status: dict[int, str], groups: Sequence[S
 
 
 def _replay(workload: Any, profile: Any, inputs: Any) -> list:
-    eng = make_engine(workload, profile, inputs=inputs, counts_only=True)
+    eng = make_engine(workload, profile, inputs=inputs)
     steps = []
     while not eng.done:
         steps.append(eng.step())
@@ -120,7 +121,7 @@ def _replay(workload: Any, profile: Any, inputs: Any) -> list:
 
 
 def lines_missed(steps: Sequence[Any], facts: LogFacts,
-                 by_n: dict[int, Any] | None = None) -> int:
+                 by_n: dict[int, Iteration] | None = None) -> int:
     """Iteration lines whose context / generation requests and tokens the run does not
     reproduce (the N-th token step against Iteration(N)), and lines it has no step for.
     `by_n`: the lines by N (built from `facts` when not given)."""
@@ -143,7 +144,7 @@ def lines_missed(steps: Sequence[Any], facts: LogFacts,
 
 
 def _member(steps: Sequence[Any], clock: Sequence[float], facts: LogFacts,
-            by_n: dict[int, Any]) -> Member:
+            by_n: dict[int, Iteration]) -> Member:
     pre = preemption_records(steps, list(clock) + [clock[-1] if clock else 0.0] * max(
         0, len(steps) - len(clock)))
     by_victim: dict[str, list[int]] = {}

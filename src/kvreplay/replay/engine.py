@@ -91,14 +91,10 @@ class Engine:
         block_hasher: Callable[[Request], None] | None = None,
         record_sampled: bool = False,
         collect_hashes_every: int = 0,
-        counts_only: bool = False,
     ) -> None:
         """`collect_hashes_every`: every so many steps, forget the block-hash ids nothing
-        live can reach (BlockHasher.collect); 0: never (an engine that is snapshotted).
-        `counts_only`: the same run, each `StepRecord` filled only with what a count reads
-        (COUNT_FIELDS); the summary keeps only `finished_step` and `num_steps`."""
+        live can reach (BlockHasher.collect); 0: never (an engine that is snapshotted)."""
         self.collect_hashes_every = collect_hashes_every
-        self.counts_only = counts_only
         self.workload = workload
         self.profile = profile
         self.scheduler = Scheduler(workload.config, profile, check_invariants=check_invariants)
@@ -276,10 +272,7 @@ class Engine:
         if sched.has_requests():
             out = sched.schedule()
             self.last_output = out
-            if self.counts_only:
-                _account_counts(out, rec, self.recompute, sched.requests)
-            else:
-                self._account_schedule(step, out, rec)
+            self._account_schedule(step, out, rec)
             sample_ids = out.will_sample
             self.last_sample_ids = sample_ids
             batch_queue.appendleft((step, out, sample_ids))
@@ -296,10 +289,6 @@ class Engine:
             self.last_output = None
             idle = True  # EngineCore does not step with nothing to do
             rec.idle = True
-        if self.counts_only:
-            self._gone = []
-            self._advance(step + 1, idle)
-            return rec
         if rec.num_scheduled:
             # the context the scheduled requests attend to, over those still live after
             # the step (a request that finished in it is gone)
@@ -314,20 +303,16 @@ class Engine:
         rec.num_waiting = len(sched.waiting)
         rec.free_blocks = sched.pool.free_block_queue.num_free_blocks
         rec.kv_usage = sched.kv_cache_usage
-        self._advance(step + 1, idle)
-        return rec
-
-    def _advance(self, step: int, idle: bool) -> None:
-        """The next step is `step`; the run is over when every request finished, the
-        engine idles with nothing left to come, or at max_steps."""
+        step += 1
         self.step_index = step
         summary = self.summary
-        if (len(summary.finished_step) == self.num_requests and not self.batch_queue) or (
+        if (len(summary.finished_step) == self.num_requests and not batch_queue) or (
             idle and step > self.max_arrival and not self.unsubmitted
         ) or step >= self.max_steps:
             self.done = True
             summary.num_steps = step
             summary.completed = len(summary.finished_step) == self.num_requests
+        return rec
 
     # -- bookkeeping ---------------------------------------------------------------
     def _account_schedule(self, step: int, out: SchedulerOutput, rec: StepRecord) -> None:
@@ -406,11 +391,6 @@ class Engine:
         result = sched.update_from_output(out, tokens)
         self.last_update = (b_step, result)
         summary = self.summary
-        if self.counts_only:
-            for req in result.finished:
-                summary.finished_step[req.request_id] = step
-            self._gone = result.finished
-            return
         first = summary.first_token_step
         first_tokens: list[str] = []
         prompt = cached = 0
@@ -443,33 +423,6 @@ class Engine:
 
 def _by_index(r: Request) -> int:
     return r.index
-
-
-# What a counts-only engine fills in each StepRecord: the scheduled requests and tokens,
-# the Iteration line's context requests and tokens, the preemptions, the resumed
-# admissions (the victims' readmission: preemption_records) and the tokens recomputed
-# (RecomputeTally); the rest keeps its default.
-COUNT_FIELDS = ("step", "arrivals", "aborted", "num_scheduled", "num_scheduled_tokens",
-                "num_ctx_requests", "num_ctx_tokens", "preemptions", "admitted", "recomputed",
-                "idle")
-
-
-def _account_counts(out: SchedulerOutput, rec: StepRecord, tally: RecomputeTally,
-                    requests: dict[str, Request]) -> None:
-    """`Engine._account_schedule` for a counts-only engine (COUNT_FIELDS): the admissions
-    only of resumed victims, no summary."""
-    ns = out.num_scheduled_tokens
-    rec.num_scheduled = len(ns)
-    rec.num_scheduled_tokens = out.total_num_scheduled_tokens
-    rec.num_ctx_requests = out.num_ctx_requests
-    rec.num_ctx_tokens = out.num_ctx_tokens
-    if out.resumed_req_ids:
-        hits = out.prefix_hit_tokens
-        rec.admitted = [Admission(rid, hits[rid], requests[rid].num_tokens, True)
-                        for rid in out.resumed_req_ids]
-    if out.preemptions:
-        rec.preemptions = out.preemptions
-    tally.step(rec, ns)
 
 
 @without_cyclic_gc
