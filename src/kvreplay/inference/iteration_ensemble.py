@@ -18,8 +18,9 @@ Iteration lines the member reproduces (uncertainty.noise_weights on the lines it
 The count's interval is over every member, at least its median +- COUNT_Z x sqrt(median),
 and no lower than the recomputes the lines show
 (iteration_lines.recomputes_count: a lower bound); a row's and a request's probability over the
-drawn members only (the search's replay names the rows: its agreement is not evidence).
-Seeded: the same log gives the same ensemble.
+drawn members only (the search's replay names the rows: its agreement is not evidence); a
+request's calibrated (REQUEST_MAP) unless the lines pin the run, and never below a row
+naming it. Seeded: the same log gives the same ensemble.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ import random
 from dataclasses import replace
 from typing import Any, Sequence
 
+from kvreplay.events import Iteration
 from kvreplay.inference.engines import make_engine
 from kvreplay.inference.uncertainty import (NOISE_FLOOR, NOISE_K, TOL_STEPS, Member,
                                            Uncertainty, calibrated, noise_weights, summarize,
                                            temper)
-from kvreplay.events import Iteration
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.iteration_lines import recomputes_count
@@ -41,10 +42,10 @@ from kvreplay.replay.records import PreemptionRecord, preemption_records, totals
 
 # Members besides the search's own replay. Each is one whole replay of the log, as costly
 # as the replay with prompts' own run (the scheduler is ~80% of it: a member recording
-# only counts saved 7%, not kept), so the members set the time: 3 keep the replay within 2x the same
-# log with prompts (6: 2.3-2.8x). With COUNT_Z, 3 held the count on
-# tools/research/eval_iter_noprompts's 11 logs (11 of 11) and on 8 held-out renders
-# (--seed-base 3100: 8 of 8), as 6 did; without it 3 and 4 lost f (5-9, true 10).
+# only counts saved 7%, not kept), so the members set the time: 3 keep the replay within
+# 2x the same log with prompts (6: 2.3-2.8x). With COUNT_Z, 3 held the count on
+# tools/research/eval_iter_noprompts's 11 logs (11 of 11) and on 16 held-out renders
+# (--seed-base 3100, 3200: 16 of 16), as 6 did; without it 3 and 4 lost f (5-9, true 10).
 SAMPLES = 3
 # The count's 90% interval is at least its median +- COUNT_Z x sqrt(median): a count's own
 # noise (Poisson-like), which a few members cannot show on a log of few preemptions (f:
@@ -56,7 +57,8 @@ EST_SIGMA = 0.5  # ... of a length no line pinned
 # The members share the search's arrival steps and its errors (a preemption it puts a few
 # steps off moves the following ones), so the count's spread is widened by this share of
 # the median on each side. Chosen on tools/eval_iter_noprompts.py's 11 logs (the three log
-# cases, 8 renders): the search undercounts by up to a third; not checked on held-out logs.
+# cases, 8 renders): the search undercounts by up to a third; the 16 held-out renders
+# (--seed-base 3100, 3200) held too (16 of 16, with 3 members and COUNT_Z).
 WIDEN = 0.35
 # The drawn members' weights for the probabilities keep this share of them effective (a
 # member that matches a few more lines is not much likelier to have the right victims).
