@@ -92,6 +92,11 @@ def main() -> int:
               f"the floor; {len(lines):,} lines); {it.matched:,} of {it.lines:,} "
               f"Iteration lines match; {same} of {len(true)} preemptions at the same step "
               "and victim")
+        u = rep.uncertainty
+        if u is not None:
+            c = u.preemptions
+            print(f"  the count's 90% interval ({u.samples} members): {c['low']}-{c['high']}, "
+                  f"median {c['median']}; true {len(true)}")
     if len(cpu_of) == 2:
         print(f"without / with prompts, CPU: {cpu_of[False] / cpu_of[True]:.2f}x")
     return 0

@@ -222,23 +222,23 @@ def test_the_search_run_kept_as_the_replay_is_the_run_its_inputs_make(
     On b the pass's own run is kept (its lines give the queued requests their lengths
     before the scheduler reads them); on f it went back, and is run again either way."""
     from kvreplay.cli.replay_report import to_json
-    from kvreplay.inference import iterations
+    from kvreplay.inference import iteration_search
 
-    run = iterations._Search.run
+    run = iteration_search.Search.run
     kept: list[bool] = []
 
-    def spy(self: iterations._Search) -> None:
+    def spy(self: iteration_search.Search) -> None:
         run(self)
         kept.append(not self.rerun)
 
-    def forced(self: iterations._Search) -> None:
+    def forced(self: iteration_search.Search) -> None:
         run(self)
         self.rerun = True
 
     path = str(DATA / case / "server.iter.log")
-    monkeypatch.setattr(iterations._Search, "run", spy)
+    monkeypatch.setattr(iteration_search.Search, "run", spy)
     own = replay_logs([path], year=2026)
-    monkeypatch.setattr(iterations._Search, "run", forced)
+    monkeypatch.setattr(iteration_search.Search, "run", forced)
     again = replay_logs([path], year=2026)
     assert kept == [case == "b_fcfs_heavy"]
     assert len(own.steps) == len(again.steps) > 0
@@ -312,3 +312,37 @@ def test_no_recompute_bound_where_a_generation_request_may_take_more_tokens() ->
     prio = SimpleNamespace(config=SimpleNamespace(**{**vars(cfg), "policy": "priority"}))
     assert recomputes_count(facts, prio, get_profile("0.33")) == 1
     assert recomputes_count(facts, prio, get_profile("0.31")) is None
+
+
+def test_a_few_preemptions_keep_their_own_noise_in_the_interval() -> None:
+    """COUNT_Z: a count's interval is at least median +- 1.645 sqrt(median) (f: 3 members
+    put the median at 7, true 10, and their spread alone gave 5-9); where WIDEN's share of
+    the median is wider (large counts), the interval is kept as it was."""
+    from kvreplay.inference.iteration_ensemble import count_noise
+    small = {"median": 7, "low": 5, "high": 9}
+    count_noise(small)
+    assert small == {"median": 7, "low": 3, "high": 11}
+    large = {"median": 44, "low": 30, "high": 60}
+    count_noise(large)
+    assert large == {"median": 44, "low": 30, "high": 60}
+    zero = {"median": 0, "low": 0, "high": 0}
+    count_noise(zero)
+    assert zero == {"median": 0, "low": 0, "high": 0}
+
+
+def test_a_requests_probability_is_no_surer_than_it_is_right() -> None:
+    """Where the lines do not pin the run (p1: 249 of 2,166 lines), who the members preempt
+    says little about who was (22-28% truly preempted in every raw bin, REQUEST_MAP): no
+    request of p1 reads as likely (p >= 0.5), and none is below a row naming it. Where they
+    pin it (b: every line, KV usage included) the shares stay as the members give them:
+    its 5 true victims at p 1.0."""
+    rep = replay_logs([str(DATA / "p1_poisson_fcfs_200" / "server.iter.log")], year=2026)
+    reqs = {r["id"]: r["p_preempted"] for r in rep.uncertainty.requests}
+    assert reqs and max(reqs.values()) < 0.5
+    for p in rep.preemptions:
+        assert reqs.get(p.victim, 0.0) >= (p.probability or 0.0)
+    b = replay_logs([str(DATA / "b_fcfs_heavy" / "server.iter.log")], year=2026)
+    truth = {p["victim_log_id"] for p in
+             json.loads((DATA / "b_fcfs_heavy" / "truth.json").read_text())["preemptions"]}
+    breqs = {r["id"]: r["p_preempted"] for r in b.uncertainty.requests}
+    assert all(breqs[v] == 1.0 for v in truth)

@@ -2,7 +2,7 @@
 """Score the Iteration-line replay of logs WITHOUT prompt bodies (dev tool).
 
     python -m tools.research.eval_iter_noprompts [--out /tmp/iternp] [--only logcases|renders]
-        [--cases NAME,...] [--samples N] [--repeat N]
+        [--cases NAME,...] [--samples N] [--repeat N] [--seed-base 2900]
 
 Two sets of inputs, each replayed twice, without and with prompt bodies (the same run):
 
@@ -21,7 +21,9 @@ true count, Iteration lines matched, and the time of both replays: wall and CPU 
 (process time), each the least of --repeat runs, after one replay that loads the modules
 (ratio = without / with prompts). The last line sums them up: victims at their step, the
 intervals that hold and their mean width (x the true count), the rows with p >= 0.8 and
-p < 0.2 and how many are right, and the CPU ratios.
+p < 0.2 and how many are right, the CPU ratios, and [right, all] per probability bin
+(< 0.2, 0.2-0.5, 0.5-0.8, >= 0.8) for the rows and for the requests' `p_preempted`
+(requests_no_member: [truly preempted, all] of those no member preempts).
 """
 from __future__ import annotations
 
@@ -58,14 +60,15 @@ def bursty(wl: dict, rng: random.Random) -> dict:
     return wl
 
 
-def render_cases(out: str, model: dict) -> list[dict]:
-    """The rendered set: (policy x prefix caching x arrivals), one seed each."""
+def render_cases(out: str, model: dict, seed_base: int = 2900) -> list[dict]:
+    """The rendered set: (policy x prefix caching x arrivals), one seed each (seed_base +
+    0..7; 2900: the set the constants were chosen on, another base: a held-out set)."""
     rows = []
     c = 0
     for policy in ("fcfs", "priority"):
         for pc in (False, True):
             for arrivals in ("poisson", "bursty"):
-                seed = 2900 + c
+                seed = seed_base + c
                 c += 1
                 rng = random.Random(seed)
                 blocks = rng.randrange(1500, 2201, 50)
@@ -73,7 +76,8 @@ def render_cases(out: str, model: dict) -> list[dict]:
                 wl_d = poisson_workload(seed, 200, policy, pc, False, blocks, gap, 64)
                 if arrivals == "bursty":
                     wl_d = bursty(wl_d, rng)
-                name = f"r{c:02d}-{policy}-{'pc' if pc else 'nopc'}-{arrivals}"
+                name = (f"r{c:02d}-{policy}-{'pc' if pc else 'nopc'}-{arrivals}"
+                        + ("" if seed_base == 2900 else f"-s{seed_base}"))
                 d = os.path.join(out, name)
                 truth_p = os.path.join(d, "truth.json")
                 if not os.path.exists(truth_p):
@@ -134,6 +138,13 @@ def score(name: str, d: str, samples: int | None, repeat: int = 1) -> dict:
         row["p>=0.8 right"] = f"{sum(ok for q, ok in labelled if q >= 0.8)}/{sum(q >= 0.8 for q, _ in labelled)}"
         row["p<0.2 right"] = f"{sum(ok for q, ok in labelled if q < 0.2)}/{sum(q < 0.2 for q, _ in labelled)}"
         row["width"] = round((c["high"] - c["low"]) / max(1, len(true)), 3)
+        # how often a probability is right, per bin: rows (the victim within 5 steps of
+        # the row's step) and requests (`p_preempted`: preempted at least once)
+        victims = {v for _, v in true}
+        row["rows_by_p"] = _bins((q, ok) for q, ok in labelled)
+        row["requests_by_p"] = _bins((r["p_preempted"], r["id"] in victims) for r in u.requests)
+        named = {r["id"] for r in u.requests}
+        row["requests_no_member"] = [len(victims - named), rep.info.requests - len(named)]
     labels: dict[str, list[int]] = {}
     for j, p in enumerate(rep.preemptions):
         lab = labels.setdefault(p.confidence or "?", [0, 0])
@@ -144,6 +155,19 @@ def score(name: str, d: str, samples: int | None, repeat: int = 1) -> dict:
     return row
 
 
+BINS = (0.0, 0.2, 0.5, 0.8)
+
+
+def _bins(pairs) -> list[list[int]]:
+    """[right, all] per probability bin (BINS: < 0.2, 0.2-0.5, 0.5-0.8, >= 0.8)."""
+    out = [[0, 0] for _ in BINS]
+    for q, ok in pairs:
+        k = max(i for i, b in enumerate(BINS) if q >= b)
+        out[k][0] += bool(ok)
+        out[k][1] += 1
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/iternp")
@@ -151,6 +175,8 @@ def main() -> int:
     ap.add_argument("--cases", default="")
     ap.add_argument("--samples", type=int, default=None)
     ap.add_argument("--repeat", type=int, default=1, help="time each replay N times (least)")
+    ap.add_argument("--seed-base", type=int, default=2900,
+                    help="the renders' seeds (2900: the tuning set; another: held out)")
     args = ap.parse_args()
     want = set(filter(None, args.cases.split(",")))
     cases = []
@@ -159,7 +185,7 @@ def main() -> int:
                   if os.path.exists(os.path.join(LOGCASES, n, "server.iter.log"))]
     if args.only != "logcases":
         model = json.load(open(os.path.join(LOGCASES, "p1_poisson_fcfs_200", "truth.json")))["step_time_model"]
-        cases += [(r["name"], r["dir"]) for r in render_cases(args.out, model)]
+        cases += [(r["name"], r["dir"]) for r in render_cases(args.out, model, args.seed_base)]
     cases = [(n, d) for n, d in cases if not want or n in want]
     if cases:  # load the modules once, outside the times
         replay_once(os.path.join(cases[0][1], "server.iter.log"), args.samples)
@@ -167,8 +193,20 @@ def main() -> int:
     widths: list[float] = []
     rows_hi, rows_lo = [0, 0], [0, 0]
     ratios: dict[str, float] = {}
+    by_p = {"rows_by_p": [[0, 0] for _ in BINS], "requests_by_p": [[0, 0] for _ in BINS],
+            "requests_no_member": [0, 0]}
     for name, d in cases:
         row = score(name, d, args.samples, args.repeat)
+        for key, acc in by_p.items():
+            if key not in row:
+                continue
+            if key == "requests_no_member":
+                acc[0] += row[key][0]
+                acc[1] += row[key][1]
+                continue
+            for a, b in zip(acc, row[key]):
+                a[0] += b[0]
+                a[1] += b[1]
         tot[0] += row["true"]
         tot[1] += row["at_step_5"]
         tot[2] += row["holds"] if "holds" in row else 0
@@ -187,7 +225,8 @@ def main() -> int:
                       "mean_width": round(sum(widths) / len(widths), 3) if widths else None,
                       "p>=0.8 right": f"{rows_hi[0]}/{rows_hi[1]}",
                       "p<0.2 right": f"{rows_lo[0]}/{rows_lo[1]}",
-                      "cpu_ratio_max": max(ratios.values()) if ratios else None}))
+                      "cpu_ratio_max": max(ratios.values()) if ratios else None,
+                      **by_p}))
     return 0
 
 
