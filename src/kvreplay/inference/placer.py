@@ -12,7 +12,7 @@ steps never decrease). Requests sharing a window are spread evenly in time over 
 Poisson client), or all put at its first step (a burst). An empty window (evidence that
 contradicts itself: the run it was read from is off) is relaxed to its last step.
 
-Not placed here: the Iteration-line search (iterations.py) chooses, step by step, how many
+Not placed here: the Iteration-line search (iteration_search.py) chooses, step by step, how many
 of the next requests enter by replaying each choice against the step's line (a search over
 the lines, not a choice inside known windows); the request spans (span_clock.py) enter each
 request at the first step starting at or after its engine stamp, while the engine runs

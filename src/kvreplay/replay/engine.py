@@ -162,7 +162,7 @@ class Engine:
 
     def set_prompt(self, index: int, prompt_token_ids: list[int]) -> None:
         """Input: request `index` gets another prompt, before it produced a token (a log
-        that shows a prompt's length only as it is scheduled: inference/iterations.py). Its
+        that shows a prompt's length only as it is scheduled: inference/iteration_search.py). Its
         computed tokens must lie within the new prompt."""
         spec = self.workload.requests[index]
         self.workload.requests[index] = replace(spec, prompt_token_ids=prompt_token_ids)
