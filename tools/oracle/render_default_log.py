@@ -124,7 +124,8 @@ def scrape_text(pts, stimes) -> str:
     return "\n".join(out) + "\n"
 
 
-def evaluate(cases, samples: int, dump: str | None = None) -> list[dict]:
+def evaluate(cases, samples: int, dump: str | None = None,
+             inputs: tuple[str, ...] = ("log", "log+scrapes")) -> list[dict]:
     from kvreplay.audit import join, prom
     from kvreplay.inference.default_log import answer_log
     from kvreplay.parsers import parse_lines
@@ -141,6 +142,8 @@ def evaluate(cases, samples: int, dump: str | None = None) -> list[dict]:
             facts = read_facts([lp], year=2026)
             scr = join.counter_points(prom.read_scrapes(pp), "0", 0.0)
         for label, sc in (("log", ()), ("log+scrapes", scr)):
+            if label not in inputs:
+                continue
             t0 = time.perf_counter()
             kept: list = []
             a = answer_log(facts, sc, samples=samples, seed=0, keep=kept)
@@ -254,6 +257,7 @@ def main(argv=None) -> int:
     ap.add_argument("-o", "--out", default=".")
     ap.add_argument("--dump", help="eval: append each case's weighted members here (JSON lines); "
                     "calib: the dumps to read")
+    ap.add_argument("--inputs", default="log,log+scrapes", help="eval: which inputs of each case")
     ap.add_argument("--grid", default="1,1.2,1.4,1.55,1.75,2", help="calib: the widenings tried")
     a = ap.parse_args(argv)
     if a.cmd == "write":
@@ -270,7 +274,7 @@ def main(argv=None) -> int:
     if a.cmd == "eval-full":
         evaluate_full(range(lo, hi))
         return 0
-    summary(evaluate(range(lo, hi), a.samples, a.dump))
+    summary(evaluate(range(lo, hi), a.samples, a.dump, tuple(a.inputs.split(","))))
     return 0
 
 

@@ -158,6 +158,49 @@ def _grouped_lengths(ev: EM.MetricsEvidence, m: int, rng: random.Random, cap: in
     return out
 
 
+def fit_groups(xs: Sequence[int], groups: Sequence[tuple[int, int, float]],
+               rng: random.Random) -> list[int]:
+    """Lengths `xs` (a sample of the scraped histogram: the right multiset, in random
+    order) put in the order whose sum in each `prompt_groups` group comes nearest its
+    tokens: the histogram says which lengths there were, the stats lines which interval's
+    requests had them. Local search: swap two requests of different groups when that
+    lowers the squared misfit (groups of no known tokens take part freely)."""
+    out = list(xs)
+    rng.shuffle(out)
+    m = len(out)
+    gid = [0] * m
+    for g, (a, b, _) in enumerate(groups):
+        for j in range(a, min(b, m)):
+            gid[j] = g
+    target = [t for _, _, t in groups]
+    have = [0.0] * len(groups)
+    for j, x in enumerate(out):
+        have[gid[j]] += x
+
+    def cost(g: int, s: float) -> float:
+        return 0.0 if target[g] < 0 else (s - target[g]) ** 2
+
+    if m < 2 or sum(1 for t in target if t >= 0) == 0:
+        return out
+    for _ in range(SWAPS * m):
+        i, j = rng.randrange(m), rng.randrange(m)
+        gi, gj = gid[i], gid[j]
+        if gi == gj or out[i] == out[j]:
+            continue
+        d = out[j] - out[i]
+        before = cost(gi, have[gi]) + cost(gj, have[gj])
+        after = cost(gi, have[gi] + d) + cost(gj, have[gj] - d)
+        if after < before:
+            out[i], out[j] = out[j], out[i]
+            have[gi] += d
+            have[gj] -= d
+    return out
+
+
+# fit_groups: swaps tried per request
+SWAPS = 40
+
+
 def workload_of(config: Any, ins: Sequence[int], outs: Sequence[int]) -> Workload:
     cap = config.max_model_len
     specs = []
@@ -240,6 +283,8 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
             shape = (r.choice(("uniform", "lognormal")), r.uniform(0.25, 1.1))
             outs = _lengths(m, max(1.0, gtot / m), r, cap - 1, shape)
         ins = EM.draw_from_hist(phist, m, r, cap - 1) if phist else []
+        if ins:
+            ins = fit_groups(ins, prompt_groups(ev, m), r)
         if not ins:
             # vLLM counts a prompt's tokens once, when its first token comes out: the logged
             # prompt tokens are the prompts' sum
