@@ -84,6 +84,10 @@ class DefaultAnswer(msgspec.Struct):
     lengths_source: str
     headline: str
     notes: list[str]
+    # why the stats lines are too few to tell a workload (then the intervals say what the
+    # drawn workloads assume, not what the log shows; the count stands only when the
+    # counter gives it exactly), None when they are enough
+    thin: str | None = None
 
 
 class Member(msgspec.Struct):
@@ -95,6 +99,9 @@ class Member(msgspec.Struct):
     processed: int
     after_count: int  # preemptions after the last scrape (not counted by it)
     per_window: dict[int, int]  # stats window -> preemptions in it (nonzero only)
+    # the 95th percentile of its requests' prompt + output: what one victim can lose at most
+    # (the cost of a preemption where too few members preempt to say, `intervals`)
+    longest: float = 0.0
     # the workload it drew (kept for the what-if only, `answer(draws=True)`): arrival times,
     # prompt and output lengths, its step time (seconds per step, per token)
     arrivals: list[float] = []
@@ -300,8 +307,10 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
         after = 0
         if ev.counted_until is not None:
             after = sum(c for c, e in zip(counted, ends) if e > ev.counted_until)
+        sizes = sorted(p + o for p, o in zip(ins, outs))
         members.append(Member(0.0, chk.loss, t.preemptions, t.tokens_recomputed,
-                               t.recompute_ratio or 0.0, t.processed_tokens, after, per))
+                               t.recompute_ratio or 0.0, t.processed_tokens, after, per,
+                               float(sizes[min(len(sizes) - 1, int(0.95 * len(sizes)))])))
         if draws:
             x = members[-1]
             x.arrivals, x.prompts, x.outputs = arrivals, list(ins), list(outs)
@@ -323,11 +332,33 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
     for k, win in enumerate(ev.windows):
         iv = _interval([x.per_window.get(k, 0) for x in members], w) if k in busy else none
         wins.append(Window(win.t0, win.t1, iv))
+    thin = thin_evidence(ev)
+    if thin:
+        notes.append(thin)
     src = ("prompt and output lengths from the scraped histograms" if phist and ohist else
            "output lengths from the scraped histogram, prompts drawn to the logged prompt tokens"
            if ohist else "prompt and output lengths drawn to the logged token totals")
     return DefaultAnswer(n, pre, rec, ratio, wins, ev.counted, ev.counted_exact, len(members),
-                         round(ess, 1), seed, src, _headline(pre, rec, ratio, ev), notes)
+                         round(ess, 1), seed, src, _headline(pre, rec, ratio, ev, thin), notes, thin)
+
+
+# fewer stats lines showing work than this: too thin to tell a workload (`thin_evidence`)
+THIN_LINES = 3
+
+
+def thin_evidence(ev: EM.MetricsEvidence) -> str | None:
+    """Why the stats lines are too few to answer from, or None. The draws fill in what the
+    lines do not say (how arrivals cluster, each request's lengths, the step time); with
+    fewer than THIN_LINES lines showing work nothing checks those choices, and the ensemble
+    agrees with itself rather than with the log (one line gave 0-0 with 9 requests
+    waiting and the KV cache 90% full)."""
+    k = sum(1 for w in ev.windows if w.running or w.waiting or w.prompt_tokens or w.gen_tokens)
+    if k >= THIN_LINES:
+        return None
+    return (f"only {k} stats line{' shows' if k == 1 else 's show'} work (at least {THIN_LINES} "
+            "are needed to check a drawn workload): the intervals say what the drawn workloads "
+            "assume, not what the log shows"
+            + ("; the count is the counter's" if ev.counted is not None and ev.counted_exact else ""))
 
 
 def intervals(members: Sequence[Member], counted: int | None, exact: bool,
@@ -348,7 +379,15 @@ def intervals(members: Sequence[Member], counted: int | None, exact: bool,
         # the count is the counter's: each run gives what a preemption cost (recomputed
         # tokens per preemption), the count scales it
         cost = [(x, x.recomputed / x.preemptions) for x in members if x.preemptions]
-        if cost:
+        if len(cost) < COST_MIN and pre.high > 0:
+            # too few runs preempt to say what a preemption costs: a victim loses what it
+            # had computed, between a token and its prompt + output (the drawn requests'
+            # 95th percentile), each preemption
+            top = max([x.longest for x in members] + [c for _, c in cost])
+            med = U.quantiles([c for _, c in cost], [x.weight for x, _ in cost])[1] if cost else top / 2
+            rec = Interval(round(pre.median * med), pre.low, round(pre.high * top))
+            ratio = Interval(*(_ratio_of(members, v) for v in (rec.median, rec.low, rec.high)))
+        elif cost:
             total = [pre.median * c for _, c in cost]
             cw = [x.weight for x, _ in cost]
             rec = _interval(total, cw, widen=wk)
@@ -360,6 +399,17 @@ def intervals(members: Sequence[Member], counted: int | None, exact: bool,
         rec = _interval([x.recomputed for x in members], w, widen=wr)
         ratio = _interval([x.ratio for x in members], w, digits=6, widen=wr)
     return pre, rec, ratio
+
+
+def _ratio_of(members: Sequence[Member], recomputed: float) -> float:
+    """The recompute ratio of `recomputed` tokens over the members' weighted median of
+    the tokens processed but recomputed."""
+    base = U.quantiles([x.processed - x.recomputed for x in members], [x.weight or 1.0 for x in members])[1]
+    return round(recomputed / max(1.0, base + recomputed), 6)
+
+
+# fewer runs than this preempting: the cost of a preemption is not told by them (`intervals`)
+COST_MIN = 4
 
 
 def _weigh(members: list[Member], lines: int) -> None:
@@ -410,7 +460,15 @@ def _per_window(steps, ends, ev: EM.MetricsEvidence, phase: float) -> dict[int, 
     return out
 
 
-def _headline(pre: Interval, rec: Interval, ratio: Interval, ev: EM.MetricsEvidence) -> str:
+def _headline(pre: Interval, rec: Interval, ratio: Interval, ev: EM.MetricsEvidence,
+              thin: str | None = None) -> str:
+    if thin:
+        count = (f"{int(pre.median)} preemptions (exact: vllm:num_preemptions_total over the log)"
+                 if ev.counted is not None and ev.counted_exact else "preemptions unknown")
+        return (f"default log (no request lines), too thin to infer a workload: {count}; "
+                f"recomputed tokens unknown ({thin}: they give {int(pre.low)}-{int(pre.high)} "
+                f"preemptions, {int(rec.low):,}-{int(rec.high):,} tokens recomputed); no victim can be "
+                f"named; to make it exact: {TO_MAKE_EXACT}")
     if ev.counted is not None and ev.counted_exact:
         count = f"{int(pre.median)} preemptions (exact: vllm:num_preemptions_total over the log)"
     elif ev.counted is not None and pre.low == pre.high:
