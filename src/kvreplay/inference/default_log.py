@@ -434,7 +434,7 @@ def _weigh(members: list[Member], lines: int) -> None:
 # docs/accuracy.md, section 8).
 WIDEN_COUNT = 1.2
 WIDEN = 1.4
-WIDEN_COUNTED = 1.3
+WIDEN_COUNTED = 1.1
 
 
 def _interval(values: Sequence[float], weights: Sequence[float], digits: int = 0,
