@@ -108,6 +108,7 @@ class Member(msgspec.Struct):
     prompts: list[int] = []
     outputs: list[int] = []
     step_time: tuple[float, float] = (0.0, 0.0)
+    prefixes: list[tuple[int, int]] = []  # shared prompt prefixes (family, length), if drawn
 
 
 def _lengths(n: int, mean: float, rng: random.Random, cap: int, shape: tuple[str, float]) -> list[int]:
@@ -208,14 +209,53 @@ def fit_groups(xs: Sequence[int], groups: Sequence[tuple[int, int, float]],
 SWAPS = 40
 
 
-def workload_of(config: Any, ins: Sequence[int], outs: Sequence[int]) -> Workload:
+def workload_of(config: Any, ins: Sequence[int], outs: Sequence[int],
+                prefixes: Sequence[tuple[int, int]] | None = None) -> Workload:
+    """The requests of a member; `prefixes`: each request's (family, length) of a prompt
+    prefix it shares with the other requests of its family (`shared_prefixes`)."""
     cap = config.max_model_len
     specs = []
     for j, (p, o) in enumerate(zip(ins, outs)):
         p = max(1, min(p, cap - 1))
         o = max(1, min(o, cap - p))
-        specs.append(RequestSpec(f"r{j}", -1, [10 + (j * 7919 + k * 104729) % 30000 for k in range(p)], o))
+        fam, n = prefixes[j] if prefixes else (0, 0)
+        n = min(n, p)
+        toks = [10 + ((29999 - fam) * 7919 + k * 104729) % 30000 for k in range(n)]
+        toks += [10 + (j * 7919 + k * 104729) % 30000 for k in range(n, p)]
+        specs.append(RequestSpec(f"r{j}", -1, toks, o))
     return Workload("default-log member", "", config, specs, max_steps=10**9)
+
+
+def shared_prefixes(ins: Sequence[int], share: float, block: int,
+                    rng: random.Random) -> list[tuple[int, int]]:
+    """Each request's (family, prefix length) so that the prefix cache would hit `share`
+    of the prompt tokens first admitted (vllm:prefix_cache_hits / _queries over the
+    scrapes): 1-8 families of requests (the number drawn), each sharing a prefix of one
+    length L; a request hits the full blocks of min(L, prompt - 1) when an earlier one of
+    its family was admitted (vLLM never hits a prompt's last token). L by bisection;
+    eviction is left to the replay (the counter's check weighs it)."""
+    fams = rng.choice((1, 2, 4, 8))
+    fam = [rng.randrange(fams) for _ in ins]
+    total = max(1, sum(ins))
+    seen: set[int] = set()
+    later = []
+    for f, p in zip(fam, ins):
+        later.append(f in seen)
+        seen.add(f)
+
+    def got(length: int) -> float:
+        return sum((min(length, p - 1) // block) * block for p, late in zip(ins, later) if late) / total
+
+    lo, hi = 0, max(ins, default=0) // block
+    while lo < hi:  # the fewest blocks reaching the share, or the one below if nearer
+        mid = (lo + hi) // 2
+        if got(mid * block) < share:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo and share - got((lo - 1) * block) < got(lo * block) - share:
+        lo -= 1
+    return [(f, lo * block) for f in fam]
 
 
 def _arrivals(ev: EM.MetricsEvidence, rng: random.Random, phase: float,
@@ -273,6 +313,8 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
     sigma = STEP_SIGMA if EM.busy_intervals(ev) >= BUSY_MIN else STEP_SIGMA_LOOSE
     members: list[Member] = []
     notes = []
+    # prefix caching on and its counters scraped: the members' prompts share prefixes
+    share = ev.cache_share() if getattr(config, "enable_prefix_caching", False) else None
     span = (ev.windows[-1].t1 - ev.windows[0].t0) if ev.windows else 0.0
     max_steps = max(10_000, int(50 * span / max(a, 1e-3)))
     for i in range(max(1, samples)):
@@ -299,7 +341,8 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
             ins = _grouped_lengths(ev, m, r, cap - 1, shape)
         jit = math.exp(r.gauss(0.0, sigma)) if i else 1.0
         model = StepTimeModel(overhead_s=a * jit, per_token_s=b * jit, per_request_s=0.0)
-        steps, ends = _run(workload_of(config, ins, outs), arrivals, profile, model, max_steps)
+        pref = shared_prefixes(ins, share, config.block_size, r) if share else None
+        steps, ends = _run(workload_of(config, ins, outs, pref), arrivals, profile, model, max_steps)
         counted = EM.counted_preemptions(steps, config.max_num_batched_tokens)
         chk = EM.check(steps, ends, ev, phase, counted, detail=False)
         t = totals(steps, preemption_records(steps))
@@ -315,6 +358,7 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
             x = members[-1]
             x.arrivals, x.prompts, x.outputs = arrivals, list(ins), list(outs)
             x.step_time = (model.overhead_s, model.per_token_s)
+            x.prefixes = list(pref or [])
     if not members:
         raise ReplayError("the stats lines show no request: nothing to replay")
     _weigh(members, len(ev.windows))
@@ -332,6 +376,10 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
     for k, win in enumerate(ev.windows):
         iv = _interval([x.per_window.get(k, 0) for x in members], w) if k in busy else none
         wins.append(Window(win.t0, win.t1, iv))
+    if share is not None:
+        notes.append(f"the prefix cache hit {share:.1%} of the prompt tokens first admitted "
+                     "(vllm:prefix_cache_hits / _queries over the scrapes): each workload's prompts "
+                     "share prefixes to that share, and each is weighed by the hit counter")
     thin = thin_evidence(ev)
     if thin:
         notes.append(thin)
