@@ -7,13 +7,16 @@ waiting and KV usage at each line, the length histograms and the preemption coun
 scraped. This module draws workloads consistent with that (arrivals placed at random
 inside their interval, for half the members inside a random stretch of it: a burst; prompt
 and output lengths from the histograms, else from a family of shapes, the prompts scaled
-to each interval's prompt tokens (`prompt_groups`), the outputs to the logged total; the
+to each interval's prompt tokens (`prompt_groups`; histogram draws put in the order that
+fits them, `fit_groups`), the outputs to the logged total; with prefix caching and its
+counters scraped, prompts sharing prefixes to the logged hit share (`shared_prefixes`); the
 step time around the one the busy intervals' tokens imply, more loosely where few were
 busy throughout), replays each through the scheduler model on a wall clock, weights each by
 how well it reproduces every stats line and scrape (`evidence_metrics.check`), and reports
 90% intervals: preemptions (exact when the counter bounds the log), recomputed tokens,
 recompute ratio, and the preemptions per stats interval (the storm windows). No victim is
-named: no run the log allows is more than one of many.
+named: no run the log allows is more than one of many. Fewer than THIN_LINES stats lines
+showing work are too thin to check a draw: the answer says so (`thin_evidence`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ One module of the evidence protocol (one per kind of evidence), in three parts:
   running + waiting plus the access lines in between), `lengths` (the length histograms
   when scraped, else the token totals), `step_time` (a first step-time model from the
   tokens per interval), `counted` (the preemption counter's increase over the log, exact
-  when scrapes bound every busy second);
+  when scrapes bound every busy second), `cache_share` (the prefix cache's hits over its
+  queries, first admissions only);
 - how a run produces it (`render`: the counters at given times from a run's per-step
   records, with the semantics of vLLM's PrometheusStatLogger: a step's counts are visible
   once its output is processed, at the step's end; gauges are the last finished step's
