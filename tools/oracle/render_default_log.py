@@ -34,8 +34,10 @@ from kvreplay.replay.workload import RequestSpec, Workload
 KINDS = ("poisson", "bursts", "ramp")
 
 
-def case(i: int):
-    """Workload, arrival times, step-time model and stats interval of case i."""
+def case(i: int, prefix: bool = False):
+    """Workload, arrival times, step-time model and stats interval of case i; with
+    `prefix` the same case served with prefix caching, its prompts opening with one of 2-6
+    shared system prompts (200-1500 tokens each; a request's own part after it)."""
     rng = random.Random(1000 + i)
     kind = KINDS[i % 3]
     heavy = (i // 3) % 2 == 1
@@ -43,7 +45,7 @@ def case(i: int):
     blocks = rng.choice((800, 1200, 2000))
     cfg = SchedulerConfig(num_gpu_blocks=blocks, block_size=16, max_num_seqs=rng.choice((32, 64, 128)),
                           max_num_batched_tokens=rng.choice((2048, 4096, 8192)), max_model_len=4096,
-                          enable_chunked_prefill=True, enable_prefix_caching=False)
+                          enable_chunked_prefill=True, enable_prefix_caching=prefix)
     rate = rng.uniform(4.0, 14.0)
     times, t = [], 0.0
     for k in range(n):
@@ -55,6 +57,9 @@ def case(i: int):
             t += rng.expovariate(rate * (0.25 + 1.75 * k / n))
         times.append(t)
     specs = []
+    prng = random.Random(5000 + i)  # the shared prompts (their own stream: the case is unchanged)
+    systems = [[20000 + (g * 7919 + j * 104729) % 9000 for j in range(prng.randint(200, 1500))]
+               for g in range(prng.randint(2, 6))] if prefix else []
     for k in range(n):
         if heavy:
             p = int(min(3500, max(16, rng.lognormvariate(math.log(500), 1.0))))
@@ -63,6 +68,9 @@ def case(i: int):
             p = rng.randint(100, 2000)
             o = rng.randint(30, 500)
         toks = [10 + (k * 7919 + j * 104729) % 30000 for j in range(p)]
+        if prefix:
+            toks = systems[prng.randrange(len(systems))] + toks[:max(16, p // 2)]
+            o = min(o, 4095 - len(toks))
         specs.append(RequestSpec(f"r{k}", 0, toks, max(1, o)))
     wl = Workload(f"default-{i}", f"{kind} {'heavy' if heavy else 'uniform'}", cfg, specs, max_steps=10**9)
     model = StepTimeModel(overhead_s=rng.uniform(0.004, 0.009), per_token_s=rng.uniform(2e-5, 5e-5),
@@ -74,10 +82,11 @@ def case(i: int):
 _REQUEST_LINES = ("Received request ", "Added request ", "JSON body")
 
 
-def render(i: int, request_lines: bool = False):
+def render(i: int, request_lines: bool = False, prefix: bool = False):
     """(log text, scrape text, truth) of case i: a default log, or with `request_lines`
-    the log of `--enable-log-requests` (no prompts)."""
-    wl, times, model, interval, what = case(i)
+    the log of `--enable-log-requests` (no prompts); `prefix`: served with prefix caching
+    (`case`)."""
+    wl, times, model, interval, what = case(i, prefix)
     text, run = synth.render_log(wl, times, step_time=model, interval_s=interval,
                                  request_bodies=False)
     if not request_lines:
@@ -111,7 +120,9 @@ def scrape_text(pts, stimes) -> str:
                               ("vllm:num_preemptions_total", "counter", p.preemptions),
                               ("vllm:prompt_tokens_total", "counter", p.prompt_tokens),
                               ("vllm:generation_tokens_total", "counter", p.generation_tokens),
-                              ("vllm:request_success_total", "counter", p.finished)):
+                              ("vllm:request_success_total", "counter", p.finished),
+                              ("vllm:prefix_cache_queries_total", "counter", p.cache_queries),
+                              ("vllm:prefix_cache_hits_total", "counter", p.cache_hits)):
             out.append(f"# TYPE {name.removesuffix('_total')} {kind}")
             out.append(f"{name}{{{lab}}} {float(v)}")
         for name, h in (("vllm:request_prompt_tokens", p.prompt_len),
@@ -124,7 +135,11 @@ def scrape_text(pts, stimes) -> str:
     return "\n".join(out) + "\n"
 
 
-def evaluate(cases, samples: int, dump: str | None = None) -> list[dict]:
+def evaluate(cases, samples: int, dump: str | None = None,
+             inputs: tuple[str, ...] = ("log", "log+scrapes"), prefix: bool = False,
+             cache_evidence: bool = True) -> list[dict]:
+    """Each case's answer against its truth; `prefix`: the prefix-caching variant,
+    `cache_evidence`: False drops the prefix-cache counters from the scrapes (before/after)."""
     from kvreplay.audit import join, prom
     from kvreplay.inference.default_log import answer_log
     from kvreplay.parsers import parse_lines
@@ -133,7 +148,9 @@ def evaluate(cases, samples: int, dump: str | None = None) -> list[dict]:
 
     rows = []
     for i in cases:
-        text, ptext, truth = render(i)
+        text, ptext, truth = render(i, prefix=prefix)
+        if not cache_evidence:
+            ptext = "".join(l for l in ptext.splitlines(True) if "prefix_cache" not in l)
         with tempfile.TemporaryDirectory() as d:
             lp, pp = os.path.join(d, "server.log"), os.path.join(d, "metrics.prom")
             open(lp, "w").write(text)
@@ -141,10 +158,12 @@ def evaluate(cases, samples: int, dump: str | None = None) -> list[dict]:
             facts = read_facts([lp], year=2026)
             scr = join.counter_points(prom.read_scrapes(pp), "0", 0.0)
         for label, sc in (("log", ()), ("log+scrapes", scr)):
+            if label not in inputs:
+                continue
             t0 = time.perf_counter()
             kept: list = []
             a = answer_log(facts, sc, samples=samples, seed=0, keep=kept)
-            row = {"case": i, "what": truth["what"], "input": label, "seconds": round(time.perf_counter() - t0, 1),
+            row = {"case": i, "what": truth["what"] + (", prefix caching" if prefix else ""), "input": label, "seconds": round(time.perf_counter() - t0, 1),
                    "requests": truth["requests"], "requests_found": a.requests}
             for k, iv in (("preemptions", a.preemptions), ("recomputed_tokens", a.recomputed_tokens),
                           ("recompute_ratio", a.recompute_ratio)):
@@ -254,10 +273,14 @@ def main(argv=None) -> int:
     ap.add_argument("-o", "--out", default=".")
     ap.add_argument("--dump", help="eval: append each case's weighted members here (JSON lines); "
                     "calib: the dumps to read")
+    ap.add_argument("--inputs", default="log,log+scrapes", help="eval: which inputs of each case")
+    ap.add_argument("--prefix", action="store_true", help="eval/write: the prefix-caching variant of each case")
+    ap.add_argument("--no-cache-evidence", action="store_true",
+                    help="eval: drop the prefix-cache counters from the scrapes")
     ap.add_argument("--grid", default="1,1.2,1.4,1.55,1.75,2", help="calib: the widenings tried")
     a = ap.parse_args(argv)
     if a.cmd == "write":
-        text, ptext, truth = render(a.case)
+        text, ptext, truth = render(a.case, prefix=a.prefix)
         os.makedirs(a.out, exist_ok=True)
         open(os.path.join(a.out, "server.default.log"), "w").write(text)
         open(os.path.join(a.out, "metrics.prom"), "w").write(ptext)
@@ -270,7 +293,8 @@ def main(argv=None) -> int:
     if a.cmd == "eval-full":
         evaluate_full(range(lo, hi))
         return 0
-    summary(evaluate(range(lo, hi), a.samples, a.dump))
+    summary(evaluate(range(lo, hi), a.samples, a.dump, tuple(a.inputs.split(",")), a.prefix,
+                     not a.no_cache_evidence))
     return 0
 
 

@@ -59,12 +59,13 @@ def report_text(label: str, facts: Any, ans: Any, how: str | None) -> str:
     lines.append(f"  uncertainty: {ans.samples} workloads the log allows (seed {ans.seed}), weighted "
                  f"by how well each reproduces the stats lines{' and scrapes' if how and 'not' not in how[:4] else ''} "
                  f"(effective {ans.effective}); 90% intervals:")
-    exact = " (exact: the preemption counter)" if ans.counted_exact else " (interval)"
+    kind = " (what the draws assume: too thin to check)" if ans.thin else " (interval)"
+    exact = " (exact: the preemption counter)" if ans.counted_exact else kind
     lines.append(f"    preemptions: median {iv.median:.0f}, {iv.low:.0f}-{iv.high:.0f}{exact}")
     r = ans.recomputed_tokens
-    lines.append(f"    tokens recomputed: median {r.median:,.0f}, {r.low:,.0f}-{r.high:,.0f} (interval)")
+    lines.append(f"    tokens recomputed: median {r.median:,.0f}, {r.low:,.0f}-{r.high:,.0f}{kind}")
     q = ans.recompute_ratio
-    lines.append(f"    recompute ratio: median {q.median:.4f}, {q.low:.4f}-{q.high:.4f} (interval)")
+    lines.append(f"    recompute ratio: median {q.median:.4f}, {q.low:.4f}-{q.high:.4f}{kind}")
     storms = sorted(ans.windows, key=lambda w: -w.preemptions.median)[:3]
     if storms and storms[0].preemptions.high > 0:
         lines.append("    storm windows (preemptions per stats interval, median and 90%):")
@@ -104,6 +105,16 @@ def fill_record(rec: dict[str, Any], ans: Any, origin: float) -> None:
                                "recompute_ratio_low/high)")
     rec["requests"] = ans.requests
     rec["lengths_source"] = ans.lengths_source
+    if ans.thin:  # the intervals say what the draws assume: no figure but the counter's
+        keys = ["recomputed_tokens", "recomputed_tokens_low", "recomputed_tokens_high",
+                "recompute_ratio", "recompute_ratio_low", "recompute_ratio_high"]
+        if not ans.counted_exact:
+            keys += ["preemptions_replayed", "preemptions_replayed_median", "preemptions_replayed_low",
+                     "preemptions_replayed_high", "preemptions_interval_source"]
+        for k in keys:
+            rec[k] = None
+        rec["recompute_source"] = None
+        rec["null_reasons"].append(f"default log too thin to infer a workload: {ans.thin}")
     ev = [(w.start - origin, int(w.preemptions.median), -1) for w in ans.windows if w.preemptions.median > 0]
     if ev:
         rec["storms"] = M.storm_windows(ev, rec.get("interval_s") or 10.0)

@@ -197,7 +197,8 @@ def counter_points(scrapes: list, eng: str, shift: float) -> list:
         out.append(CounterPoint(
             s.time + shift, v.get("preemptions"), v.get("prompt_tokens"), v.get("generation_tokens"),
             v.get("requests_finished"), v.get("running"), v.get("waiting"), v.get("kv_usage"),
-            tuple(sorted(h.get("prompt_len", ()))), tuple(sorted(h.get("output_len", ())))))
+            tuple(sorted(h.get("prompt_len", ()))), tuple(sorted(h.get("output_len", ()))),
+            v.get("prefix_cache_queries"), v.get("prefix_cache_hits")))
     return out
 
 

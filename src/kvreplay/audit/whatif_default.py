@@ -86,7 +86,8 @@ def member_workload(cfg: Any, m: Any) -> tuple[Any, list[float], int]:
     keep = [j for j, p in enumerate(m.prompts) if p < cfg.max_model_len]
     ins = [m.prompts[j] for j in keep]
     outs = [min(m.outputs[j], cfg.max_model_len - m.prompts[j]) for j in keep]
-    return workload_of(cfg, ins, outs), [m.arrivals[j] for j in keep], len(m.prompts) - len(keep)
+    pref = [tuple(m.prefixes[j]) for j in keep] if getattr(m, "prefixes", None) else None
+    return workload_of(cfg, ins, outs, pref), [m.arrivals[j] for j in keep], len(m.prompts) - len(keep)
 
 
 def run_row(ctx: DefaultContext, setting: Setting, clients: int | None) -> dict[str, Any]:

@@ -7,13 +7,16 @@ waiting and KV usage at each line, the length histograms and the preemption coun
 scraped. This module draws workloads consistent with that (arrivals placed at random
 inside their interval, for half the members inside a random stretch of it: a burst; prompt
 and output lengths from the histograms, else from a family of shapes, the prompts scaled
-to each interval's prompt tokens (`prompt_groups`), the outputs to the logged total; the
+to each interval's prompt tokens (`prompt_groups`; histogram draws put in the order that
+fits them, `fit_groups`), the outputs to the logged total; with prefix caching and its
+counters scraped, prompts sharing prefixes to the logged hit share (`shared_prefixes`); the
 step time around the one the busy intervals' tokens imply, more loosely where few were
 busy throughout), replays each through the scheduler model on a wall clock, weights each by
 how well it reproduces every stats line and scrape (`evidence_metrics.check`), and reports
 90% intervals: preemptions (exact when the counter bounds the log), recomputed tokens,
 recompute ratio, and the preemptions per stats interval (the storm windows). No victim is
-named: no run the log allows is more than one of many.
+named: no run the log allows is more than one of many. Fewer than THIN_LINES stats lines
+showing work are too thin to check a draw: the answer says so (`thin_evidence`).
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from kvreplay.errors import ReplayError
 from kvreplay.inference import evidence_metrics as EM
 from kvreplay.inference import uncertainty as U
 from kvreplay.inference.clock import StepTimeModel
+from kvreplay.inference.default_draws import (  # noqa: F401 (re-exported)
+    _arrivals, _grouped_lengths, _lengths, fit_groups, prompt_groups, shared_prefixes, workload_of)
 from kvreplay.replay.engine import Engine
 from kvreplay.replay.records import EngineInputs, preemption_records, totals
-from kvreplay.replay.workload import RequestSpec, Workload
+from kvreplay.replay.workload import Workload
 
 if TYPE_CHECKING:
     from kvreplay.inference.engines import Profile
@@ -84,6 +89,10 @@ class DefaultAnswer(msgspec.Struct):
     lengths_source: str
     headline: str
     notes: list[str]
+    # why the stats lines are too few to tell a workload (then the intervals say what the
+    # drawn workloads assume, not what the log shows; the count stands only when the
+    # counter gives it exactly), None when they are enough
+    thin: str | None = None
 
 
 class Member(msgspec.Struct):
@@ -95,96 +104,16 @@ class Member(msgspec.Struct):
     processed: int
     after_count: int  # preemptions after the last scrape (not counted by it)
     per_window: dict[int, int]  # stats window -> preemptions in it (nonzero only)
+    # the 95th percentile of its requests' prompt + output: what one victim can lose at most
+    # (the cost of a preemption where too few members preempt to say, `intervals`)
+    longest: float = 0.0
     # the workload it drew (kept for the what-if only, `answer(draws=True)`): arrival times,
     # prompt and output lengths, its step time (seconds per step, per token)
     arrivals: list[float] = []
     prompts: list[int] = []
     outputs: list[int] = []
     step_time: tuple[float, float] = (0.0, 0.0)
-
-
-def _lengths(n: int, mean: float, rng: random.Random, cap: int, shape: tuple[str, float]) -> list[int]:
-    kind, cv = shape
-    if kind == "uniform":  # mean +- sqrt(3) cv mean
-        half = min(mean - 1, math.sqrt(3.0) * cv * mean)
-        xs = [mean + half * (2 * rng.random() - 1) for _ in range(n)]
-    else:
-        s2 = math.log(1 + cv * cv)
-        mu = math.log(max(mean, 1.0)) - s2 / 2
-        xs = [rng.lognormvariate(mu, math.sqrt(s2)) for _ in range(n)]
-    return [max(1, min(cap, int(round(x)))) for x in xs]
-
-
-def prompt_groups(ev: EM.MetricsEvidence, m: int) -> list[tuple[int, int, float]]:
-    """The stats lines' prompt tokens, each given to the requests that had their first token
-    in its interval: (first, end, tokens) over the requests in arrival order. vLLM counts a
-    prompt's tokens once, when its first token comes out; by stats line k the first
-    A_k - waiting_k arrivals have had theirs (FCFS: in arrival order; a preempted victim
-    waiting again is the error), so the interval's tokens are those requests' prompts.
-    Intervals whose requests or tokens are none are pooled with the next; the requests no
-    line counted (after the last) are one group of no known tokens (-1)."""
-    out: list[tuple[int, int, float]] = []
-    arrived = done = start = 0
-    tokens = 0.0
-    for w in ev.windows:
-        arrived += w.arrivals
-        done = min(max(done, arrived - w.waiting), arrived, m)
-        tokens += w.prompt_tokens
-        if done > start and tokens > 0:
-            out.append((start, done, tokens))
-            start, tokens = done, 0.0
-    if tokens > 0 and out:  # tokens with no request left: the last group's
-        a, b, t = out[-1]
-        out[-1] = (a, b, t + tokens)
-    if start < m:
-        out.append((start, m, -1.0))
-    return out
-
-
-def _grouped_lengths(ev: EM.MetricsEvidence, m: int, rng: random.Random, cap: int,
-                     shape: tuple[str, float]) -> list[int]:
-    """Prompt lengths of `shape` whose sum in each `prompt_groups` group is its tokens (the
-    requests after the last line: the mean of the rest)."""
-    groups = prompt_groups(ev, m)
-    known = [(b - a, t) for a, b, t in groups if t >= 0]
-    mean = (sum(t for _, t in known) / max(1, sum(n for n, _ in known))) if known else 1.0
-    out: list[int] = []
-    for a, b, t in groups:
-        xs = _lengths(b - a, max(1.0, mean), rng, cap, shape)
-        if t >= 0:
-            f = t / max(1, sum(xs))
-            xs = [max(1, min(cap, int(round(x * f)))) for x in xs]
-        out += xs
-    return out
-
-
-def workload_of(config: Any, ins: Sequence[int], outs: Sequence[int]) -> Workload:
-    cap = config.max_model_len
-    specs = []
-    for j, (p, o) in enumerate(zip(ins, outs)):
-        p = max(1, min(p, cap - 1))
-        o = max(1, min(o, cap - p))
-        specs.append(RequestSpec(f"r{j}", -1, [10 + (j * 7919 + k * 104729) % 30000 for k in range(p)], o))
-    return Workload("default-log member", "", config, specs, max_steps=10**9)
-
-
-def _arrivals(ev: EM.MetricsEvidence, rng: random.Random, phase: float,
-              spread: float = 1.0) -> list[float]:
-    """Each interval's arrivals at random inside it (a line stamped second s was written
-    at s + phase); with `spread` < 1 inside a stretch of that share of it, placed at random
-    (a burst: the stats lines count arrivals, not how they cluster)."""
-    out = []
-    for w in ev.windows:
-        dt = w.t1 - w.t0
-        t0 = w.t0 + phase
-        if spread < 1.0 and w.arrivals:
-            t0 += (1.0 - spread) * dt * rng.random()
-            dt *= spread
-        out += [t0 + dt * rng.random() for _ in range(w.arrivals)]
-    if ev.windows and ev.late_arrivals:
-        t = ev.windows[-1].t1 + phase
-        out += [t + ev.interval_s * rng.random() for _ in range(ev.late_arrivals)]
-    return sorted(out)
+    prefixes: list[tuple[int, int]] = []  # shared prompt prefixes (family, length), if drawn
 
 
 def _run(wl: Workload, arrivals: list[float], profile: Profile, model: StepTimeModel,
@@ -223,6 +152,8 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
     sigma = STEP_SIGMA if EM.busy_intervals(ev) >= BUSY_MIN else STEP_SIGMA_LOOSE
     members: list[Member] = []
     notes = []
+    # prefix caching on and its counters scraped: the members' prompts share prefixes
+    share = ev.cache_share() if getattr(config, "enable_prefix_caching", False) else None
     span = (ev.windows[-1].t1 - ev.windows[0].t0) if ev.windows else 0.0
     max_steps = max(10_000, int(50 * span / max(a, 1e-3)))
     for i in range(max(1, samples)):
@@ -240,6 +171,8 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
             shape = (r.choice(("uniform", "lognormal")), r.uniform(0.25, 1.1))
             outs = _lengths(m, max(1.0, gtot / m), r, cap - 1, shape)
         ins = EM.draw_from_hist(phist, m, r, cap - 1) if phist else []
+        if ins:
+            ins = fit_groups(ins, prompt_groups(ev, m), r)
         if not ins:
             # vLLM counts a prompt's tokens once, when its first token comes out: the logged
             # prompt tokens are the prompts' sum
@@ -247,7 +180,8 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
             ins = _grouped_lengths(ev, m, r, cap - 1, shape)
         jit = math.exp(r.gauss(0.0, sigma)) if i else 1.0
         model = StepTimeModel(overhead_s=a * jit, per_token_s=b * jit, per_request_s=0.0)
-        steps, ends = _run(workload_of(config, ins, outs), arrivals, profile, model, max_steps)
+        pref = shared_prefixes(ins, share, config.block_size, r) if share else None
+        steps, ends = _run(workload_of(config, ins, outs, pref), arrivals, profile, model, max_steps)
         counted = EM.counted_preemptions(steps, config.max_num_batched_tokens)
         chk = EM.check(steps, ends, ev, phase, counted, detail=False)
         t = totals(steps, preemption_records(steps))
@@ -255,12 +189,15 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
         after = 0
         if ev.counted_until is not None:
             after = sum(c for c, e in zip(counted, ends) if e > ev.counted_until)
+        sizes = sorted(p + o for p, o in zip(ins, outs))
         members.append(Member(0.0, chk.loss, t.preemptions, t.tokens_recomputed,
-                               t.recompute_ratio or 0.0, t.processed_tokens, after, per))
+                               t.recompute_ratio or 0.0, t.processed_tokens, after, per,
+                               float(sizes[min(len(sizes) - 1, int(0.95 * len(sizes)))])))
         if draws:
             x = members[-1]
             x.arrivals, x.prompts, x.outputs = arrivals, list(ins), list(outs)
             x.step_time = (model.overhead_s, model.per_token_s)
+            x.prefixes = list(pref or [])
     if not members:
         raise ReplayError("the stats lines show no request: nothing to replay")
     _weigh(members, len(ev.windows))
@@ -278,11 +215,37 @@ def answer(ev: EM.MetricsEvidence, config: Any, profile: Profile, *, samples: in
     for k, win in enumerate(ev.windows):
         iv = _interval([x.per_window.get(k, 0) for x in members], w) if k in busy else none
         wins.append(Window(win.t0, win.t1, iv))
+    if share is not None:
+        notes.append(f"the prefix cache hit {share:.1%} of the prompt tokens first admitted "
+                     "(vllm:prefix_cache_hits / _queries over the scrapes): each workload's prompts "
+                     "share prefixes to that share, and each is weighed by the hit counter")
+    thin = thin_evidence(ev)
+    if thin:
+        notes.append(thin)
     src = ("prompt and output lengths from the scraped histograms" if phist and ohist else
            "output lengths from the scraped histogram, prompts drawn to the logged prompt tokens"
            if ohist else "prompt and output lengths drawn to the logged token totals")
     return DefaultAnswer(n, pre, rec, ratio, wins, ev.counted, ev.counted_exact, len(members),
-                         round(ess, 1), seed, src, _headline(pre, rec, ratio, ev), notes)
+                         round(ess, 1), seed, src, _headline(pre, rec, ratio, ev, thin), notes, thin)
+
+
+# fewer stats lines showing work than this: too thin to tell a workload (`thin_evidence`)
+THIN_LINES = 3
+
+
+def thin_evidence(ev: EM.MetricsEvidence) -> str | None:
+    """Why the stats lines are too few to answer from, or None. The draws fill in what the
+    lines do not say (how arrivals cluster, each request's lengths, the step time); with
+    fewer than THIN_LINES lines showing work nothing checks those choices, and the ensemble
+    agrees with itself rather than with the log (one line gave 0-0 with 9 requests
+    waiting and the KV cache 90% full)."""
+    k = sum(1 for w in ev.windows if w.running or w.waiting or w.prompt_tokens or w.gen_tokens)
+    if k >= THIN_LINES:
+        return None
+    return (f"only {k} stats line{' shows' if k == 1 else 's show'} work (at least {THIN_LINES} "
+            "are needed to check a drawn workload): the intervals say what the drawn workloads "
+            "assume, not what the log shows"
+            + ("; the count is the counter's" if ev.counted is not None and ev.counted_exact else ""))
 
 
 def intervals(members: Sequence[Member], counted: int | None, exact: bool,
@@ -303,7 +266,15 @@ def intervals(members: Sequence[Member], counted: int | None, exact: bool,
         # the count is the counter's: each run gives what a preemption cost (recomputed
         # tokens per preemption), the count scales it
         cost = [(x, x.recomputed / x.preemptions) for x in members if x.preemptions]
-        if cost:
+        if len(cost) < COST_MIN and pre.high > 0:
+            # too few runs preempt to say what a preemption costs: a victim loses what it
+            # had computed, between a token and its prompt + output (the drawn requests'
+            # 95th percentile), each preemption
+            top = max([x.longest for x in members] + [c for _, c in cost])
+            med = U.quantiles([c for _, c in cost], [x.weight for x, _ in cost])[1] if cost else top / 2
+            rec = Interval(round(pre.median * med), pre.low, round(pre.high * top))
+            ratio = Interval(*(_ratio_of(members, v) for v in (rec.median, rec.low, rec.high)))
+        elif cost:
             total = [pre.median * c for _, c in cost]
             cw = [x.weight for x, _ in cost]
             rec = _interval(total, cw, widen=wk)
@@ -315,6 +286,17 @@ def intervals(members: Sequence[Member], counted: int | None, exact: bool,
         rec = _interval([x.recomputed for x in members], w, widen=wr)
         ratio = _interval([x.ratio for x in members], w, digits=6, widen=wr)
     return pre, rec, ratio
+
+
+def _ratio_of(members: Sequence[Member], recomputed: float) -> float:
+    """The recompute ratio of `recomputed` tokens over the members' weighted median of
+    the tokens processed but recomputed."""
+    base = U.quantiles([x.processed - x.recomputed for x in members], [x.weight or 1.0 for x in members])[1]
+    return round(recomputed / max(1.0, base + recomputed), 6)
+
+
+# fewer runs than this preempting: the cost of a preemption is not told by them (`intervals`)
+COST_MIN = 4
 
 
 def _weigh(members: list[Member], lines: int) -> None:
@@ -339,7 +321,7 @@ def _weigh(members: list[Member], lines: int) -> None:
 # docs/accuracy.md, section 8).
 WIDEN_COUNT = 1.2
 WIDEN = 1.4
-WIDEN_COUNTED = 1.3
+WIDEN_COUNTED = 1.1
 
 
 def _interval(values: Sequence[float], weights: Sequence[float], digits: int = 0,
@@ -365,7 +347,15 @@ def _per_window(steps, ends, ev: EM.MetricsEvidence, phase: float) -> dict[int, 
     return out
 
 
-def _headline(pre: Interval, rec: Interval, ratio: Interval, ev: EM.MetricsEvidence) -> str:
+def _headline(pre: Interval, rec: Interval, ratio: Interval, ev: EM.MetricsEvidence,
+              thin: str | None = None) -> str:
+    if thin:
+        count = (f"{int(pre.median)} preemptions (exact: vllm:num_preemptions_total over the log)"
+                 if ev.counted is not None and ev.counted_exact else "preemptions unknown")
+        return (f"default log (no request lines), too thin to infer a workload: {count}; "
+                f"recomputed tokens unknown ({thin}: they give {int(pre.low)}-{int(pre.high)} "
+                f"preemptions, {int(rec.low):,}-{int(rec.high):,} tokens recomputed); no victim can be "
+                f"named; to make it exact: {TO_MAKE_EXACT}")
     if ev.counted is not None and ev.counted_exact:
         count = f"{int(pre.median)} preemptions (exact: vllm:num_preemptions_total over the log)"
     elif ev.counted is not None and pre.low == pre.high:

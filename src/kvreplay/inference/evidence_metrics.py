@@ -6,7 +6,8 @@ One module of the evidence protocol (one per kind of evidence), in three parts:
   running + waiting plus the access lines in between), `lengths` (the length histograms
   when scraped, else the token totals), `step_time` (a first step-time model from the
   tokens per interval), `counted` (the preemption counter's increase over the log, exact
-  when scrapes bound every busy second);
+  when scrapes bound every busy second), `cache_share` (the prefix cache's hits over its
+  queries, first admissions only);
 - how a run produces it (`render`: the counters at given times from a run's per-step
   records, with the semantics of vLLM's PrometheusStatLogger: a step's counts are visible
   once its output is processed, at the step's end; gauges are the last finished step's
@@ -42,6 +43,11 @@ class CounterPoint(msgspec.Struct, frozen=True):
     # cumulative histogram buckets: (le, count), observed at each finish
     prompt_len: tuple[tuple[float, float], ...] = ()
     output_len: tuple[tuple[float, float], ...] = ()
+    # vllm:prefix_cache_queries / _hits (tokens): counted once per request, at its first
+    # admission (0.27+: record_prefix_cache_stats; a readmitted victim goes to the
+    # preempted_* fields, not these; spec A10)
+    cache_queries: float | None = None
+    cache_hits: float | None = None
 
 
 class StatsWindow(msgspec.Struct, frozen=True):
@@ -77,6 +83,16 @@ class MetricsEvidence(msgspec.Struct):
     def lengths(self) -> tuple[list[tuple[float, float]] | None, list[tuple[float, float]] | None]:
         """The prompt and output length histograms (bucket increases over the scrapes), or None."""
         return _hist_increase(self.scrapes, "prompt_len"), _hist_increase(self.scrapes, "output_len")
+
+    def cache_share(self) -> float | None:
+        """The prefix cache's hit share of the prompt tokens first admitted over the scrapes
+        (hits / queries increase), or None: not scraped, or nothing queried (prefix
+        caching off, or no admission between the scrapes)."""
+        q = _increase(self.scrapes, "cache_queries")
+        h = _increase(self.scrapes, "cache_hits")
+        if q is None or h is None or q <= 0:
+            return None
+        return max(0.0, min(1.0, h / q))
 
     def totals(self) -> tuple[float, float]:
         """Prompt and generation tokens the engine counted over the log (stats lines)."""
@@ -141,6 +157,19 @@ def _count(ev: MetricsEvidence) -> None:
     ev.counted = int(round(inc))
     ev.counted_exact = bool(before) and bool(after)
     ev.counted_until = None if after else hi.t
+
+
+def _increase(scrapes: Sequence[CounterPoint], key: str) -> float | None:
+    """A counter's increase over the scrapes (a counter that went down was reset: its new
+    value is that window's increase), or None when fewer than two scrapes have it."""
+    vs = [getattr(p, key) for p in scrapes if getattr(p, key) is not None]
+    if len(vs) < 2:
+        return None
+    return sum(_window_increase(a, b) for a, b in zip(vs, vs[1:]))
+
+
+def _window_increase(a: float, b: float) -> float:
+    return b - a if b >= a else b
 
 
 def _hist_increase(scrapes: Sequence[CounterPoint], key: str) -> list[tuple[float, float]] | None:
@@ -267,7 +296,7 @@ def _points(steps: Sequence[StepRecord], step_end: Sequence[float], times: Seque
             hist: bool) -> Iterator[CounterPoint]:
     """`render`, one point at a time; without the length histograms unless `hist` (a check
     of stats lines needs only the counters and gauges: nothing per line is kept)."""
-    pre = pt = gt = fin = 0.0
+    pre = pt = gt = fin = cq = ch = 0.0
     k = 0
     last: StepRecord | None = None
     plen: dict[int, float] = {}
@@ -279,6 +308,10 @@ def _points(steps: Sequence[StepRecord], step_end: Sequence[float], times: Seque
             pt += r.stats_prompt_tokens
             gt += r.generated_tokens
             fin += len(r.finished)
+            for a in r.admitted:  # a first admission's query and hit (not a victim's again)
+                if not a.resumed:
+                    cq += a.num_tokens
+                    ch += a.prefix_hit
             if hist:
                 for rid, n in zip(r.finished, r.finished_output_tokens):
                     _observe(olen, n)
@@ -291,7 +324,7 @@ def _points(steps: Sequence[StepRecord], step_end: Sequence[float], times: Seque
             float(last.num_running) if last else 0.0, float(last.num_waiting) if last else 0.0,
             last.kv_usage if last else 0.0,
             tuple(_cumulative(plen)) if hist and prompt_lens is not None else (),
-            tuple(_cumulative(olen)) if hist else ())
+            tuple(_cumulative(olen)) if hist else (), cq, ch)
 
 
 # vLLM's request-length buckets (build_1_2_5_buckets up to max_model_len): 1, 2, 5, 10, ...
@@ -384,6 +417,13 @@ def scrape_windows(steps: Sequence[StepRecord], step_end: Sequence[float],
             d["gen_logged"] = (b.generation_tokens - a.generation_tokens
                                if b.generation_tokens >= a.generation_tokens else b.generation_tokens)
             d["gen_replayed"] = rb.generation_tokens - ra.generation_tokens
+        if a.cache_queries is not None and b.cache_queries is not None and b.cache_queries > a.cache_queries:
+            # the prefix cache's counters where they say something: tokens queried in the window
+            d["cache_queries_logged"] = _window_increase(a.cache_queries, b.cache_queries)
+            d["cache_queries_replayed"] = rb.cache_queries - ra.cache_queries
+            if a.cache_hits is not None and b.cache_hits is not None:
+                d["cache_hits_logged"] = _window_increase(a.cache_hits, b.cache_hits)
+                d["cache_hits_replayed"] = rb.cache_hits - ra.cache_hits
         rows.append(d)
     return rows
 
@@ -393,4 +433,13 @@ def counter_loss(rows: Sequence[dict[str, float]]) -> float:
     (`scrape_windows`): sum of (replayed - logged)^2 / (1 + logged), Poisson noise on a
     count; a run's weight from it is exp(-loss / 2)."""
     return sum((r["preemptions_replayed"] - r["preemptions_logged"]) ** 2 / (1.0 + r["preemptions_logged"])
-               for r in rows)
+               for r in rows) + cache_loss(rows)
+
+
+def cache_loss(rows: Sequence[dict[str, float]]) -> float:
+    """The prefix cache's hit counter against a run, per scrape window where it counted
+    queries (`scrape_windows`): squared difference at the scale of the stats lines' token
+    counts (10% of the window's hits, at least a few blocks' worth: 400 tokens). Zero
+    without prefix-cache counters (prefix caching off, or not scraped)."""
+    return sum(((r["cache_hits_replayed"] - r["cache_hits_logged"]) / max(0.1 * r["cache_hits_logged"], 400.0)) ** 2
+               for r in rows if "cache_hits_logged" in r)
