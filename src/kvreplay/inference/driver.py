@@ -135,7 +135,7 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
         with stage("uncertainty ensemble over prefix sharings"):
             unc = span_prefix.prefix_ensemble(rebuilt, facts, fmt, prof, marks, run, phase,
                                               prefix, samples=samples or span_prefix.SAMPLES,
-                                              seed=seed, hits=hits, base=base)
+                                              seed=seed, hits=hits, base=base, agreed=agreed)
         unc.assign(pre)
         if unc.poor_fit:
             for p in pre:
