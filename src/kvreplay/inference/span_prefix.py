@@ -25,9 +25,24 @@ window took F - S; a prefix-cache hit is tokens those steps did not compute (spe
   unread hit from the hits read; without, members draw another sharing: G groups (1-20)
   opened over the run, each arrival joining one of the latest LIVE, each group with its
   own prefix, of the estimate x 0-1.5 x U(0.25, 1.75). Each member is replayed by the same
-  snapped clock (the arrivals do not move: the spans pin them) and weighted by the stats
-  lines, as the ensemble of a log without spans (ensemble.py: its count interval,
-  per-request and per-row probabilities), its rows at most *inferred*.
+  snapped clock (the arrivals do not move: the spans pin them), half of them with the
+  step-time model refitted from a scaled start (`member_run`: the shown run's model was
+  fitted with the first replay's guessed sharing and can be far off), and weighted by the
+  stats lines times the spans' queue times (`span_weights`: each request the member admits
+  over EARLY_S before its span's S costs a factor e^(-1/SPAN_T); the real run kept it
+  waiting, so the member lacks the real run's memory pressure there). The member weighed
+  most is the replay shown; the weighted members give the count interval (widened by WIDEN
+  x its median) and each row's share, mapped by ROW_MAP to how often such rows were right
+  on the calibration renders; rows at most *inferred*.
+
+pc-sync-poisson-s1 (span_harness; no preemption in any member before, 31 true) was the
+step-time model: fitted to the spans' windows of the one-prefix replay it came out 2.4 ms +
+35 us per token, nothing per request or context token (the render's: 1.5 ms + 40 us + 50 us
+per request + 0.04 us per context token, floor 120); by it steps are short, requests finish
+early, the engine runs dry between arrivals (4,597 steps against 1,817) and memory never
+fills. With the true prompts and that model still 0 preemptions; with the true model 31
+and all 150 first schedulings at their S. Its members refitted from scaled starts preempt
+24-34 times and admit 15-26 requests early, against 50 for the no-preemption ones.
 
 Tried and not kept: hits read with the model fitted over every window (not the envelope),
 refined by replaying: the hits absorb the model's error, the per-token cost drifts (33,
