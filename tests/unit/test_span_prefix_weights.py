@@ -1,6 +1,6 @@
 """span_prefix.span_weights: a member's weight is the stats lines' times the spans'
-likelihood exp(-(its early admissions - the fewest) / SPAN_T); span_prefix.ROW_MAP: a row's
-raw share maps to how often such rows were right on the calibration renders. Expected
+likelihood exp(-(its early admissions - the fewest) / SPAN_T); span_prefix.voters: the
+replay shown does not vote on its own rows. Expected
 values are worked by hand from the constants, not read back from the code under test."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import math
 import pytest
 
 from kvreplay.inference import span_prefix
-from kvreplay.inference.uncertainty import calibrated
 
 
 def test_members_that_disagree_with_the_spans_weigh_less(monkeypatch):
@@ -30,11 +29,6 @@ def test_span_weights_off_leaves_the_stats_weights(monkeypatch):
     assert span_prefix.span_weights([0.3, 0.9], [90, 10]) == [0.3, 0.9]
 
 
-def test_no_row_share_reads_as_likely():
-    # every member preempting the row's victim at its step still says 14%: on the
-    # calibration renders no share band named the true victim more often than 5 of 36
-    assert calibrated(1.0, span_prefix.ROW_MAP) == pytest.approx(0.14)
-    assert calibrated(0.05, span_prefix.ROW_MAP) == pytest.approx(0.03)
-    assert calibrated(0.2, span_prefix.ROW_MAP) == pytest.approx(0.055)  # halfway 0.03-0.08
-    assert calibrated(0.0, span_prefix.ROW_MAP) == 0.0
-    assert all(y < 0.8 for _, y in span_prefix.ROW_MAP)
+def test_the_replay_shown_does_not_vote_for_its_own_rows():
+    assert span_prefix.voters([0.2, 0.9, 0.4], 1) == [0.2, 0.0, 0.4]
+    assert span_prefix.voters([0.0, 1.0], 1) == [0.0, 1.0]  # no one else: all of them

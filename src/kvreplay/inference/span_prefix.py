@@ -81,12 +81,6 @@ SPREAD = 0.75  # each group's prefix: the member's mean x U(1 - SPREAD, 1 + SPRE
 # that makes the count interval hold on the calibration renders (span_harness seeds 0 and 2,
 # caching on, plain logs: 6 of 8 held unwidened, 8 of 8 so); held out: docs/accuracy.md 5
 WIDEN = 0.1
-# a row's raw share of the weighted members -> how often such rows named the true victim
-# (+-5 steps) on the calibration renders (seeds 0 and 2, the replay shown being the member
-# weighed most: share < 0.2 3 of 94 rows, 0.2-0.4 4 of 49, 0.4-0.8 1 of 11, 0.8-1 5 of 36):
-# the members agree on victims that the hits not read decide, so no share makes a row
-# likely (uncertainty.calibrated)
-ROW_MAP = ((0.1, 0.03), (0.3, 0.08), (0.6, 0.09), (0.9, 0.14), (1.0, 0.14))
 MODEL_SHARE = 0.5  # members whose step-time model is refitted from a scaled start (member_run)
 MODEL_SCALES = (0.5, 0.8, 1.25, 2.0)
 SPAN_T = 20.0  # early admissions per e-fold of a member's weight (span_weights; calibrated
@@ -397,6 +391,16 @@ def span_weights(w: Sequence[float], early: Sequence[int]) -> list[float]:
     return [x * math.exp(-(e - fewest) / SPAN_T) for x, e in zip(w, early)]
 
 
+def voters(w: Sequence[float], shown: int) -> list[float]:
+    """The weights the rows' and requests' probabilities are shares of: every member's but
+    the replay shown's (it is shown for being weighed most, and would vote for its own
+    rows: on the calibration renders a row's share counting it named the true victim 5
+    times in 36 at 0.8 or more; without it no row reached 0.6), unless no other member
+    weighs anything."""
+    out = [0.0 if k == shown else x for k, x in enumerate(w)]
+    return out if sum(out) > 0 else list(w)
+
+
 def prefix_ensemble(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile, marks: SpanMarks,
                     run: Run, phase: float, prefix: int, *, samples: int = SAMPLES,
                     seed: int = 0, hits: Sequence[int | None] | None = None,
@@ -440,5 +444,5 @@ def prefix_ensemble(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: 
     fit = min(m.sse for m in members) / max(1, len(facts.stats))
     return summarize(members, w, seed=seed, lines=len(facts.stats),
                      windows=([facts.requests[0].time or 0.0] + bounds, bounds + [run.end]),
-                     poor_fit=fit >= POOR_FIT, shared_prefix=prefix, widen=WIDEN, row_map=ROW_MAP,
-                     representative=runs[top] if top else None)
+                     poor_fit=fit >= POOR_FIT, shared_prefix=prefix, widen=WIDEN,
+                     voters=(members, voters(w, top)), representative=runs[top] if top else None)
