@@ -32,8 +32,8 @@ window took F - S; a prefix-cache hit is tokens those steps did not compute (spe
   over EARLY_S before its span's S costs a factor e^(-1/SPAN_T); the real run kept it
   waiting, so the member lacks the real run's memory pressure there). The member weighed
   most is the replay shown; the weighted members give the count interval (widened by WIDEN
-  x its median) and each row's share, mapped by ROW_MAP to how often such rows were right
-  on the calibration renders; rows at most *inferred*.
+  x its median) and each row's probability, the share of the other members (`voters`);
+  rows at most *inferred*.
 
 pc-sync-poisson-s1 (span_harness; no preemption in any member before, 31 true) was the
 step-time model: fitted to the spans' windows of the one-prefix replay it came out 2.4 ms +
@@ -64,6 +64,7 @@ from kvreplay.inference.clock import StepTimeModel
 from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.runs import Run
 from kvreplay.inference.step_fit import FINE_FLOORS, NVARS, best_fit, segments
+from kvreplay.inference.spans import TTFT_TOL_S
 from kvreplay.inference.span_clock import SAME_S, SpanMarks, refitted, scaled, span_placement
 
 if TYPE_CHECKING:
@@ -85,7 +86,9 @@ MODEL_SHARE = 0.5  # members whose step-time model is refitted from a scaled sta
 MODEL_SCALES = (0.5, 0.8, 1.25, 2.0)
 SPAN_T = 20.0  # early admissions per e-fold of a member's weight (span_weights; calibrated
 # on span_harness seeds 0 and 2, caching on, plain logs: docs/accuracy.md 5)
-EARLY_S = 0.05  # a first admission this long before its span's S is early (admitted_early)
+# a first admission more than this before its span's S is early (admitted_early): the
+# spans' verification's slack for the same contradiction (spans.check_spans)
+EARLY_S = TTFT_TOL_S
 
 
 def applies(facts: LogFacts, rebuilt: Rebuilt) -> bool:
