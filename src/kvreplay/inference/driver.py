@@ -136,6 +136,15 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
             unc = span_prefix.prefix_ensemble(rebuilt, facts, fmt, prof, marks, run, phase,
                                               prefix, samples=samples or span_prefix.SAMPLES,
                                               seed=seed, hits=hits, base=base)
+        if unc.representative is not None:
+            # the member the stats lines and the spans' queue times weigh most is shown
+            old = run.num_preemptions
+            run = unc.representative
+            check, warnings, pre = judged(run)
+            rebuilt.notes.append(
+                f"the uncertainty ensemble over prefix sharings found a replay that agrees with "
+                f"the stats lines and the spans' queue times better than the first one (its "
+                f"{old} preemptions): it is the replay shown")
         unc.assign(pre)
         if unc.poor_fit:
             for p in pre:

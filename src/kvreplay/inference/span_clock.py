@@ -312,6 +312,14 @@ def span_placement(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: P
     return best[1], best[0]
 
 
+def refitted(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile,
+             model: StepTimeModel, marks: SpanMarks, anchors: bool) -> tuple[Run, int]:
+    """One start of span_placement: the snapped replay from `model`, refitted on the spans'
+    windows over the fine grid of token floors; (run, agreement)."""
+    ag, run = _rounds(rebuilt, facts, fmt, profile, model, marks, False, anchors, True)
+    return run, ag
+
+
 def _rounds(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, profile: Profile,
             model: StepTimeModel, marks: SpanMarks, fixed_model: bool,
             anchors: bool, fine: bool = False) -> tuple[int, Run]:
