@@ -293,3 +293,34 @@ def test_quiet_points_bound_the_window_and_keep_the_offline_rows(tmp_path):
     assert _net(rows) == pre and len(pre) > 4
     assert s.cuts >= 2 and len(s.lines) < len(lines) / 2
     assert not any(r.event == "withdrawn" for r in rows)
+
+
+class _Batches:
+    """A follower that gives `lines` in batches of `size`, then the end of the input."""
+
+    def __init__(self, lines: list[str], size: int) -> None:
+        self.batches = [lines[i:i + size] for i in range(0, len(lines), size)]
+        self.partial = b""
+
+    def read(self, timeout: float):
+        from kvreplay.live.follow import Batch
+
+        if not self.batches:
+            return Batch([], [], eof=True)
+        return Batch(self.batches.pop(0), [])
+
+
+def test_the_shared_follow_loop_ends_the_input_with_the_offline_rows():
+    """live.driver.follow (watch's and tui --follow's loop): every batch read, the last tick
+    marked the end with the session's final rows; the rows standing are the offline
+    replay's. An input with no line is refused as an empty log."""
+    from kvreplay.errors import UserError
+    from kvreplay.live.driver import follow
+
+    lines = _lines(B_EXACT)
+    ticks = list(follow(_Batches(lines, 120), Session(str(B_EXACT)), "b", poll_s=0))
+    assert sum(t.lines for t in ticks) == len(lines)
+    assert [t.end for t in ticks].count(True) == 1 and ticks[-1].end
+    assert _net([r for t in ticks for r in t.rows]) == _offline(B_EXACT)[0]
+    with pytest.raises(UserError, match="empty log"):
+        list(follow(_Batches([], 1), Session("e"), "e", poll_s=0))
