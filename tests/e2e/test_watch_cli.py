@@ -295,6 +295,33 @@ def test_quiet_points_bound_the_window_and_keep_the_offline_rows(tmp_path):
     assert not any(r.event == "withdrawn" for r in rows)
 
 
+@pytest.mark.parametrize("bursts, chunk", [
+    (40, 500),  # main's cut gave rows a step early after a quiet step followed by one that
+    # scheduled nothing (no Iteration line)
+    pytest.param(220, 2000, marks=pytest.mark.slow),  # ... and, at burst 217, a burst whose
+    # request lines came before the Iteration line of the step that ended the last one
+])
+def test_a_long_bursty_run_cut_at_every_quiet_point_keeps_the_offline_rows(tmp_path, bursts, chunk):
+    """A long run of bursts (tools.oracle.bursty_log, seed 1): every window cut puts the
+    steps back where the whole run has them; the rows standing are the offline replay's,
+    none withdrawn, and the window holds a few bursts' lines, not the run's."""
+    path = _bursty_log(tmp_path, bursts)
+    lines = _lines(path)
+    s = Session(str(path))
+    rows: list = []
+    longest = 0
+    for i in range(0, len(lines), chunk):
+        rows += s.feed(lines[i:i + chunk])
+        rows += s.update()
+        longest = max(longest, len(s.lines))
+    rows += s.finish(end=True)
+    pre, _ = _offline(path)
+    assert _net(rows) == pre and len(pre) > 2 * bursts
+    assert not any(r.event == "withdrawn" for r in rows)
+    assert s.cuts >= min(bursts, len(lines) // chunk) // 2  # (a cut a replay at most)
+    assert longest < chunk + 6 * len(lines) / bursts
+
+
 class _Batches:
     """A follower that gives `lines` in batches of `size`, then the end of the input."""
 
