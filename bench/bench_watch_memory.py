@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Memory and row latency of `kvreplay watch` over a long run of a busy server, appended fast.
 
-    python -m bench.bench_watch_memory [--hours 0.5] [--speed 100] [--kind busy|bursty]
+    python -m bench.bench_watch_memory [--hours 0.1] [--speed 100] [--kind busy|bursty]
     python -m bench.bench_watch_memory --hours 24          # the day (hours of CPU; see below)
 
 The log: a synthetic vLLM 0.33 server rendered by the repo's own renderer
@@ -212,7 +212,7 @@ def offline_rows(path: Path) -> list[tuple]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kind", choices=("busy", "bursty"), default="busy")
-    ap.add_argument("--hours", type=float, default=0.25, help="busy: hours of log")
+    ap.add_argument("--hours", type=float, default=0.1, help="busy: hours of log")
     ap.add_argument("--step-ms", type=float, default=30.0, help="busy: one engine step")
     ap.add_argument("--rate", type=float, default=0.09, help="busy: arrivals per step")
     ap.add_argument("--bursts", type=int, default=40, help="bursty: bursts")

@@ -21,12 +21,17 @@ the lines are replayed:
 
 * windowed: with prompts logged and no prefix cache, the lines before the last quiet point
   the lines have decided (no request running or waiting) are dropped: the replay from
-  there equals the whole run's (steps and Iteration numbers put back by offsets), and a
-  replay costs the lines since. Estimated prompts (the estimate is the whole run's) or a
-  prefix cache (its blocks outlive the quiet) keep the whole run.
+  there equals the whole run's (steps and Iteration numbers put back by offsets: the
+  window's Iteration(0) is the line of the first step after the quiet point that scheduled
+  a token, and its step is where the whole run has that step), and a replay costs the
+  lines since. Estimated prompts (the estimate is the whole run's) or a prefix cache (its
+  blocks outlive the quiet) keep the whole run, and so does a server never quiet: a
+  window that starts with requests running would need the engine's state carried into it,
+  which the log replay cannot start from yet (docs/watch.md).
 
 Memory: the window's lines (the startup lines and those since the last quiet point), the
-rows given since it, nothing of earlier runs; no step record outlives its replay.
+rows given since it, nothing of earlier runs; no step record outlives its replay. Bounded
+when quiet points come; else it grows with the run (bench/bench_watch_memory.py).
 """
 
 from __future__ import annotations
