@@ -15,7 +15,7 @@ points), for comparison. A writer appends it line by line at the pace its time s
 --speed times faster, while `kvreplay watch FILE --format jsonl --exit-idle 3` follows it.
 
 Measured: the watch process's resident memory (VmRSS from /proc, every 0.25 s) at each
-tenth of the log written and after, its peak (ru_maxrss), its CPU; for each preemption row,
+tenth of the time it ran, its peak (VmHWM, read while it runs), its CPU; for each preemption row,
 the time from the write of the line that decides it (the Iteration line of its step + 1)
 to the row on stdout, median and p99 over the rows of the log's first fifth and of its last
 fifth; and whether the rows standing at the end are the offline replay's (`--check`: one
@@ -90,15 +90,19 @@ def render_bursts(bursts: int, dest: Path) -> str:
     return f"bursty: {bursts} bursts of 8 requests, idle between them, {len(lines):,} lines"
 
 
-def _rss_mb(pid: int) -> float | None:
+def _rss_mb(pid: int) -> tuple[float, float] | None:
+    """(VmRSS, VmHWM) of a process, MB. VmHWM is its peak since its exec: a child's
+    ru_maxrss also counts the parent's pages it was forked with (Linux keeps ru_maxrss
+    across execve), and this parent holds the rendered log."""
+    got: dict[str, float] = {}
     try:
         with open(f"/proc/{pid}/status") as f:
             for s in f:
-                if s.startswith("VmRSS:"):
-                    return int(s.split()[1]) / 1024
+                if s.startswith(("VmRSS:", "VmHWM:")):
+                    got[s[:5]] = int(s.split()[1]) / 1024
     except OSError:
         return None
-    return None
+    return (got["VmRSS"], got["VmHWM"]) if len(got) == 2 else None
 
 
 def run(path: Path, speed: float) -> dict:
@@ -110,6 +114,7 @@ def run(path: Path, speed: float) -> dict:
     standing: list[tuple] = []
     samples: list[tuple[float, float, float]] = []  # (s since start, share written, RSS MB)
     share = [0.0]
+    peak = [0.0]  # the last VmHWM read (watch's peak, from /proc while it runs)
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "server.log"
         log.write_text("")
@@ -135,7 +140,8 @@ def run(path: Path, speed: float) -> dict:
             while not done.wait(0.25):
                 m = _rss_mb(p.pid)
                 if m is not None:
-                    samples.append((time.monotonic() - t0, share[0], m))
+                    samples.append((time.monotonic() - t0, share[0], m[0]))
+                    peak[0] = max(peak[0], m[1])
 
         reader = threading.Thread(target=read)
         reader.start()
@@ -165,7 +171,7 @@ def run(path: Path, speed: float) -> dict:
     lat = [(written[step + 1][1] / len(lines), t - written[step + 1][0])
            for step, t in printed if step + 1 in written]
     return {"rows": len(printed), "lat": lat, "samples": samples, "standing": sorted(standing),
-            "maxrss_mb": ru.ru_maxrss / 1024, "cpu_s": ru.ru_utime + ru.ru_stime,
+            "peak_mb": peak[0], "cpu_s": ru.ru_utime + ru.ru_stime,
             "log_s": when[-1] / speed, "written_s": t_written,
             "end_s": time.monotonic() - t0}
 
@@ -181,7 +187,7 @@ def _q(xs: list[float]) -> str:
 def report(r: dict) -> None:
     print(f"  appended in {r['written_s']:.0f} s (the log's pace: {r['log_s']:.0f} s); watch "
           f"ended {r['end_s']:.0f} s after the first line: {r['rows']} rows, {r['cpu_s']:.0f} s "
-          f"CPU, peak RSS {r['maxrss_mb']:.0f} MB")
+          f"CPU, peak RSS {r['peak_mb']:.0f} MB (VmHWM)")
     smp = r["samples"]
     if smp:
         end = smp[-1][0]
