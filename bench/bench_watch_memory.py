@@ -38,7 +38,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.bench_watch import IT, ROOT, STARTUP_S, schedule
+from bench.bench_watch import IT, ROOT, STARTUP_S, _rss_mb, schedule
 
 
 def busy_workload(steps: int, rate: float, seed: int = 0) -> dict:
@@ -88,21 +88,6 @@ def render_bursts(bursts: int, dest: Path) -> str:
     lines = render_bursty(bursts)
     dest.write_text("\n".join(lines) + "\n")
     return f"bursty: {bursts} bursts of 8 requests, idle between them, {len(lines):,} lines"
-
-
-def _rss_mb(pid: int) -> tuple[float, float] | None:
-    """(VmRSS, VmHWM) of a process, MB. VmHWM is its peak since its exec: a child's
-    ru_maxrss also counts the parent's pages it was forked with (Linux keeps ru_maxrss
-    across execve), and this parent holds the rendered log."""
-    got: dict[str, float] = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for s in f:
-                if s.startswith(("VmRSS:", "VmHWM:")):
-                    got[s[:5]] = int(s.split()[1]) / 1024
-    except OSError:
-        return None
-    return (got["VmRSS"], got["VmHWM"]) if len(got) == 2 else None
 
 
 def run(path: Path, speed: float) -> dict:
