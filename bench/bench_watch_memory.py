@@ -18,8 +18,8 @@ Measured: the watch process's resident memory (VmRSS from /proc, every 0.25 s) a
 tenth of the time it ran, its peak (VmHWM, read while it runs), its CPU; for each preemption row,
 the time from the write of the line that decides it (the Iteration line of its step + 1)
 to the row on stdout, median and p99 over the rows of the log's first fifth and of its last
-fifth; and whether the rows standing at the end are the offline replay's (`--check`: one
-more offline replay of the whole file, in this process).
+fifth; and whether the rows standing at the end are the offline replay's (run first, in
+this process: the baseline).
 
 --hours 24 renders 2.9M steps (the renderer holds them: several GB) and watch replays the
 whole run again and again; run it on an idle machine with time to spare.
@@ -90,7 +90,8 @@ def render_bursts(bursts: int, dest: Path) -> str:
     return f"bursty: {bursts} bursts of 8 requests, idle between them, {len(lines):,} lines"
 
 
-def run(path: Path, speed: float) -> dict:
+def run(path: Path, speed: float, deciding: dict[int, int]) -> dict:
+    """`deciding`: a row's step -> N of the Iteration line that decides it."""
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines(True)
     when = schedule(lines)
     n_of_line = {k: int(m[1]) for k, s in enumerate(lines) if (m := IT.search(s))}
@@ -153,8 +154,8 @@ def run(path: Path, speed: float) -> dict:
         reader.join()
     if status:
         print(f"  (watch ended with status {status})")
-    lat = [(written[step + 1][1] / len(lines), t - written[step + 1][0])
-           for step, t in printed if step + 1 in written]
+    lat = [(written[n][1] / len(lines), t - written[n][0])
+           for step, t in printed if (n := deciding.get(step)) is not None and n in written]
     return {"rows": len(printed), "lat": lat, "samples": samples, "standing": sorted(standing),
             "peak_mb": peak[0], "cpu_s": ru.ru_utime + ru.ru_stime,
             "log_s": when[-1] / speed, "written_s": t_written,
@@ -190,14 +191,23 @@ def report(r: dict) -> None:
               f"last fifth ({tail[0][0]:.0%}-{tail[-1][0]:.0%}) {_q([x for _, x in tail])}")
 
 
-def offline_rows(path: Path) -> list[tuple]:
+def offline(path: Path) -> tuple[list[tuple], dict[int, int]]:
+    """The offline replay's rows (in watch's words), and for each of their steps the N of
+    the Iteration line that decides it: the line after its step's own (Iteration lines
+    number the steps that scheduled a token, inference.iteration_lines.LineCheck; a step
+    that scheduled nothing, idle or not, has none, so a step and its N part over a run)."""
     from kvreplay.sources import open_replay
 
     rep = open_replay([str(path)])
     rule = lambda p: (p.victim_rule or "").split(":")[0] + (  # noqa: E731  (watch's words)
         " self" if p.self_preemption and p.victim_rule != "self" else "")
-    return sorted((p.step, str(p.victim), p.trigger, p.computed_tokens_lost, p.confidence,
+    rows = sorted((p.step, str(p.victim), p.trigger, p.computed_tokens_lost, p.confidence,
                    rule(p)) for p in rep.preemptions)
+    n_before, n = {}, 0
+    for rec in rep.steps:
+        n_before[rec.step] = n
+        n += rec.num_scheduled_tokens > 0
+    return rows, {p.step: n_before[p.step] + 1 for p in rep.preemptions}
 
 
 def main() -> int:
@@ -208,8 +218,6 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=0.09, help="busy: arrivals per step")
     ap.add_argument("--bursts", type=int, default=40, help="bursty: bursts")
     ap.add_argument("--speed", type=float, default=100.0)
-    ap.add_argument("--check", action="store_true",
-                    help="also compare the rows standing with the offline replay's")
     ap.add_argument("--keep", type=Path, help="write the rendered log here (else a temp file)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -220,11 +228,12 @@ def main() -> int:
         else:
             what = render_bursts(args.bursts, path)
         print(f"{what} (rendered in {time.perf_counter() - t0:.0f} s); appended at {args.speed:g}x")
-        r = run(path, args.speed)
+        t0 = time.perf_counter()
+        rows, deciding = offline(path)
+        print(f"  offline replay (baseline): {len(rows)} rows in {time.perf_counter() - t0:.1f} s")
+        r = run(path, args.speed, deciding)
         report(r)
-        if args.check:
-            same = r["standing"] == offline_rows(path)
-            print(f"  rows standing at the end equal the offline replay's: {same}")
+        print(f"  rows standing at the end equal the offline replay's: {r['standing'] == rows}")
     return 0
 
 
