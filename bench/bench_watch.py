@@ -8,7 +8,7 @@ one second spread evenly over it; gaps over a second, such as model loading, cut
 second), sped up 10x and 100x, while `kvreplay watch FILE --format jsonl` follows it. For
 each preemption watch prints: the time from the write of the line that decides it (the
 Iteration line of its step + 1, watch's --settle 1) to the row on watch's stdout; median
-and p99. Also the watch process's peak memory (ru_maxrss) and CPU time. Baseline, in the
+and p99. Also the watch process's peak memory (VmHWM) and CPU time. Baseline, in the
 same run: the offline replay (`kvreplay.sources.open_replay`) of the whole file.
 `--synthetic N`: also a rendered Iteration-line log of N requests with up to 256 running
 (bench_iterations' workload, prompts in the JSON bodies). `--long 10,40`: bursty logs of
@@ -58,6 +58,21 @@ def schedule(lines: list[str]) -> list[float]:
     return out
 
 
+def _rss_mb(pid: int) -> tuple[float, float] | None:
+    """(VmRSS, VmHWM) of a process, MB. VmHWM is its peak since its exec: a child's
+    ru_maxrss also counts the parent's pages it was forked with (Linux keeps ru_maxrss
+    across execve), and this parent holds the rendered log."""
+    got: dict[str, float] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for s in f:
+                if s.startswith(("VmRSS:", "VmHWM:")):
+                    got[s[:5]] = int(s.split()[1]) / 1024
+    except OSError:
+        return None
+    return (got["VmRSS"], got["VmHWM"]) if len(got) == 2 else None
+
+
 def run(path: Path, speed: float) -> dict:
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines(True)
     when = schedule(lines)
@@ -78,8 +93,19 @@ def run(path: Path, speed: float) -> dict:
                 if o["event"] == "preemption":
                     printed.append((o["step"], t))
 
+        peak = [0.0]
+        done = threading.Event()
+
+        def sample() -> None:  # (watch's peak: VmHWM, see _rss_mb)
+            while not done.wait(0.25):
+                m = _rss_mb(p.pid)
+                if m is not None:
+                    peak[0] = max(peak[0], m[1])
+
         reader = threading.Thread(target=read)
         reader.start()
+        sampler = threading.Thread(target=sample)
+        sampler.start()
         time.sleep(STARTUP_S)  # watch is up (imports done), following the empty file
         t0 = time.monotonic()
         with log.open("a") as f:
@@ -93,13 +119,15 @@ def run(path: Path, speed: float) -> dict:
                     f.flush()
                     written[n_of_line[k]] = time.monotonic()
         _, status, ru = os.wait4(p.pid, 0)
+        done.set()
+        sampler.join()
         reader.join()
     lat = sorted(t - written[step + 1] for step, t in printed if step + 1 in written)
     if status:
         print(f"  (watch ended with status {status})")
     return {"rows": len(printed), "median": statistics.median(lat) if lat else float("nan"),
             "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan"),
-            "maxrss_mb": ru.ru_maxrss / 1024, "cpu_s": ru.ru_utime + ru.ru_stime,
+            "maxrss_mb": peak[0], "cpu_s": ru.ru_utime + ru.ru_stime,
             "wall_s": when[-1] / speed}
 
 

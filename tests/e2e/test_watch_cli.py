@@ -293,3 +293,61 @@ def test_quiet_points_bound_the_window_and_keep_the_offline_rows(tmp_path):
     assert _net(rows) == pre and len(pre) > 4
     assert s.cuts >= 2 and len(s.lines) < len(lines) / 2
     assert not any(r.event == "withdrawn" for r in rows)
+
+
+@pytest.mark.parametrize("bursts, chunk", [
+    (40, 500),  # main's cut gave rows a step early after a quiet step followed by one that
+    # scheduled nothing (no Iteration line)
+    pytest.param(220, 2000, marks=pytest.mark.slow),  # ... and, at burst 217, a burst whose
+    # request lines came before the Iteration line of the step that ended the last one
+])
+def test_a_long_bursty_run_cut_at_every_quiet_point_keeps_the_offline_rows(tmp_path, bursts, chunk):
+    """A long run of bursts (tools.oracle.bursty_log, seed 1): every window cut puts the
+    steps back where the whole run has them; the rows standing are the offline replay's,
+    none withdrawn, and the window holds a few bursts' lines, not the run's."""
+    path = _bursty_log(tmp_path, bursts)
+    lines = _lines(path)
+    s = Session(str(path))
+    rows: list = []
+    longest = 0
+    for i in range(0, len(lines), chunk):
+        rows += s.feed(lines[i:i + chunk])
+        rows += s.update()
+        longest = max(longest, len(s.lines))
+    rows += s.finish(end=True)
+    pre, _ = _offline(path)
+    assert _net(rows) == pre and len(pre) > 2 * bursts
+    assert not any(r.event == "withdrawn" for r in rows)
+    assert s.cuts >= min(bursts, len(lines) // chunk) // 2  # (a cut a replay at most)
+    assert longest < chunk + 6 * len(lines) / bursts
+
+
+class _Batches:
+    """A follower that gives `lines` in batches of `size`, then the end of the input."""
+
+    def __init__(self, lines: list[str], size: int) -> None:
+        self.batches = [lines[i:i + size] for i in range(0, len(lines), size)]
+        self.partial = b""
+
+    def read(self, timeout: float):
+        from kvreplay.live.follow import Batch
+
+        if not self.batches:
+            return Batch([], [], eof=True)
+        return Batch(self.batches.pop(0), [])
+
+
+def test_the_shared_follow_loop_ends_the_input_with_the_offline_rows():
+    """live.driver.follow (watch's and tui --follow's loop): every batch read, the last tick
+    marked the end with the session's final rows; the rows standing are the offline
+    replay's. An input with no line is refused as an empty log."""
+    from kvreplay.errors import UserError
+    from kvreplay.live.driver import follow
+
+    lines = _lines(B_EXACT)
+    ticks = list(follow(_Batches(lines, 120), Session(str(B_EXACT)), "b", poll_s=0))
+    assert sum(t.lines for t in ticks) == len(lines)
+    assert [t.end for t in ticks].count(True) == 1 and ticks[-1].end
+    assert _net([r for t in ticks for r in t.rows]) == _offline(B_EXACT)[0]
+    with pytest.raises(UserError, match="empty log"):
+        list(follow(_Batches([], 1), Session("e"), "e", poll_s=0))

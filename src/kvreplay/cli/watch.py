@@ -39,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvreplay.live.follow import POLL_S, open_follower
+    from kvreplay.live.driver import follow
+    from kvreplay.live.follow import open_follower
     from kvreplay.live.session import Session
 
     if args.exit_idle is not None and args.exit_idle < 0:
@@ -76,41 +77,18 @@ def run(args: argparse.Namespace) -> int:
         tally.add(rows)
         write(out, rows)
 
-    seen_any = told = False
-    idle_since = time.monotonic()
     if feed is not None:
         feed.start()
     try:
-        while True:
-            if feed is not None:
-                _counters(out, write, feed.take(tally.named))
-            batch = follower.read(POLL_S)
-            for n in batch.notices:
+        for tick in follow(follower, session, label, exit_idle=args.exit_idle):
+            for n in tick.notices:
                 print(f"kvreplay watch: {n}", file=sys.stderr)
-            if batch.lines:
-                seen_any = True
-                idle_since = time.monotonic()
-                emit(session.feed(batch.lines))
-                session.check_input()
-            if batch.eof:
-                break
-            if session.due():
-                emit(session.update())
-                if session.failed and not told:
-                    told = True
-                    print(f"kvreplay watch: the lines so far could not be replayed "
-                          f"({session.failed[-1]}); trying again as more come", file=sys.stderr)
-                idle_since = time.monotonic()  # (time spent replaying is not the log's idle)
-            elif (args.exit_idle is not None and not batch.lines
-                  and time.monotonic() - idle_since >= args.exit_idle):
-                tail = getattr(follower, "partial", b"")
-                if tail:  # a last line without its newline: the end of the log
-                    seen_any = True
-                    emit(session.feed([tail.decode("utf-8", "replace")]))
-                break
-        if not seen_any:
-            raise UserError(f"{label}: empty log")
-        emit(session.finish(end=True))
+            emit(tick.rows)
+            if tick.failed is not None:
+                print(f"kvreplay watch: the lines so far could not be replayed "
+                      f"({tick.failed}); trying again as more come", file=sys.stderr)
+            if feed is not None and not tick.end:
+                _counters(out, write, feed.take(tally.named))
         if feed is not None:  # the counter once more, against every row the log gave
             feed.close()
             feed.scrape_now()

@@ -21,12 +21,17 @@ the lines are replayed:
 
 * windowed: with prompts logged and no prefix cache, the lines before the last quiet point
   the lines have decided (no request running or waiting) are dropped: the replay from
-  there equals the whole run's (steps and Iteration numbers put back by offsets), and a
-  replay costs the lines since. Estimated prompts (the estimate is the whole run's) or a
-  prefix cache (its blocks outlive the quiet) keep the whole run.
+  there equals the whole run's (steps and Iteration numbers put back by offsets: the
+  window's Iteration(0) is the line of the first step after the quiet point that scheduled
+  a token, and its step is where the whole run has that step), and a replay costs the
+  lines since. Estimated prompts (the estimate is the whole run's) or a prefix cache (its
+  blocks outlive the quiet) keep the whole run, and so does a server never quiet: a
+  window that starts with requests running would need the engine's state carried into it,
+  which the log replay cannot start from yet (docs/watch.md).
 
 Memory: the window's lines (the startup lines and those since the last quiet point), the
-rows given since it, nothing of earlier runs; no step record outlives its replay.
+rows given since it, nothing of earlier runs; no step record outlives its replay. Bounded
+when quiet points come; else it grows with the run (bench/bench_watch_memory.py).
 """
 
 from __future__ import annotations
@@ -136,6 +141,7 @@ class Session:
         self.header_len: int | None = None
         self.step_offset = 0
         self.n_offset = 0
+        self.line0_step: int | None = None  # the whole run's step of the window's first line
         self.cuts = 0
 
     # -- input ---------------------------------------------------------------------
@@ -227,6 +233,9 @@ class Session:
         if mode == "intervals":
             out += self._intervals(rep, final)
         else:
+            if self.line0_step is not None:
+                first = _token_step(rep.steps, 0)
+                self.step_offset = self.line0_step - (first or 0)
             out += self._preemptions(rep, final)
             if mode == "iterations" and not final and WINDOWS:
                 self._cut(rep)
@@ -268,15 +277,30 @@ class Session:
             cut -= 1
         if cut <= self.header_len:
             return
-        body = self.lines[cut:]
-        n0 = next((_iteration_n(x) for x in body if "Iteration(" in x), None)
-        if n0 is None or any("Iteration(" in x for x in self.lines[self.header_len:cut]
-                             if _iteration_n(x) >= n0):
+        # the window's first line: that of the first step after the quiet point that
+        # scheduled a token (LineCheck's numbering); lines of steps up to the quiet point
+        # may come after the new requests' lines (0.26+ writes a step's line as its output
+        # arrives, after the requests logged meanwhile): they are the old window's
+        at = next((rec.step for rec in steps if rec.step > quiet
+                   and rec.num_scheduled_tokens > 0), None)
+        if at is None:
+            return
+        n0 = sum(1 for rec in steps if rec.step < at and rec.num_scheduled_tokens > 0)
+        if any(_iteration_n(x) >= n0 for x in self.lines[self.header_len:cut]
+               if "Iteration(" in x):
+            return
+        body = [x for x in self.lines[cut:] if "Iteration(" not in x or _iteration_n(x) >= n0]
+        if not any("Iteration(" in x for x in body):
             return
         self.lines = self.lines[:self.header_len] + [_renumber(x, n0) if "Iteration(" in x
                                                      else x for x in body]
         self.n_offset += n0
-        self.step_offset += quiet + 1
+        # the whole run's step of the new window's Iteration(0) line: steps with no line
+        # (idle, or a step that scheduled nothing: one may come between the quiet point
+        # and the next request) are not the window's, so the offset is taken from the
+        # lines, and each replay of the window puts its own first token step there
+        self.step_offset += at
+        self.line0_step = self.step_offset
         self.at_replay = len(self.lines)
         # every row before the quiet point is given for good; those after it stay open
         self.given = {k: r for k, r in self.given.items()
@@ -387,6 +411,18 @@ def _iteration_n(line: str) -> int:
 def _renumber(line: str, n0: int) -> str:
     """The line with its Iteration(N) as Iteration(N - n0): the window's numbering."""
     return _IT.sub(lambda m: f"Iteration({int(m.group(1)) - n0})", line, count=1)
+
+
+def _token_step(steps: list[Any], n: int) -> int | None:
+    """The step of a replay that prints Iteration(n): its n-th step that scheduled a token
+    (inference.iteration_lines.LineCheck numbers them so)."""
+    k = 0
+    for rec in steps:
+        if rec.num_scheduled_tokens > 0:
+            if k == n:
+                return rec.step
+            k += 1
+    return None
 
 
 def _last_step(events: list[Any]) -> int:

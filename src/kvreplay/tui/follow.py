@@ -1,7 +1,7 @@
 """`kvreplay tui --follow LOG`: the debugger on a live replay.
 
-The log is followed as `kvreplay watch` follows it (live/follow.py: appended, rotated,
-truncated, as `tail -F`) and replayed by the same session (live/session.py: a replay when a
+The log is followed by the loop `kvreplay watch` runs (live/driver.py; live/follow.py:
+appended, rotated, truncated, as `tail -F`) and replayed by the same session (live/session.py: a replay when a
 deciding line arrived and the run grew enough, or replays used under half a core), with
 two differences: the session keeps the whole run (no window cut at quiet points: every
 step stays reachable), and each replay of the run becomes a built `Timeline` that replaces
@@ -21,7 +21,7 @@ from typing import Any
 from textual.message import Message
 
 from kvreplay.errors import UserError
-from kvreplay.live.follow import POLL_S
+from kvreplay.live.driver import follow
 from kvreplay.live.session import NoticeRow, Session
 from kvreplay.replay.timeline import Timeline
 
@@ -91,29 +91,22 @@ class Following:
                                 replay_opts={"profile": self.profile_name, "samples": 0})
         self.session = session
         shown = (0, 0)  # (run, lines) of the replay on screen
-        told = False  # a replay that failed was said (once)
         try:
-            while not worker.is_cancelled:
-                batch = follower.read(POLL_S)
-                for n in batch.notices:
+            for tick in follow(follower, session, self.follow_path):
+                if worker.is_cancelled:
+                    break
+                for n in tick.notices:
                     self.post_message(FollowNotice(n))
-                if batch.lines:
-                    for row in session.feed(batch.lines):
-                        if isinstance(row, NoticeRow) and row.event == "restart":
-                            self.post_message(FollowNotice(row.text, restart=True,
-                                                           severity="warning"))
-                    session.check_input()
-                if batch.eof:
-                    session.finish(end=True)
-                elif session.due():
-                    session.update()
-                    if session.failed and not told:
-                        told = True
-                        self.post_message(FollowNotice(
-                            f"the lines so far could not be replayed ({session.failed[-1]}); "
-                            "trying again as more come", severity="warning"))
+                for row in tick.rows:
+                    if isinstance(row, NoticeRow) and row.event == "restart":
+                        self.post_message(FollowNotice(row.text, restart=True,
+                                                       severity="warning"))
+                if tick.failed is not None:
+                    self.post_message(FollowNotice(
+                        f"the lines so far could not be replayed ({tick.failed}); "
+                        "trying again as more come", severity="warning"))
                 rep = session.replay
-                if rep is None and batch.lines:
+                if rep is None and tick.lines:
                     self.post_message(Opening(f"following {self.follow_path}: "
                                               f"{len(session.lines):,} lines, nothing to replay "
                                               "yet (waiting for the server's lines)"))
@@ -127,9 +120,8 @@ class Following:
                     if worker.is_cancelled:
                         break
                     self.post_message(Grown(tl, session.run, session.replay_lines))
-                if batch.eof:
+                if tick.end:
                     self.post_message(FollowNotice("end of the input: the replay is final"))
-                    break
         except UserError as exc:
             self.post_message(Loaded(error=str(exc)))
         finally:

@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Memory and row latency of `kvreplay watch` over a long run of a busy server, appended fast.
+
+    python -m bench.bench_watch_memory [--hours 0.1] [--speed 100] [--kind busy|bursty]
+    python -m bench.bench_watch_memory --hours 24          # the day (hours of CPU; see below)
+
+The log: a synthetic vLLM 0.33 server rendered by the repo's own renderer
+(tools.oracle.render_log, Iteration lines and the JSON bodies' prompts), one engine step
+every --step-ms (30 ms: a decode step of an 8B model at 64-256 running). `busy`: Poisson
+arrivals at --rate a step, prompts 64-1,023 tokens, 500-2,999 output tokens, 256 seqs and
+12,000 blocks of 16, so 64-256 requests run and the engine is never idle after its first
+minute (the bench prints the running range and the longest idle stretch it rendered);
+`bursty`: tools.oracle.bursty_log's bursts with the engine idle between them (quiet
+points), for comparison. A writer appends it line by line at the pace its time stamps give,
+--speed times faster, while `kvreplay watch FILE --format jsonl --exit-idle 3` follows it.
+
+Measured: the watch process's resident memory (VmRSS from /proc, every 0.25 s) at each
+tenth of the time it ran, its peak (VmHWM, read while it runs), its CPU; for each preemption row,
+the time from the write of the line that decides it (the Iteration line of its step + 1)
+to the row on stdout, median and p99 over the rows of the log's first fifth and of its last
+fifth; and whether the rows standing at the end are the offline replay's (run first, in
+this process: the baseline).
+
+--hours 24 renders 2.9M steps (the renderer holds them: several GB) and watch replays the
+whole run again and again; run it on an idle machine with time to spare.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.bench_watch import IT, ROOT, STARTUP_S, _rss_mb, schedule
+
+
+def busy_workload(steps: int, rate: float, seed: int = 0) -> dict:
+    """Poisson arrivals over `steps` engine steps; long decodes keep 64-256 running."""
+    rng = random.Random(seed)
+    reqs, t, i = [], 0.0, 0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= steps:
+            break
+        reqs.append({"id": f"cmpl-busy-{i}-0", "arrival_step": int(t),
+                     "prompt_token_ids": [rng.randrange(10, 30000)
+                                          for _ in range(rng.randrange(64, 1024))],
+                     "max_tokens": rng.randrange(500, 3000)})
+        i += 1
+    return {"name": "busy-day", "config": {
+        "num_gpu_blocks": 12000, "block_size": 16, "max_num_seqs": 256,
+        "max_num_batched_tokens": 8192, "max_model_len": 4096, "enable_prefix_caching": False,
+        "max_steps": 10**8}, "requests": reqs}
+
+
+def render_busy(hours: float, step_s: float, rate: float, dest: Path) -> str:
+    from kvreplay.replay import parse_workload, simulate
+    from tools.oracle.render_log import render_log
+
+    wl = parse_workload(busy_workload(int(hours * 3600 / step_s), rate))
+    records, summary = simulate(wl)
+    last_arrival = max(spec.arrival_step for spec in wl.requests)
+    # the running set between the ramp up (the first tenth) and the last arrival (the drain)
+    settled = [len(r["running"]) for r in records[last_arrival // 10:last_arrival]]
+    idle = longest = 0
+    for r in records:  # nothing running or waiting: a quiet point (watch's window cut)
+        idle = idle + 1 if not r["running"] and not r["waiting"] else 0
+        longest = max(longest, idle)
+    lines = render_log(wl, records, step_time_s=step_s, stats_interval_s=10.0,
+                       iteration_lines=True, with_prompts=True)
+    dest.write_text("\n".join(lines) + "\n")
+    return (f"busy: {len(wl.requests):,} requests, {summary.num_steps:,} steps of {step_s * 1e3:g} "
+            f"ms ({summary.num_steps * step_s / 3600:.2f} h), running {min(settled)}-"
+            f"{max(settled)} from the ramp up to the last arrival (step {last_arrival:,}), longest idle stretch {longest} steps, "
+            f"{summary.total_preemptions:,} preemptions, {len(lines):,} lines")
+
+
+def render_bursts(bursts: int, dest: Path) -> str:
+    from tools.oracle.bursty_log import render_bursty
+
+    lines = render_bursty(bursts)
+    dest.write_text("\n".join(lines) + "\n")
+    return f"bursty: {bursts} bursts of 8 requests, idle between them, {len(lines):,} lines"
+
+
+def run(path: Path, speed: float, deciding: dict[int, int]) -> dict:
+    """`deciding`: a row's step -> N of the Iteration line that decides it."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(True)
+    when = schedule(lines)
+    n_of_line = {k: int(m[1]) for k, s in enumerate(lines) if (m := IT.search(s))}
+    written: dict[int, tuple[float, int]] = {}  # Iteration N -> (its write time, its line)
+    printed: list[tuple[int, float]] = []
+    standing: list[tuple] = []
+    samples: list[tuple[float, float, float]] = []  # (s since start, share written, RSS MB)
+    share = [0.0]
+    peak = [0.0]  # the last VmHWM read (watch's peak, from /proc while it runs)
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "server.log"
+        log.write_text("")
+        p = subprocess.Popen([sys.executable, "-m", "kvreplay", "watch", str(log), "--format",
+                              "jsonl", "--exit-idle", "3"], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+        done = threading.Event()
+
+        def read() -> None:
+            for s in p.stdout:  # type: ignore[union-attr]
+                t = time.monotonic()
+                o = json.loads(s)
+                if o["event"] in ("preemption", "withdrawn") and "step" in o:
+                    key = (o["step"], o["victim"], o["trigger"], o["tokens_lost"],
+                           o["confidence"], o["rule"])
+                    if o["event"] == "withdrawn":
+                        standing.remove(key)
+                    else:
+                        standing.append(key)
+                        printed.append((o["step"], t))
+
+        def sample() -> None:
+            while not done.wait(0.25):
+                m = _rss_mb(p.pid)
+                if m is not None:
+                    samples.append((time.monotonic() - t0, share[0], m[0]))
+                    peak[0] = max(peak[0], m[1])
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(STARTUP_S)  # watch is up (imports done), following the empty file
+        t0 = time.monotonic()
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        with log.open("a") as f:
+            for k, s in enumerate(lines):
+                delay = t0 + when[k] / speed - time.monotonic()
+                if delay > 0:
+                    f.flush()
+                    time.sleep(delay)
+                f.write(s)
+                if k in n_of_line:
+                    f.flush()
+                    written[n_of_line[k]] = (time.monotonic(), k)
+                    share[0] = (k + 1) / len(lines)
+        share[0] = 1.0
+        t_written = time.monotonic() - t0
+        _, status, ru = os.wait4(p.pid, 0)
+        done.set()
+        sampler.join()
+        reader.join()
+    if status:
+        print(f"  (watch ended with status {status})")
+    lat = [(written[n][1] / len(lines), t - written[n][0])
+           for step, t in printed if (n := deciding.get(step)) is not None and n in written]
+    return {"rows": len(printed), "lat": lat, "samples": samples, "standing": sorted(standing),
+            "peak_mb": peak[0], "cpu_s": ru.ru_utime + ru.ru_stime,
+            "log_s": when[-1] / speed, "written_s": t_written,
+            "end_s": time.monotonic() - t0}
+
+
+def _q(xs: list[float]) -> str:
+    if not xs:
+        return "no rows"
+    xs = sorted(xs)
+    return (f"median {statistics.median(xs):.2f} s, p99 {xs[min(len(xs) - 1, int(0.99 * len(xs)))]:.2f} s "
+            f"({len(xs)} rows)")
+
+
+def report(r: dict) -> None:
+    print(f"  appended in {r['written_s']:.0f} s (the log's pace: {r['log_s']:.0f} s); watch "
+          f"ended {r['end_s']:.0f} s after the first line: {r['rows']} rows, {r['cpu_s']:.0f} s "
+          f"CPU, peak RSS {r['peak_mb']:.0f} MB (VmHWM)")
+    smp = r["samples"]
+    if smp:
+        end = smp[-1][0]
+        out = []
+        for i in range(1, 11):
+            t, share, mb = next(x for x in smp if x[0] >= end * i / 10 - 1e-9)
+            out.append(f"{t:.0f} s {mb:.0f} MB ({share:.0%})")
+        print("  RSS over time (the log written by then): " + ", ".join(out))
+    lat = r["lat"]  # (where the deciding line is in the log, latency), in the rows' order
+    k = max(1, len(lat) // 5)
+    head, tail = lat[:k], lat[-k:]
+    if lat:
+        print(f"  row latency from the deciding line: the first fifth of the rows (deciding lines "
+              f"at {head[0][0]:.0%}-{head[-1][0]:.0%} of the log) {_q([x for _, x in head])}; the "
+              f"last fifth ({tail[0][0]:.0%}-{tail[-1][0]:.0%}) {_q([x for _, x in tail])}")
+
+
+def offline(path: Path) -> tuple[list[tuple], dict[int, int]]:
+    """The offline replay's rows (in watch's words), and for each of their steps the N of
+    the Iteration line that decides it: the line after its step's own (Iteration lines
+    number the steps that scheduled a token, inference.iteration_lines.LineCheck; a step
+    that scheduled nothing, idle or not, has none, so a step and its N part over a run)."""
+    from kvreplay.sources import open_replay
+
+    rep = open_replay([str(path)])
+    rule = lambda p: (p.victim_rule or "").split(":")[0] + (  # noqa: E731  (watch's words)
+        " self" if p.self_preemption and p.victim_rule != "self" else "")
+    rows = sorted((p.step, str(p.victim), p.trigger, p.computed_tokens_lost, p.confidence,
+                   rule(p)) for p in rep.preemptions)
+    n_before, n = {}, 0
+    for rec in rep.steps:
+        n_before[rec.step] = n
+        n += rec.num_scheduled_tokens > 0
+    return rows, {p.step: n_before[p.step] + 1 for p in rep.preemptions}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kind", choices=("busy", "bursty"), default="busy")
+    ap.add_argument("--hours", type=float, default=0.1, help="busy: hours of log")
+    ap.add_argument("--step-ms", type=float, default=30.0, help="busy: one engine step")
+    ap.add_argument("--rate", type=float, default=0.09, help="busy: arrivals per step")
+    ap.add_argument("--bursts", type=int, default=40, help="bursty: bursts")
+    ap.add_argument("--speed", type=float, default=100.0)
+    ap.add_argument("--keep", type=Path, help="write the rendered log here (else a temp file)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.keep or Path(tmp) / "server.log"
+        t0 = time.perf_counter()
+        if args.kind == "busy":
+            what = render_busy(args.hours, args.step_ms / 1e3, args.rate, path)
+        else:
+            what = render_bursts(args.bursts, path)
+        print(f"{what} (rendered in {time.perf_counter() - t0:.0f} s); appended at {args.speed:g}x")
+        t0 = time.perf_counter()
+        rows, deciding = offline(path)
+        print(f"  offline replay (baseline): {len(rows)} rows in {time.perf_counter() - t0:.1f} s")
+        r = run(path, args.speed, deciding)
+        report(r)
+        print(f"  rows standing at the end equal the offline replay's: {r['standing'] == rows}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
