@@ -383,9 +383,11 @@ def evidence_of(facts: LogFacts, fmt: LogFormat, scrapes: Sequence[EM.CounterPoi
     """The evidence of a log's stats and access lines and of scrapes on its clock."""
     from kvreplay.inference.formats import interval_of
 
-    stats = [s for s in facts.stats if s.time is not None]
-    return EM.from_stats(stats, [s.completions_before for s in stats], len(facts.completions),
-                         interval_of(facts, fmt), scrapes)
+    # read as they go by, twice (facts.stats makes each StatsPoint as it is read: a list of
+    # them would hold one object per stats line)
+    timed = (s for s in facts.stats if s.time is not None)
+    done = (s.completions_before for s in facts.stats if s.time is not None)
+    return EM.from_stats(timed, done, len(facts.completions), interval_of(facts, fmt), scrapes)
 
 
 def answer_log(facts: LogFacts, scrapes: Sequence[EM.CounterPoint] = (), *, profile: str | None = None,
