@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from array import array
 from itertools import repeat
+from operator import attrgetter
 from typing import Any, Generic, Iterable, Iterator, Sequence, TypeVar, overload
 
 T = TypeVar("T")
@@ -96,6 +97,32 @@ class Column(Sequence[Any]):
         self._list.append(v)
         self._n += 1
 
+    def extend(self, values: Sequence[Any]) -> None:
+        """Append many (a Table's rows, a block at a time): one C call when they are all of
+        the array's type, or all the constant itself; else one by one."""
+        mode = self._mode
+        if mode == _ARRAY and self._none is None:
+            arr = self._arr
+            if set(map(type, values)) == {float if arr.typecode == "d" else int}:  # type: ignore[union-attr]
+                n = len(arr)  # type: ignore[arg-type]
+                try:
+                    arr.extend(values)  # type: ignore[union-attr]
+                    self._n += len(values)
+                    return
+                except OverflowError:
+                    del arr[n:]  # type: ignore[index]  (the values before the one that did not fit)
+        elif mode == _LIST:
+            self._list.extend(values)  # type: ignore[union-attr]
+            self._n += len(values)
+            return
+        elif mode == _CONST and self._n and self._first.__class__ is not float:
+            first = self._first
+            if all(v is first for v in values):
+                self._n += len(values)
+                return
+        for v in values:
+            self.append(v)
+
     def _to_list(self) -> None:
         self._list = list(self)
         self._arr = self._none = None
@@ -169,54 +196,62 @@ def _names(cls: type) -> tuple[str, ...]:
 
 class Table(Sequence[T], Generic[T]):
     """Records of one type `cls` in order, held as a `Column` per field; records are made
-    positionally (`cls(*values)`) as they are read."""
+    positionally (`cls(*values)`) as they are read. Rows are appended to a block of up to
+    BLOCK tuples, moved into the columns a block at a time (or before any read)."""
 
-    __slots__ = ("_cls", "_names", "_cols", "_n")
+    BLOCK = 4096
+    __slots__ = ("_cls", "_names", "_cols", "_n", "_pending", "_get", "_defaults")
 
     def __init__(self, cls: type[T], rows: Iterable[T] = ()) -> None:
         self._cls = cls
         self._names = _names(cls)
         self._cols = {name: Column() for name in self._names}
         self._n = 0
+        self._pending: list[tuple] = []
+        get = attrgetter(*self._names)
+        self._get = get if len(self._names) > 1 else (lambda row: (get(row),))
+        self._defaults = _defaults(cls, self._names)
         for r in rows:
             self.append(r)
 
     def append(self, row: T) -> None:
-        for name, col in self._cols.items():
-            col.append(getattr(row, name))
-        self._n += 1
+        self._pending.append(self._get(row))
+        if len(self._pending) >= self.BLOCK:
+            self._flush()
 
     def add(self, **values: Any) -> None:
         """Append a row given by field (a field not given: its default)."""
-        for name, col in self._cols.items():
-            col.append(values[name] if name in values else self._default(name))
-        self._n += 1
+        row = {**self._defaults, **values}
+        if row.keys() != self._cols.keys():
+            bad = sorted(row.keys() ^ self._cols.keys())
+            raise TypeError(f"{self._cls.__name__}: {'missing' if bad[0] in self._cols else 'no field'} {bad[0]}")
+        self._pending.append(tuple(map(row.__getitem__, self._names)))
+        if len(self._pending) >= self.BLOCK:
+            self._flush()
 
-    def _default(self, name: str) -> Any:
-        defaults = getattr(self._cls, "__struct_defaults__", None)
-        if defaults is not None:  # (a msgspec Struct: the last len(defaults) fields)
-            k = self._names.index(name) - (len(self._names) - len(defaults))
-            if k < 0:
-                raise TypeError(f"{self._cls.__name__}: missing {name}")
-            return defaults[k]
-        f = self._cls.__dataclass_fields__[name]  # type: ignore[attr-defined]
-        if f.default is dataclasses.MISSING:
-            raise TypeError(f"{self._cls.__name__}: missing {name}")
-        return f.default
+    def _flush(self) -> None:
+        rows = self._pending
+        if rows:
+            for col, values in zip(self._cols.values(), zip(*rows)):
+                col.extend(values)
+            self._n += len(rows)
+            self._pending = []
 
     def column(self, name: str) -> Column:
         """A field's values in row order (read-only: use `set_column` to change them)."""
+        self._flush()
         return self._cols[name]
 
     def set_column(self, name: str, values: Iterable[Any]) -> None:
         """Replace a field's values (one per row)."""
+        self._flush()
         col = Column(values)
         if len(col) != self._n:
             raise ValueError(f"{name}: {len(col)} values for {self._n} rows")
         self._cols[name] = col
 
     def __len__(self) -> int:
-        return self._n
+        return self._n + len(self._pending)
 
     @overload
     def __getitem__(self, i: int) -> T: ...
@@ -225,6 +260,7 @@ class Table(Sequence[T], Generic[T]):
     def __getitem__(self, i: slice) -> list[T]: ...
 
     def __getitem__(self, i):
+        self._flush()
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(self._n))]
         if not -self._n <= i < self._n:
@@ -232,25 +268,36 @@ class Table(Sequence[T], Generic[T]):
         return self._cls(*[col[i] for col in self._cols.values()])
 
     def __iter__(self) -> Iterator[T]:
+        self._flush()
         return map(self._cls, *self._cols.values())
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
             return NotImplemented
-        return len(other) == self._n and all(a == b for a, b in zip(self, other))
+        return len(other) == len(self) and all(a == b for a, b in zip(self, other))
 
     __hash__ = None  # type: ignore[assignment]
 
     @property
     def nbytes(self) -> int:
         """Bytes its columns' values take (see Column.nbytes)."""
+        self._flush()
         return sum(c.nbytes for c in self._cols.values())
 
     def __reduce__(self):  # (a process pool's argument: the columns, not the records)
+        self._flush()
         return (_rebuild, (self._cls, self._n, self._cols))
 
     def __repr__(self) -> str:
-        return f"Table({self._cls.__name__}, {self._n} rows)"
+        return f"Table({self._cls.__name__}, {len(self)} rows)"
+
+
+def _defaults(cls: type, names: tuple[str, ...]) -> dict[str, Any]:
+    """The fields' defaults (a msgspec Struct's last ones; a dataclass's plain defaults)."""
+    defaults = getattr(cls, "__struct_defaults__", None)
+    if defaults is not None:
+        return dict(zip(names[len(names) - len(defaults):], defaults))
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
 
 
 def _rebuild(cls: type, n: int, cols: dict[str, Column]) -> Table:
