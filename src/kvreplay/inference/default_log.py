@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import random
 from array import array
+from itertools import tee
 from typing import Any, Sequence, TYPE_CHECKING
 
 import msgspec
@@ -394,10 +395,10 @@ def evidence_of(facts: LogFacts, fmt: LogFormat, scrapes: Sequence[EM.CounterPoi
     """The evidence of a log's stats and access lines and of scrapes on its clock."""
     from kvreplay.inference.formats import interval_of
 
-    # read as they go by, twice (facts.stats makes each StatsPoint as it is read: a list of
-    # them would hold one object per stats line)
-    timed = (s for s in facts.stats if s.time is not None)
-    done = (s.completions_before for s in facts.stats if s.time is not None)
+    # read as they go by (facts.stats makes each StatsPoint as it is read: a list of them
+    # would hold one object per stats line)
+    timed, again = tee(s for s in facts.stats if s.time is not None)
+    done = (s.completions_before for s in again)
     return EM.from_stats(timed, done, len(facts.completions), interval_of(facts, fmt), scrapes)
 
 

@@ -367,15 +367,15 @@ def check(steps: Sequence[StepRecord], step_end: Sequence[float], ev: MetricsEvi
     prev = CounterPoint(t1s[0] + phase - ev.interval_s if t1s else 0.0, 0.0, 0.0, 0.0, 0.0)
     cols = (ev.column(k) for k in ("t1", "running", "waiting", "kv_usage", "prompt_tokens", "gen_tokens"))
     for (t1, running, waiting, kv, prompt, gen), p in zip(zip(*cols), pts):
-        d = {"t": t1, "running": p.running - running, "waiting": p.waiting - waiting,
-             "kv": (p.kv_usage or 0.0) - kv,
-             "prompt": (p.prompt_tokens - prev.prompt_tokens) - prompt,
-             "gen": (p.generation_tokens - prev.generation_tokens) - gen}
+        d_run, d_wait, d_kv = p.running - running, p.waiting - waiting, (p.kv_usage or 0.0) - kv
+        d_prompt = (p.prompt_tokens - prev.prompt_tokens) - prompt
+        d_gen = (p.generation_tokens - prev.generation_tokens) - gen
         if detail:
-            lines.append(d)
-        loss += (d["running"] / 2.0) ** 2 + (d["waiting"] / 3.0) ** 2 + (d["kv"] / 0.03) ** 2
-        loss += (d["prompt"] / max(0.1 * prompt, 400.0)) ** 2
-        loss += (d["gen"] / max(0.1 * gen, 100.0)) ** 2
+            lines.append({"t": t1, "running": d_run, "waiting": d_wait, "kv": d_kv, "prompt": d_prompt,
+                          "gen": d_gen})
+        loss += (d_run / 2.0) ** 2 + (d_wait / 3.0) ** 2 + (d_kv / 0.03) ** 2
+        loss += (d_prompt / max(0.1 * prompt, 400.0)) ** 2
+        loss += (d_gen / max(0.1 * gen, 100.0)) ** 2
         prev = p
     rows = scrape_windows(steps, step_end, ev.scrapes, counted)
     loss += counter_loss(rows)
