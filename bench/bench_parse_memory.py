@@ -10,7 +10,7 @@ facts held in memory (`read_log(...).facts`), `kvreplay replay --format json -o 
 default-log answer) and `kvreplay audit`. Each runs on N and on N/4 lines; the memory per
 line is the difference over the 3N/4 lines between them. Baseline, in the same run: a
 process that imports kvreplay and parses the startup lines only; each peak is printed with
-its ratio to it. `--src DIR`: run another source tree (e.g. `git archive` of an older
+its ratio to it, with its wall and CPU (user + system) seconds. `--src DIR`: run another source tree (e.g. `git archive` of an older
 commit, extracted) on the same inputs, for a before/after.
 """
 from __future__ import annotations
@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "src" / "kvreplay" / "samples" / "vllm033_fcfs_heavy.log"
 PEAK = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
         "rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode; "
-        "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, rc)")
+        "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+        "print(time.perf_counter() - t, u.ru_maxrss, rc, u.ru_utime + u.ru_stime)")
 FACTS = "import sys; from kvreplay.sources import read_log; read_log([sys.argv[1]]).facts"
 
 
@@ -42,13 +43,14 @@ def write_log(path: str, n: int) -> None:
         f.write((stats + "\n") * (n % 1000))
 
 
-def peak(cmd: list[str], env: dict[str, str]) -> tuple[float, int]:
-    """(seconds, peak RSS in KiB) of one command, in a process of its own."""
+def peak(cmd: list[str], env: dict[str, str]) -> tuple[float, int, float]:
+    """(seconds, peak RSS in KiB, CPU seconds: user + system) of one command, in a process
+    of its own."""
     out = subprocess.run([sys.executable, "-c", PEAK, *cmd], capture_output=True, text=True,
                          check=True, env=env).stdout.split()
     if out[2] != "0":
         raise SystemExit(f"{' '.join(cmd)} exited {out[2]}")
-    return float(out[0]), int(out[1])
+    return float(out[0]), int(out[1]), float(out[3])
 
 
 def main() -> int:
@@ -74,17 +76,17 @@ def main() -> int:
         write_log(big, args.lines)
         write_log(small, args.lines // 4)
         write_log(head, 0)
-        _, base_kb = peak(stages["facts"](head, d), env)
+        _, base_kb, _ = peak(stages["facts"](head, d), env)
         print(f"{args.lines:,} identical stats lines ({os.path.getsize(big) / 2**20:.0f} MiB)"
               f"{' from ' + args.src if args.src else ''}")
         print(f"baseline (import, parse the startup lines): {base_kb / 1024:.0f} MiB")
         for name in args.stages.split(","):
-            s_small, kb_small = peak(stages[name](small, d), env)
-            s_big, kb_big = peak(stages[name](big, d), env)
+            s_small, kb_small, c_small = peak(stages[name](small, d), env)
+            s_big, kb_big, c_big = peak(stages[name](big, d), env)
             per = (kb_big - kb_small) * 1024 / (args.lines - args.lines // 4)
             print(f"{name:7s} {kb_big / 1024:7.0f} MiB peak ({kb_big / base_kb:5.1f}x the baseline), "
-                  f"{per:6.0f} B per line; {s_big:6.1f} s (N/4 lines: {kb_small / 1024:.0f} MiB, "
-                  f"{s_small:.1f} s)")
+                  f"{per:6.0f} B per line; {s_big:6.1f} s, {c_big:6.1f} s CPU (N/4 lines: "
+                  f"{kb_small / 1024:.0f} MiB, {s_small:.1f} s, {c_small:.1f} s CPU)")
     return 0
 
 

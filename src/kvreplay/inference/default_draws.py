@@ -35,10 +35,10 @@ def prompt_groups(ev: EM.MetricsEvidence, m: int) -> list[tuple[int, int, float]
     out: list[tuple[int, int, float]] = []
     arrived = done = start = 0
     tokens = 0.0
-    for w in ev.windows:
-        arrived += w.arrivals
-        done = min(max(done, arrived - w.waiting), arrived, m)
-        tokens += w.prompt_tokens
+    for arrivals, waiting, prompt_tokens in zip(*(ev.column(k) for k in ("arrivals", "waiting", "prompt_tokens"))):
+        arrived += arrivals
+        done = min(max(done, arrived - waiting), arrived, m)
+        tokens += prompt_tokens
         if done > start and tokens > 0:
             out.append((start, done, tokens))
             start, tokens = done, 0.0
@@ -165,14 +165,14 @@ def _arrivals(ev: EM.MetricsEvidence, rng: random.Random, phase: float,
     at s + phase); with `spread` < 1 inside a stretch of that share of it, placed at random
     (a burst: the stats lines count arrivals, not how they cluster)."""
     out = []
-    for w in ev.windows:
-        dt = w.t1 - w.t0
-        t0 = w.t0 + phase
-        if spread < 1.0 and w.arrivals:
+    for w0, w1, arrivals in zip(*(ev.column(k) for k in ("t0", "t1", "arrivals"))):
+        dt = w1 - w0
+        t0 = w0 + phase
+        if spread < 1.0 and arrivals:
             t0 += (1.0 - spread) * dt * rng.random()
             dt *= spread
-        out += [t0 + dt * rng.random() for _ in range(w.arrivals)]
+        out += [t0 + dt * rng.random() for _ in range(arrivals)]
     if ev.windows and ev.late_arrivals:
-        t = ev.windows[-1].t1 + phase
+        t = ev.column("t1")[-1] + phase
         out += [t + ev.interval_s * rng.random() for _ in range(ev.late_arrivals)]
     return sorted(out)

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import bisect
 import math
+from array import array
 from typing import Any, Iterator, Sequence
 
 import msgspec
 
+from kvreplay.inference.columns import Table
 from kvreplay.replay.records import StepRecord
 
 
@@ -65,7 +67,9 @@ class StatsWindow(msgspec.Struct, frozen=True):
 
 
 class MetricsEvidence(msgspec.Struct):
-    windows: list[StatsWindow]
+    # one per stats line: a columns.Table (from_stats: ~60 bytes a line, not an object of
+    # ~200); read a field of all of them with `column`
+    windows: Sequence[StatsWindow]
     scrapes: list[CounterPoint]
     interval_s: float
     late_finishes: int  # access lines after the last stats line
@@ -76,9 +80,14 @@ class MetricsEvidence(msgspec.Struct):
     counted_exact: bool = False
     counted_until: float | None = None  # the last scrape's time (after it: not counted)
 
+    def column(self, name: str) -> Sequence[Any]:
+        """One field of every window, in order (a Table's column: no window is made)."""
+        w = self.windows
+        return w.column(name) if isinstance(w, Table) else [getattr(x, name) for x in w]
+
     @property
     def requests(self) -> int:
-        return sum(w.arrivals for w in self.windows) + self.late_arrivals
+        return sum(self.column("arrivals")) + self.late_arrivals
 
     def lengths(self) -> tuple[list[tuple[float, float]] | None, list[tuple[float, float]] | None]:
         """The prompt and output length histograms (bucket increases over the scrapes), or None."""
@@ -96,14 +105,14 @@ class MetricsEvidence(msgspec.Struct):
 
     def totals(self) -> tuple[float, float]:
         """Prompt and generation tokens the engine counted over the log (stats lines)."""
-        return (sum(w.prompt_tokens for w in self.windows), sum(w.gen_tokens for w in self.windows))
+        return (sum(self.column("prompt_tokens")), sum(self.column("gen_tokens")))
 
 
 def from_stats(stats: Sequence[Any], completions_before: Sequence[int], total_completions: int,
                interval_s: float, scrapes: Sequence[CounterPoint] = ()) -> MetricsEvidence:
     """The evidence of a log's stats lines (`StatsPoint`s with their access-line counts) and
     of scrapes already on the log's clock."""
-    windows = []
+    windows: Table[StatsWindow] = Table(StatsWindow)
     prev_in, prev_done, prev_t = 0, 0, None
     for s, done in zip(stats, completions_before):
         t1 = float(s.time)
@@ -129,16 +138,22 @@ def _count(ev: MetricsEvidence) -> None:
     waiting) after the last line that showed load comes after all of it (a victim waits
     until it is counted)."""
     pts = [p for p in ev.scrapes if p.preemptions is not None]
-    busy = [w for w in ev.windows if w.running or w.waiting or w.gen_tokens or w.prompt_tokens]
-    if len(pts) < 2 or not busy:
+    if len(pts) < 2:
         return
-    first_busy = busy[0].t0
-    last_busy = busy[-1].t1
-    if busy[-1].running or busy[-1].waiting:  # still busy at its line: until the next one
-        later = [w.t1 for w in ev.windows if w.t1 > last_busy]
-        last_busy = later[0] if later else math.inf
-    loaded = [w.t1 for w in ev.windows if w.running or w.waiting]
-    last_load = loaded[-1] if loaded else first_busy
+    run, wait, gen, pro, t1s = (ev.column(k) for k in ("running", "waiting", "gen_tokens",
+                                                         "prompt_tokens", "t1"))
+    n = len(t1s)
+    first = next((k for k in range(n) if run[k] or wait[k] or gen[k] or pro[k]), None)
+    if first is None:
+        return
+    last = next(k for k in range(n - 1, -1, -1) if run[k] or wait[k] or gen[k] or pro[k])
+    first_busy = ev.column("t0")[first]
+    first_busy_t1 = t1s[first]
+    last_busy = t1s[last]
+    if run[last] or wait[last]:  # still busy at its line: until the next one
+        last_busy = next((t for t in t1s if t > last_busy), math.inf)
+    loaded = next((k for k in range(n - 1, -1, -1) if run[k] or wait[k]), None)
+    last_load = t1s[loaded] if loaded is not None else first_busy
 
     def fresh(p: CounterPoint) -> bool:
         return not p.preemptions and not p.prompt_tokens and not p.generation_tokens
@@ -146,7 +161,7 @@ def _count(ev: MetricsEvidence) -> None:
     def idle(p: CounterPoint) -> bool:
         return p.running == 0 and p.waiting == 0
 
-    before = [p for p in pts if p.t <= first_busy or (fresh(p) and p.t <= busy[0].t1)]
+    before = [p for p in pts if p.t <= first_busy or (fresh(p) and p.t <= first_busy_t1)]
     after = [p for p in pts if p.t >= last_busy or (idle(p) and p.t >= last_load)]
     lo = before[-1] if before else pts[0]
     hi = after[0] if after else pts[-1]
@@ -207,39 +222,42 @@ def draw_from_hist(buckets: Sequence[tuple[float, float]], n: int, rng: Any, cap
     return out
 
 
-def _busy_rows(ev: MetricsEvidence) -> list[tuple[float, float]]:
+def _busy_rows(ev: MetricsEvidence) -> tuple[array, array]:
     """Per interval busy throughout (requests running at both its lines, tokens generated):
-    (steps per second, tokens per second), steps = generated / mean running."""
-    rows = []
+    (steps per second, tokens per second), steps = generated / mean running; as two
+    columns (a long busy log has one row a line)."""
+    xs, ys = array("d"), array("d")
     prev_run = 0
-    for w in ev.windows:
-        run = (prev_run + w.running) / 2.0
-        dt = w.t1 - w.t0
-        if prev_run > 0 and w.running > 0 and w.gen_tokens > 0 and dt > 0:
-            rows.append((w.gen_tokens / run / dt, (w.prompt_tokens + w.gen_tokens) / dt))
-        prev_run = w.running
-    return rows
+    for running, t0, t1, gen, prompt in zip(*(ev.column(k) for k in ("running", "t0", "t1", "gen_tokens",
+                                                                      "prompt_tokens"))):
+        run = (prev_run + running) / 2.0
+        dt = t1 - t0
+        if prev_run > 0 and running > 0 and gen > 0 and dt > 0:
+            xs.append(gen / run / dt)
+            ys.append((prompt + gen) / dt)
+        prev_run = running
+    return xs, ys
 
 
 def busy_intervals(ev: MetricsEvidence) -> int:
     """How many stats intervals were busy throughout (what `step_time` fits)."""
-    return len(_busy_rows(ev))
+    return len(_busy_rows(ev)[0])
 
 
 def step_time(ev: MetricsEvidence) -> tuple[float, float]:
     """(seconds per step, seconds per token) that fill each fully busy interval: one step
     decodes about `running` requests, so steps = generated / running, and
     interval = steps * a + tokens * b (least squares, both >= 0)."""
-    rows = _busy_rows(ev)
-    if not rows:
+    xs, ys = _busy_rows(ev)
+    if not xs:
         return 0.02, 0.0
     best = None
     for use_a, use_b in ((1, 1), (1, 0), (0, 1)):
-        saa = sum(x * x for x, _ in rows) if use_a else 0.0
-        sbb = sum(y * y for _, y in rows) if use_b else 0.0
-        sab = sum(x * y for x, y in rows) if use_a and use_b else 0.0
-        sa = sum(x for x, _ in rows) if use_a else 0.0
-        sb = sum(y for _, y in rows) if use_b else 0.0
+        saa = sum(x * x for x in xs) if use_a else 0.0
+        sbb = sum(y * y for y in ys) if use_b else 0.0
+        sab = sum(x * y for x, y in zip(xs, ys)) if use_a and use_b else 0.0
+        sa = sum(xs) if use_a else 0.0
+        sb = sum(ys) if use_b else 0.0
         det = saa * sbb - sab * sab
         if use_a and use_b:
             if abs(det) < 1e-18:
@@ -251,7 +269,7 @@ def step_time(ev: MetricsEvidence) -> tuple[float, float]:
             a, b = 0.0, sb / sbb
         if a < 0 or b < 0:
             continue
-        err = sum((1.0 - a * x - b * y) ** 2 for x, y in rows)
+        err = sum((1.0 - a * x - b * y) ** 2 for x, y in zip(xs, ys))
         if best is None or err < best[0]:
             best = (err, a, b)
     if best is None:
@@ -372,23 +390,25 @@ def check(steps: Sequence[StepRecord], step_end: Sequence[float], ev: MetricsEvi
     window's tokens (at least a block), and Poisson noise for the preemption counter.
     `phase`: when within its printed second each stats line was written. Without `detail`
     only the loss (`lines` and `scrapes` empty): memory stays flat in the number of lines."""
-    times = [w.t1 + phase for w in ev.windows]
+    t1s = ev.column("t1")
+    times = (t + phase for t in t1s)  # (read once, as they go by)
     if counted is None:
         counted = counted_preemptions(steps, budget)
     pts = _points(steps, step_end, times, None, counted, False)
     lines: list[dict[str, float]] = []
     loss = 0.0
-    prev = CounterPoint(times[0] - ev.interval_s if times else 0.0, 0.0, 0.0, 0.0, 0.0)
-    for w, p in zip(ev.windows, pts):
-        d = {"t": w.t1, "running": p.running - w.running, "waiting": p.waiting - w.waiting,
-             "kv": (p.kv_usage or 0.0) - w.kv_usage,
-             "prompt": (p.prompt_tokens - prev.prompt_tokens) - w.prompt_tokens,
-             "gen": (p.generation_tokens - prev.generation_tokens) - w.gen_tokens}
+    prev = CounterPoint(t1s[0] + phase - ev.interval_s if t1s else 0.0, 0.0, 0.0, 0.0, 0.0)
+    cols = (ev.column(k) for k in ("t1", "running", "waiting", "kv_usage", "prompt_tokens", "gen_tokens"))
+    for (t1, running, waiting, kv, prompt, gen), p in zip(zip(*cols), pts):
+        d_run, d_wait, d_kv = p.running - running, p.waiting - waiting, (p.kv_usage or 0.0) - kv
+        d_prompt = (p.prompt_tokens - prev.prompt_tokens) - prompt
+        d_gen = (p.generation_tokens - prev.generation_tokens) - gen
         if detail:
-            lines.append(d)
-        loss += (d["running"] / 2.0) ** 2 + (d["waiting"] / 3.0) ** 2 + (d["kv"] / 0.03) ** 2
-        loss += (d["prompt"] / max(0.1 * w.prompt_tokens, 400.0)) ** 2
-        loss += (d["gen"] / max(0.1 * w.gen_tokens, 100.0)) ** 2
+            lines.append({"t": t1, "running": d_run, "waiting": d_wait, "kv": d_kv, "prompt": d_prompt,
+                          "gen": d_gen})
+        loss += (d_run / 2.0) ** 2 + (d_wait / 3.0) ** 2 + (d_kv / 0.03) ** 2
+        loss += (d_prompt / max(0.1 * prompt, 400.0)) ** 2
+        loss += (d_gen / max(0.1 * gen, 100.0)) ** 2
         prev = p
     rows = scrape_windows(steps, step_end, ev.scrapes, counted)
     loss += counter_loss(rows)

@@ -9,9 +9,11 @@ alone (arrival pattern, cut, aborts, access lines) are in log_shape.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from itertools import pairwise
+from typing import Any, Iterable, Sequence
 
 from kvreplay import events as ev
+from kvreplay.inference.columns import Table
 
 
 @dataclass(slots=True)
@@ -52,6 +54,9 @@ class LogRequest:
 
 @dataclass(slots=True)
 class StatsPoint:
+    """One stats line of the first engine. `LogFacts.stats` holds them as columns
+    (columns.Table): each read gives a new, equal StatsPoint."""
+
     index: int
     time: float  # whole second printed
     file: str
@@ -81,7 +86,8 @@ class LogFacts:
     vllm_version: str | None
     engine_version: str | None
     requests: list[LogRequest]
-    stats: list[StatsPoint]
+    # a Table (columns: one line costs ~70 bytes, not an object of ~250), or any sequence
+    stats: Sequence[StatsPoint]
     completions: list[tuple[str, int, int, int]]  # (file, line, arrivals before it, seq)
     v0_preemptions: list[ev.Preemption]
     iterations: list[ev.Iteration]
@@ -124,18 +130,9 @@ class LogFacts:
         )
 
 
-def _fraction(memo: dict[float, float], pct: float | None) -> float | None:
-    """pct / 100, one float object per distinct value (a long log's usages repeat)."""
-    if pct is None:
-        return None
-    if pct == 0.0:
-        return pct / 100.0  # (0.0 and -0.0 are one key: keep the sign)
-    v = memo.get(pct)
-    if v is None:
-        v = pct / 100.0
-        if len(memo) < 8192:
-            memo[pct] = v
-    return v
+def _fraction(pct: float | None) -> float | None:
+    """pct / 100 (vLLM prints usage in percent)."""
+    return None if pct is None else pct / 100.0
 
 
 def _precise_times(wrapped: list) -> tuple[list[float] | None, float]:
@@ -176,7 +173,7 @@ def collect(
     by_id: dict[str, LogRequest] = {}
     bodies: list[ev.RequestBody] = []  # JSON-body lines waiting for their Received line
     details: dict[str, ev.RequestDetails] = {}
-    stats: list[StatsPoint] = []
+    stats: Table[StatsPoint] = Table(StatsPoint)
     completions: list[tuple[str, int, int, int]] = []
     completion_wrappers: list[float | None] = []
     v0_pre: list[ev.Preemption] = []
@@ -200,7 +197,6 @@ def collect(
     wrapped: list[tuple[LogRequest | None, float | None, float | None]] | None = []  # (request or
     # None for a stats line, its time, its wrapper time), in order
     seq = 0
-    fractions: dict[float, float] = {}  # percent -> fraction: one float per value printed
     for e in events:
         n_events += 1
         if e.time is not None:
@@ -292,18 +288,16 @@ def collect(
                     wrapped = None
                 else:
                     wrapped.append((None, e.time, e.wrapper_time))
-            stats.append(
-                StatsPoint(
-                    index=len(stats), time=e.time, file=e.file, line=e.line,
-                    running=e.running, waiting=e.waiting,
-                    kv_usage=_fraction(fractions, e.gpu_kv_usage),
-                    prompt_throughput=e.prompt_throughput,
-                    generation_throughput=e.generation_throughput,
-                    preemptions=e.preemptions, prefix_cache_hit_rate=e.prefix_cache_hit_rate,
-                    swapped=e.swapped,
-                    cpu_kv_usage=_fraction(fractions, e.cpu_kv_usage),
-                    arrivals_before=len(requests), completions_before=len(completions), seq=seq,
-                )
+            stats.add(
+                index=len(stats), time=e.time, file=e.file, line=e.line,
+                running=e.running, waiting=e.waiting,
+                kv_usage=_fraction(e.gpu_kv_usage),
+                prompt_throughput=e.prompt_throughput,
+                generation_throughput=e.generation_throughput,
+                preemptions=e.preemptions, prefix_cache_hit_rate=e.prefix_cache_hit_rate,
+                swapped=e.swapped,
+                cpu_kv_usage=_fraction(e.cpu_kv_usage),
+                arrivals_before=len(requests), completions_before=len(completions), seq=seq,
             )
         elif isinstance(e, ev.Preemption):
             v0_pre.append(e)
@@ -335,14 +329,14 @@ def collect(
     if precise is not None and completion_wrappers and all(w is not None for w in completion_wrappers):
         completion_times = [w + tz for w in completion_wrappers]  # type: ignore[operator]
     if precise is not None:
-        k = 0
+        stats_precise = []
         for (r, _, _), t in zip(wrapped, precise):
             if r is not None:
                 r.precise_time = t
             else:
-                stats[k].precise_time = t
-                k += 1
-    gaps = [b.time - a.time for a, b in zip(stats, stats[1:]) if b.time > a.time]
+                stats_precise.append(t)
+        stats.set_column("precise_time", stats_precise)
+    gaps = [b - a for a, b in pairwise(stats.column("time")) if b > a]
     interval = None
     if gaps:
         gaps.sort()
