@@ -29,6 +29,18 @@ def test_split_is_fixed_and_names_unique():
     assert len({s["seed"] for s in specs}) == len(specs)
 
 
+def test_another_seed_base_is_a_new_set_with_the_same_split():
+    first, second = ct.combos(), ct.combos(31000)
+    assert [s["seed"] for s in first][:4] == [29002, 29003, 29000, 29001]  # (unchanged)
+    assert not {s["seed"] for s in first} & {s["seed"] for s in second}
+    assert collections.Counter(s["split"] for s in second) == {"calib": 28, "heldout": 28}
+    # the same traffic kinds on each side, the other settings crossed differently
+    key = lambda s: (s["arrivals"], s["lengths"], s["with_prompts"], s["split"])
+    assert sorted(map(key, first)) == sorted(map(key, second))
+    settings = lambda specs: [(s["policy"], s["pc"], s["interval"]) for s in specs]
+    assert settings(first) != settings(second)
+
+
 def test_closed_loop_keeps_at_most_c_requests_in_flight():
     wl = ct.workload("t", 7, 40, "poisson", "lognormal", "fcfs", False, False, 800, 32)
     arr = ct.closed_loop(wl, clients=4, think=(1, 5), rng=random.Random(1))
