@@ -2,7 +2,7 @@
 """Write a corpus of stats-line vLLM 0.33 logs driven by production-like traffic, with known
 truth, for calibrating and testing the stats-line replay's uncertainty (dev tool).
 
-    python -m tools.oracle.calib_traffic [--out /tmp/calib/traffic] [--requests 150]
+    python -m tools.oracle.calib_traffic [--out /tmp/calib/traffic] [--requests 150] [--seed-base 31000]
     python -m tools.research.calib_members dump --corpus /tmp/calib/traffic --out /tmp/calib/traffic.members
     python -m tools.research.calib_members product --out /tmp/calib/traffic.members --split heldout
 
@@ -28,7 +28,9 @@ truth.json, index.json). What varies:
 The KV pool is shrunk or grown until the run has 5 to max(30, N/4) preemptions. The split
 is fixed here, before any tuning: replicate 0 of every combination is "calib", replicate
 1 "heldout" (index.json `split`; truth.json `split`). Deterministic: same arguments, same
-files.
+files. Another --seed-base (31000, 33000, ...) gives another 56 logs of the same traffic
+kinds and split, the other settings crossed with them differently (docs/accuracy.md,
+section 3: corpus C is the sets of 29000 and 31000).
 """
 from __future__ import annotations
 
