@@ -19,7 +19,8 @@ phase unknown, the clock between stats lines bent (the step-time model's uncerta
 clock before the first stats line extrapolated (a whole shift of the early arrivals), the
 step-time model itself uncertain (the clock-driven replay under a model with other
 coefficients: a run of another length), and near the placed run (small jitters). Where the log lacks prompts or
-priorities each member also draws its own (draw_lengths; priorities 0-4). Weight: the likelihood
+priorities each member also draws its own (draw_lengths, and how much of the implied common
+prefix is shared, draw_sharing; priorities 0-4). Weight: the likelihood
 of the stats lines under Gaussian read noise, exp(-SSE / 2T), SSE the anchored loss summed
 over lines (running, waiting in requests; KV usage in points of 5%), plus INEXACT_COST per
 line the member misses by the exact check; T from the best member's residual
@@ -45,7 +46,7 @@ from kvreplay.inference.facts import LogFacts
 from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.lines import cum_generated, line_time, token_anchors
 from kvreplay.inference.placement import placed, windows
-from kvreplay.inference.prompts import draw_lengths  # (the one length draw; exported here too)
+from kvreplay.inference.prompts import draw_lengths, draw_sharing  # (the one length draw)
 from kvreplay.inference.rebuild import rebuild_workload
 from kvreplay.progress import stage
 from kvreplay.inference.clock import StepTimeModel
@@ -257,13 +258,16 @@ def _draw_member(c: _Context, i: int) -> tuple[Member, Run | None]:
     arr = c.draw.placement(kind, rng)
     rb = c.rebuilt
     lens = prios = None
+    shared = c.shared_prefix
     if c.lengths is not None or c.priority_unknown:
-        lens = (draw_lengths(c.lengths, c.facts, rng, c.shared_prefix)
-                if c.lengths is not None else None)
+        if c.lengths is not None:
+            lens, shared = draw_sharing(draw_lengths(c.lengths, c.facts, rng, c.shared_prefix),
+                                        c.shared_prefix,
+                                        c.rebuilt.workload.config.block_size, rng)
         if c.priority_unknown:
             n = len(c.rebuilt.workload.requests)
             prios = [rng.randint(0, 4) for _ in range(n)]
-        rb = member_workload(c.facts, c.fmt, c.profile, lens, c.shared_prefix, prios)
+        rb = member_workload(c.facts, c.fmt, c.profile, lens, shared, prios)
     if kind == "model":
         # the step-time model's uncertainty: the clock-driven replay under another model
         # puts the arrivals at other steps (and the run at another length)
@@ -276,6 +280,7 @@ def _draw_member(c: _Context, i: int) -> tuple[Member, Run | None]:
     m.arrival_steps = array("i", alt.run.arrival_steps)
     if lens is not None:
         m.prompt_lens = tuple(lens)  # (not an int32 array: a damaged log's can overflow it)
+        m.shared_prefix = shared
     if prios is not None:
         m.priorities = tuple(prios)
     # (a member with its own workload, drawn prompt lengths, is never the replay shown)
