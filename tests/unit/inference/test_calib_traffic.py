@@ -166,3 +166,19 @@ def test_length_draws_respect_max_model_len_less_max_tokens():
         assert max(out) <= 1500
         total = sum(out)
         assert any(abs(total - 20000 * f) <= 40 for f in prompts.LENGTH_FACTORS), total
+
+
+def test_members_draw_how_much_of_the_common_prefix_is_shared():
+    lens = [100, 700, 40]
+    kept = set()
+    for seed in range(40):
+        out, keep = prompts.draw_sharing(lens, 208, 16, random.Random(seed))
+        kept.add(keep)
+        assert keep % 16 == 0 and 0 <= keep <= 208
+        # each prompt keeps its length: what is no longer shared is its own
+        assert [n + keep for n in out] == [n + 208 for n in lens]
+    assert kept == {208, 96, 0}  # all, half (whole blocks), none
+    # nothing shared: nothing drawn (and no random number used)
+    rng = random.Random(1)
+    assert prompts.draw_sharing(lens, 0, 16, rng) == (lens, 0)
+    assert rng.random() == random.Random(1).random()
