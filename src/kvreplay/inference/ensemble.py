@@ -110,7 +110,8 @@ WIDEN = {(True, False): 0.1, (False, False): 0.1, (True, True): 0.3, (False, Tru
 # docs/accuracy.md, section 4. With prompts logged: re-checked on the enlarged
 # calibration half (28 logs, seed bases 29000 and 31000), WIDEN fixed as chosen on
 # corpora A and B: 0 already holds 26 of 28 (0.1 holds 27 at 112% of the true count
-# instead of 95%), so it stays 0.
+# instead of 95%), so it stays 0. Without prompts, re-checked with the prefix draw
+# (prompts.draw_sharing) on the 28: 0.1 holds 27, 0.05 holds 25, so it stays 0.1.
 COUNT_NOISE = {True: 0.0, False: 0.1}
 POOR_FIT = 10.0
 POOR_FIT_P_MAX = 0.75  # a poor fit's requests: p >= 0.8 was right 43 of 60 times (72%)
