@@ -2,7 +2,7 @@
 """Write a corpus of stats-line vLLM 0.33 logs driven by production-like traffic, with known
 truth, for calibrating and testing the stats-line replay's uncertainty (dev tool).
 
-    python -m tools.oracle.calib_traffic [--out /tmp/calib/traffic] [--requests 150]
+    python -m tools.oracle.calib_traffic [--out /tmp/calib/traffic] [--requests 150] [--seed-base 31000]
     python -m tools.research.calib_members dump --corpus /tmp/calib/traffic --out /tmp/calib/traffic.members
     python -m tools.research.calib_members product --out /tmp/calib/traffic.members --split heldout
 
@@ -28,7 +28,9 @@ truth.json, index.json). What varies:
 The KV pool is shrunk or grown until the run has 5 to max(30, N/4) preemptions. The split
 is fixed here, before any tuning: replicate 0 of every combination is "calib", replicate
 1 "heldout" (index.json `split`; truth.json `split`). Deterministic: same arguments, same
-files.
+files. Another --seed-base (31000, 33000, ...) gives another 56 logs of the same traffic
+kinds and split, the other settings crossed with them differently (docs/accuracy.md,
+section 3: corpus C is the sets of 29000 and 31000).
 """
 from __future__ import annotations
 
@@ -211,10 +213,15 @@ def workload(name: str, seed: int, n: int, arrivals: str, lengths: str, policy: 
     return wl
 
 
-def combos() -> list[dict[str, Any]]:
+SEED_BASE = 29000  # the first corpus's; --seed-base BASE: another 56 logs, the same recipe
+
+
+def combos(seed_base: int = SEED_BASE) -> list[dict[str, Any]]:
     """Every log of the corpus, in a fixed order: 4 arrival processes x 3 length kinds x
     with / without prompts x 2 replicates (calib, heldout), plus 8 Mooncake logs; the
-    other settings cycle with the index."""
+    other settings cycle with the index (and, for another seed base, with the base, so
+    that the second set crosses the settings differently)."""
+    turn = (seed_base - SEED_BASE) // 2000  # 0 for the first corpus
     out = []
     traffic = [(a, l) for a in ARRIVALS for l in LENGTHS]
     for c, (arr, lens) in enumerate(traffic + [("mooncake", "mooncake")] * 2):
@@ -222,19 +229,21 @@ def combos() -> list[dict[str, Any]]:
             for rep in (0, 1):
                 k = len(out)
                 out.append({"arrivals": arr, "lengths": lens, "with_prompts": wp,
-                            "split": ("calib", "heldout")[rep], "seed": 29000 + 10 * c + 2 * int(wp) + rep,
-                            "policy": ("fcfs", "priority")[(c + rep) % 2],
-                            "pc": (c // 2 + rep + int(wp)) % 2 == 1,
-                            "async": k % 5 == 3, "interval": (10.0, 2.0)[(c + int(wp)) % 2],
-                            "formula": k % 3 != 2})
+                            "split": ("calib", "heldout")[rep], "seed": seed_base + 10 * c + 2 * int(wp) + rep,
+                            "policy": ("fcfs", "priority")[(c + rep + turn) % 2],
+                            "pc": (c // 2 + rep + int(wp) + turn) % 2 == 1,
+                            "async": (k + turn) % 5 == 3,
+                            "interval": (10.0, 2.0)[(c + int(wp) + turn) % 2],
+                            "formula": (k + turn) % 3 != 2})
     return out
 
 
-def build(out: str, n: int, only: str | None = None) -> list[dict[str, Any]]:
+def build(out: str, n: int, only: str | None = None, seed_base: int = SEED_BASE
+          ) -> list[dict[str, Any]]:
     model = json.load(open(os.path.join(LOGCASES, "p1_poisson_fcfs_200", "truth.json")))["step_time_model"]
     formula = formula_step_time(model)
     rows = []
-    for spec in combos():
+    for spec in combos(seed_base):
         name = (f"{spec['split']}-{spec['arrivals']}-{spec['lengths']}-{spec['policy']}-"
                 f"{'pc' if spec['pc'] else 'nopc'}-{'async-' if spec['async'] else ''}"
                 f"{int(spec['interval'])}s-{'prompts' if spec['with_prompts'] else 'noprompts'}"
@@ -284,9 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="/tmp/calib/traffic")
     ap.add_argument("--requests", type=int, default=150)
     ap.add_argument("--only", help="build only the logs whose name contains this")
+    ap.add_argument("--seed-base", type=int, default=SEED_BASE,
+                    help=f"seeds BASE + 10 x combination + ...: another base (e.g. 31000, "
+                         f"33000), another 56 logs made the same way (default {SEED_BASE})")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    rows = build(args.out, args.requests, args.only)
+    rows = build(args.out, args.requests, args.only, args.seed_base)
     if not args.only:
         with open(os.path.join(args.out, "index.json"), "w") as f:
             json.dump({"logs": rows, "count": len(rows),

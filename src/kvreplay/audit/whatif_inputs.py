@@ -113,8 +113,10 @@ def load(paths: Sequence[str], *, profile: str | None = None, year: int | None =
             wl = None
             if m.prompt_lens is not None or m.priorities is not None:
                 if id(m) not in own:
+                    shared = (m.shared_prefix if m.shared_prefix is not None
+                              else rp.uncertainty.shared_prefix)
                     own[id(m)] = member_workload(rp.facts, fmt, rp.profile, m.prompt_lens,
-                                                 rp.uncertainty.shared_prefix, m.priorities).workload
+                                                 shared, m.priorities).workload
                 wl = own[id(m)]
             arr = list(m.arrival_steps)
             # (estimated prompts too: each member timed by one of the term-wise fit's models.

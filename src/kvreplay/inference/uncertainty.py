@@ -45,6 +45,7 @@ class Member:
     # the shared prefix, priorities; None where it kept the replay's
     prompt_lens: tuple[int, ...] | None = None
     priorities: tuple[int, ...] | None = None
+    shared_prefix: int | None = None  # ... and the common prefix (None: the Uncertainty's)
     # the preemption counter's disagreement with it over the scrapes of the same server
     # (evidence_metrics.counter_loss; 0 without scrapes)
     counter_loss: float = 0.0

@@ -29,6 +29,18 @@ def test_split_is_fixed_and_names_unique():
     assert len({s["seed"] for s in specs}) == len(specs)
 
 
+def test_another_seed_base_is_a_new_set_with_the_same_split():
+    first, second = ct.combos(), ct.combos(31000)
+    assert [s["seed"] for s in first][:4] == [29002, 29003, 29000, 29001]  # (unchanged)
+    assert not {s["seed"] for s in first} & {s["seed"] for s in second}
+    assert collections.Counter(s["split"] for s in second) == {"calib": 28, "heldout": 28}
+    # the same traffic kinds on each side, the other settings crossed differently
+    key = lambda s: (s["arrivals"], s["lengths"], s["with_prompts"], s["split"])
+    assert sorted(map(key, first)) == sorted(map(key, second))
+    settings = lambda specs: [(s["policy"], s["pc"], s["interval"]) for s in specs]
+    assert settings(first) != settings(second)
+
+
 def test_closed_loop_keeps_at_most_c_requests_in_flight():
     wl = ct.workload("t", 7, 40, "poisson", "lognormal", "fcfs", False, False, 800, 32)
     arr = ct.closed_loop(wl, clients=4, think=(1, 5), rng=random.Random(1))
@@ -154,3 +166,19 @@ def test_length_draws_respect_max_model_len_less_max_tokens():
         assert max(out) <= 1500
         total = sum(out)
         assert any(abs(total - 20000 * f) <= 40 for f in prompts.LENGTH_FACTORS), total
+
+
+def test_members_draw_how_much_of_the_common_prefix_is_shared():
+    lens = [100, 700, 40]
+    kept = set()
+    for seed in range(40):
+        out, keep = prompts.draw_sharing(lens, 208, 16, random.Random(seed))
+        kept.add(keep)
+        assert keep % 16 == 0 and 0 <= keep <= 208
+        # each prompt keeps its length: what is no longer shared is its own
+        assert [n + keep for n in out] == [n + 208 for n in lens]
+    assert kept == {208, 96, 0}  # all, half (whole blocks), none
+    # nothing shared: nothing drawn (and no random number used)
+    rng = random.Random(1)
+    assert prompts.draw_sharing(lens, 0, 16, rng) == (lens, 0)
+    assert rng.random() == random.Random(1).random()
