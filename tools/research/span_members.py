@@ -4,14 +4,16 @@ member by member, and score other weightings of the same members offline (dev to
 docs/accuracy.md, section 5).
 
     python -m tools.research.span_members dump OUT CASE_DIR ... [--log server.log] [--jobs 2]
-    python -m tools.research.span_members score OUT [--seeds 0 2 ...]
+    python -m tools.research.span_members score OUT [--calibration 0 2 6 ...]
 
 dump: each case's plain log + spans replayed as `kvreplay replay` does (sources.open_replay),
 and per member of its ensemble: the stats lines' SSE, the early admissions (span_prefix
 .admitted_early), the count, and each preemption as (step, busy step, victim) with whether
 it matches a true one (tools/research/matching.py, step or busy step, as span_harness
 scores); the pipeline's own interval, weights and rows; the truth (truth.json, which the
-product never reads). score: the pipeline's figures per seed group, from the dump.
+product never reads). score: the pipeline's figures from the dump, calibration seeds and the
+others (held out) apart: intervals held, victims found by the replay shown (the member
+weighed most), rows right by probability bin.
 """
 from __future__ import annotations
 
@@ -116,15 +118,54 @@ def load(out: str, seeds: list[int] | None = None) -> list[dict[str, Any]]:
     return recs
 
 
-def score(args: argparse.Namespace) -> int:
-    recs = load(args.out, args.seeds)
+def _shown(r: dict[str, Any]) -> int:
+    """The member shown: the one weighed most (ties: the first), as prefix_ensemble."""
+    w = r["weights"]
+    return max(range(len(w)), key=lambda k: (w[k], -k))
+
+
+def _row_p(r: dict[str, Any], top: int, s: int, v: str) -> float:
+    """A row's probability as span_prefix.voters and Uncertainty.assign give it: the share
+    of the other members' weight that preempts its victim within 5 steps of its step."""
+    w = [0.0 if k == top else x for k, x in enumerate(r["weights"])]
+    if sum(w) <= 0:
+        w = list(r["weights"])
+    hit = sum(x for m, x in zip(r["members"], w)
+              if any(v2 == v and abs(s2 - s) <= 5 for s2, _, v2, _ in m["rows"]))
+    return hit / sum(w)
+
+
+def summary(recs: list[dict[str, Any]]) -> str:
+    """Intervals held (mean width), victims found by the replay shown, rows by probability
+    bin (right / rows)."""
     held = sum(r["interval"]["low"] <= r["true"] <= r["interval"]["high"] for r in recs)
     width = sum(r["interval"]["high"] - r["interval"]["low"] for r in recs) / max(1, len(recs))
+    found = true = 0
+    bins: dict[int, list[int]] = {}
+    for r in recs:
+        top = _shown(r)
+        true += r["true"]
+        for s, _, v, right in r["members"][top]["rows"]:
+            found += right
+            b = bins.setdefault(min(4, int(_row_p(r, top, s, v) * 5)), [0, 0])
+            b[0] += 1
+            b[1] += right
+    rows = ", ".join(f"p {k / 5:.1f}-{(k + 1) / 5:.1f}: {b[1]} of {b[0]}"
+                     for k, b in sorted(bins.items()))
+    return (f"{len(recs)} logs: interval held {held} of {len(recs)} (mean width {width:.1f}); "
+            f"victims found {found} of {true}; rows right by p: {rows}")
+
+
+def score(args: argparse.Namespace) -> int:
+    recs = load(args.out, None)
     for r in recs:
         iv = r["interval"]
         print(f"{r['case']:24s} true {r['true']:3d} interval {iv['low']:3d}-{iv['median']:3d}-"
               f"{iv['high']:3d} {'held' if iv['low'] <= r['true'] <= iv['high'] else 'MISSED'}")
-    print(f"held {held} of {len(recs)} (mean width {width:.1f})")
+    cal = set(args.calibration)
+    print("calibration seeds", sorted(cal), summary([r for r in recs if r["seed"] in cal]))
+    print("held-out seeds", sorted({r["seed"] for r in recs} - cal),
+          summary([r for r in recs if r["seed"] not in cal]))
     return 0
 
 
@@ -138,7 +179,8 @@ def main() -> int:
     d.add_argument("--jobs", type=int, default=1)
     s = sub.add_parser("score")
     s.add_argument("out")
-    s.add_argument("--seeds", type=int, nargs="*")
+    s.add_argument("--calibration", type=int, nargs="*", default=[0, 2, 6, 7, 8, 9, 12, 13, 14,
+                                                                   15, 16, 17])
     args = ap.parse_args()
     return dump(args) if args.cmd == "dump" else score(args)
 
