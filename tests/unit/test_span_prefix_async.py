@@ -36,3 +36,22 @@ def test_async_run_keeps_the_replay_given_and_reads_no_hit(monkeypatch):
         assert "hit_model called" in str(e)
     else:
         raise AssertionError("sync scheduling did not read the windows")
+
+
+def test_the_hits_replace_the_one_prefix_only_from_min_hits_read(monkeypatch):
+    """span_prefix.MIN_HITS: with fewer hits read the replay given stays (a few windows
+    hold the envelope fit loosely and every hit moves with its error); with that many the
+    sharing they imply is replayed."""
+    sync = _rebuilt(False)
+    run = SimpleNamespace(model="fitted")
+    monkeypatch.setattr(span_prefix, "hit_model", lambda *a: "envelope")
+    monkeypatch.setattr(span_prefix, "filled", lambda hits, *a: hits)
+    monkeypatch.setattr(span_prefix, "hits_workload", lambda base, facts, hits, marks: "shared")
+    monkeypatch.setattr(span_prefix, "span_placement", lambda *a, **k: ("replayed", 9))
+    assert span_prefix.MIN_HITS == 25
+    for read, kept in ((24, False), (25, True)):
+        hits = [16] * read + [None] * 100
+        monkeypatch.setattr(span_prefix, "span_hits", lambda *a, h=hits: h)
+        out = span_prefix.pinned(object(), sync, object(), object(), object(), object(), run,
+                                 7, False)
+        assert out == (("shared", "replayed", 9, hits) if kept else (sync, run, 7, None))
