@@ -50,6 +50,17 @@ class StartState:
     lag_seen: dict[int, int] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class Window:
+    """What a replay of a window is asked (iterations.py `iteration_replay`): start from
+    `start` (None: an empty engine), and carry the state out after the step whose line is
+    Iteration(`carry_n`) (None: carry nothing). The carried state comes back on the Replay
+    (`Replay.carried`) when the lines matched the replay up to that step."""
+
+    start: StartState | None = None
+    carry_n: int | None = None
+
+
 def _clone(eng: Engine) -> Engine:
     """An independent copy of `eng` (SnapshotCodec: a pickle with the pool as arrays)."""
     codec = SnapshotCodec(eng, threading.RLock())
