@@ -103,9 +103,7 @@ class _Checkpoint:
 class Search:
     def __init__(self, rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
                  start: StartState | None = None, carry_n: int | None = None) -> None:
-        """`start`: the engine starts from a carried state (start_state.py; its requests
-        the workload's first ones); `carry_n`: keep the lags seen up to the step of
-        Iteration(carry_n), for the state carried out after it (`lag_at_carry`)."""
+        # start: from a carried state (start_state.py); carry_n: the lags at that line's step
         lines = facts.iterations
         self.workload = rebuilt.workload
         self.eng: Engine = (make_engine(self.workload, profile) if start is None  # type: ignore[assignment]

@@ -70,3 +70,39 @@ def carried_ids(rep: Any, carried_in: int) -> tuple[set[str], set[str]]:
     later = {log_id(spec.id) for spec, a in zip(specs, arrivals)
              if not 0 <= a <= st.step} - inside
     return inside, later
+
+
+_IT = re.compile(r"Iteration\((\d+)\)")
+
+
+def iteration_n(line: str) -> int:
+    m = _IT.search(line)
+    return int(m.group(1)) if m else -1
+
+
+def renumber(line: str, n0: int) -> str:
+    """The line with its Iteration(N) as Iteration(N - n0): the window's numbering."""
+    return _IT.sub(lambda m: f"Iteration({int(m.group(1)) - n0})", line, count=1)
+
+
+def token_step(steps: list[Any], n: int) -> int | None:
+    """The step of a replay that prints Iteration(n): its n-th step that scheduled a token
+    (inference.iteration_lines.LineCheck numbers them so)."""
+    k = 0
+    for rec in steps:
+        if rec.num_scheduled_tokens > 0:
+            if k == n:
+                return rec.step
+            k += 1
+    return None
+
+
+def last_step(events: list[Any]) -> int:
+    """The highest step a line of the log numbers (Iteration N, kvtrace step N); -1: none."""
+    from kvreplay import events as ev
+
+    last = -1
+    for e in events:
+        if isinstance(e, (ev.Iteration, ev.StepTrace)):
+            last = max(last, e.step)
+    return last

@@ -19,31 +19,33 @@ the lines are replayed:
   or the last replay took at most a DUTY share of the time since it began (the rows come
   about one replay after their line, and these replays take at most DUTY of a core).
 
-* windowed: with prompts logged and no prefix cache, the lines before the last quiet point
-  the lines have decided (no request running or waiting) are dropped: the replay from
-  there equals the whole run's (steps and Iteration numbers put back by offsets: the
-  window's Iteration(0) is the line of the first step after the quiet point that scheduled
-  a token, and its step is where the whole run has that step), and a replay costs the
-  lines since. Estimated prompts (the estimate is the whole run's) or a prefix cache (its
-  blocks outlive the quiet) keep the whole run, and so does a server never quiet: a
-  window that starts with requests running would need the engine's state carried into it,
-  which the log replay cannot start from yet (docs/watch.md).
+* windowed: with prompts logged, the lines before a decided step are dropped, and the
+  replay from there equals the whole run's (steps and Iteration numbers put back by
+  offsets; the window's Iteration(0) is the line of the step after it that scheduled a
+  token). At the last quiet point the lines have decided (no request running or waiting;
+  no prefix cache, whose blocks would outlive it) the window starts with an empty engine
+  (`_cut`); on a server never quiet, once the window is over WINDOW_LINES lines, at the
+  step of the line CARRY_BACK lines before the last decided one, with the engine's state
+  carried into it (`_carry`: inference/start_state.py; its cached blocks too). Estimated
+  prompts (the estimate is the whole run's) keep the whole run.
 
-Memory: the window's lines (the startup lines and those since the last quiet point), the
-rows given since it, nothing of earlier runs; no step record outlives its replay. Bounded
-when quiet points come; else it grows with the run (bench/bench_watch_memory.py).
+Memory: the window's lines (the startup lines, the live requests' lines and those since
+the cut), the carried state, the rows given since the cut, nothing of earlier runs; no
+step record outlives its replay: bounded with prompts logged (bench/bench_watch_memory.py),
+the lines a replay takes at once bounded by the follower's read (live/follow.py CHUNK).
 """
 
 from __future__ import annotations
 
 import io
-import re
 import time
 from typing import Any, Callable, Iterable
 
 import msgspec
 
 from kvreplay.errors import ReplayError, UserError
+from kvreplay.live.carry import (iteration_n as _iteration_n, last_step as _last_step,
+                                 renumber as _renumber, token_step as _token_step)
 
 GROWTH = 0.25  # replay when the run grew by this share of its lines since the last replay
 DUTY = 0.5  # ... or replays took at most this share of the wall time since the last began
@@ -465,42 +467,6 @@ def preemption_row(p: Any, run: int, offset: int = 0) -> PreemptionRow:
                          trigger=p.trigger, rule=rule, self_preemption=p.self_preemption,
                          tokens_lost=p.computed_tokens_lost, confidence=p.confidence,
                          probability=p.probability)
-
-
-_IT = re.compile(r"Iteration\((\d+)\)")
-
-
-def _iteration_n(line: str) -> int:
-    m = _IT.search(line)
-    return int(m.group(1)) if m else -1
-
-
-def _renumber(line: str, n0: int) -> str:
-    """The line with its Iteration(N) as Iteration(N - n0): the window's numbering."""
-    return _IT.sub(lambda m: f"Iteration({int(m.group(1)) - n0})", line, count=1)
-
-
-def _token_step(steps: list[Any], n: int) -> int | None:
-    """The step of a replay that prints Iteration(n): its n-th step that scheduled a token
-    (inference.iteration_lines.LineCheck numbers them so)."""
-    k = 0
-    for rec in steps:
-        if rec.num_scheduled_tokens > 0:
-            if k == n:
-                return rec.step
-            k += 1
-    return None
-
-
-def _last_step(events: list[Any]) -> int:
-    """The highest step a line of the log numbers (Iteration N, kvtrace step N); -1: none."""
-    from kvreplay import events as ev
-
-    last = -1
-    for e in events:
-        if isinstance(e, (ev.Iteration, ev.StepTrace)):
-            last = max(last, e.step)
-    return last
 
 
 def _mode(rep: Any) -> str:
