@@ -76,3 +76,32 @@ def test_a_never_quiet_run_cut_with_its_state_carried_keeps_the_offline_rows(
     assert longest < len(lines) / 3
     if caching:
         assert sum(rec.stats_prompt_cached for rec in rep.steps) > 0
+
+
+CASES = Path(__file__).parent.parent / "data" / "logcases"
+
+
+@pytest.mark.parametrize("name, chunk", [("b_fcfs_heavy", 40), ("f_prefix_caching", 40),
+                                         ("p1_poisson_fcfs_200", 300)])
+def test_the_published_logs_cut_at_decided_steps_keep_the_offline_rows(monkeypatch, name, chunk):
+    """Prompts logged (JSON bodies), a window cut whenever it holds over 100 lines, the
+    state carried 16 lines behind the last decided one: the published logs' rows (f: its
+    prefix cache carried across the cuts; p1: a cut every few lines)."""
+    path = CASES / name / "server.iter.reqbody.log"
+    lines = path.read_text().splitlines(True)
+    monkeypatch.setattr(session_mod, "WINDOW_LINES", 100)
+    monkeypatch.setattr(session_mod, "CARRY_BACK", 16)
+    s = Session(str(path))
+    rows: list = []
+    for i in range(0, len(lines), chunk):
+        rows += s.feed(lines[i:i + chunk])
+        rows += s.update()
+    rows += s.finish(end=True)
+    rep = open_replay([str(path)])
+    off = sorted((p.step, str(p.victim), p.trigger, p.computed_tokens_lost, p.confidence)
+                 for p in rep.preemptions)
+    got = sorted((r.step, r.victim, r.trigger, r.tokens_lost, r.confidence)
+                 for r in rows if isinstance(r, PreemptionRow))
+    assert got == off and off
+    assert not any(r.event == "withdrawn" for r in rows)
+    assert s.cuts >= 4 and not s.failed
