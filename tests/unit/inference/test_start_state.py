@@ -10,6 +10,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from helpers.examples import few
 from kvreplay.inference.start_state import capture, start_engine
 from kvreplay.replay.engine import Engine
 from kvreplay.replay.records import EngineInputs
@@ -84,7 +85,7 @@ def test_a_run_from_a_carried_state_is_the_whole_runs_steps_after_it(policy, cac
     assert pre > 0  # the steps after the cut preempt: victims and tokens lost compared
 
 
-@settings(max_examples=25, deadline=None)
+@settings(few(), deadline=None)
 @given(seed=st.integers(0, 10**6), c=st.integers(0, 400),
        policy=st.sampled_from(("fcfs", "priority")), caching=st.booleans(),
        async_=st.booleans())
