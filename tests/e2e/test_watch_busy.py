@@ -105,3 +105,35 @@ def test_the_published_logs_cut_at_decided_steps_keep_the_offline_rows(monkeypat
     assert got == off and off
     assert not any(r.event == "withdrawn" for r in rows)
     assert s.cuts >= 4 and not s.failed
+
+
+def test_quiet_points_and_decided_steps_both_cut_a_bursty_run(tmp_path, monkeypatch):
+    """A bursty run (quiet between bursts) with windows small enough to be cut inside a
+    burst too: cuts with a carried state and at quiet points (an empty engine) follow each
+    other, and the rows are the offline replay's."""
+    from tools.oracle.bursty_log import render_bursty
+
+    path = tmp_path / "bursty.log"
+    path.write_text("\n".join(render_bursty(12)) + "\n")
+    lines = path.read_text().splitlines(True)
+    monkeypatch.setattr(session_mod, "WINDOW_LINES", 150)
+    monkeypatch.setattr(session_mod, "CARRY_BACK", 16)
+    s = Session(str(path))
+    rows: list = []
+    carried = quiet = 0
+    for i in range(0, len(lines), 120):
+        rows += s.feed(lines[i:i + 120])
+        cuts = s.cuts
+        rows += s.update()
+        if s.cuts > cuts:
+            carried += s.start is not None
+            quiet += s.start is None
+    rows += s.finish(end=True)
+    rep = open_replay([str(path)])
+    off = sorted((p.step, str(p.victim), p.trigger, p.computed_tokens_lost, p.confidence)
+                 for p in rep.preemptions)
+    got = sorted((r.step, r.victim, r.trigger, r.tokens_lost, r.confidence)
+                 for r in rows if isinstance(r, PreemptionRow))
+    assert got == off and len(off) > 12
+    assert not any(r.event == "withdrawn" for r in rows)
+    assert carried >= 2 and quiet >= 2

@@ -273,7 +273,8 @@ class Session:
             return False
         arrivals = rep.inputs.arrival_steps
         nxt = [i for i, a in enumerate(arrivals) if a > quiet]
-        if not nxt or any(a < 0 for a in arrivals[:nxt[0]]):
+        k = len(self.start.ids) if self.start is not None else 0  # (carried in: done by then)
+        if not nxt or any(a < 0 for a in arrivals[k:nxt[0]]):
             return False
         first = rep.facts.requests[nxt[0]]
         if not self._header(rep):  # the startup lines: up to the first request's first line
@@ -309,6 +310,7 @@ class Session:
         # lines, and each replay of the window puts its own first token step there
         self.step_offset += at
         self.line0_step = self.step_offset
+        self.start = None  # (an empty engine: none carried)
         self.at_replay = len(self.lines)
         # every row before the quiet point is given for good; those after it stay open
         self.given = {k: r for k, r in self.given.items()
