@@ -25,6 +25,10 @@ line of the step that admits it). The inputs found are replayed once more from t
 that run, checked line by line, is the replay; where the search's own run is the run its
 inputs make (it neither went back nor gave a prompt to a request the scheduler had
 already tried to admit), that run is kept, checked line by line again, instead.
+
+With a `Window` (start_state.py: `kvreplay watch` on a server never quiet) the search and
+the final run start from an engine state carried out of an earlier replay, and the final
+run carries one out after the step of a given line, when the lines matched it up to there.
 """
 
 from __future__ import annotations
