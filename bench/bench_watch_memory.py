@@ -69,6 +69,7 @@ def render_busy(hours: float, step_s: float, rate: float, dest: Path) -> str:
     last_arrival = max(spec.arrival_step for spec in wl.requests)
     # the running set between the ramp up (the first tenth) and the last arrival (the drain)
     settled = [len(r["running"]) for r in records[last_arrival // 10:last_arrival]]
+    waiting = [len(r["waiting"]) for r in records[last_arrival // 10:last_arrival]]
     idle = longest = 0
     for r in records:  # nothing running or waiting: a quiet point (watch's window cut)
         idle = idle + 1 if not r["running"] and not r["waiting"] else 0
@@ -78,7 +79,8 @@ def render_busy(hours: float, step_s: float, rate: float, dest: Path) -> str:
     dest.write_text("\n".join(lines) + "\n")
     return (f"busy: {len(wl.requests):,} requests, {summary.num_steps:,} steps of {step_s * 1e3:g} "
             f"ms ({summary.num_steps * step_s / 3600:.2f} h), running {min(settled)}-"
-            f"{max(settled)} from the ramp up to the last arrival (step {last_arrival:,}), longest idle stretch {longest} steps, "
+            f"{max(settled)} and waiting {min(waiting)}-{max(waiting)} from the ramp up to the last arrival "
+            f"(step {last_arrival:,}), longest idle stretch {longest} steps, "
             f"{summary.total_preemptions:,} preemptions, {len(lines):,} lines")
 
 

@@ -217,7 +217,7 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
                 vllm_version: str | None = None, year: int | None = None,
                 samples: int | None = None, seed: int = 0, step_time: Any = None,
                 log: LogInput | None = None, check_capacity: bool = True,
-                config: str | None = None, scrapes: list | None = None):
+                config: str | None = None, scrapes: list | None = None, window: Any = None):
     """The `Replay` of a workload JSON (conformance format, V1 or V0), of vLLM log files,
     or of a log written with kvreplay's step-trace scheduler (with KV-event files beside
     it, checked block by block). `log`: the same files already read (read_log). Request
@@ -225,7 +225,8 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
     lines) are the workload, with the engine config of `config` (a JSON file:
     inference.span_workload.config_from_json) or of the log's startup lines. `scrapes`:
     the same server's Prometheus scrapes (audit.prom.read_scrapes), joined to the log's
-    clock; their preemption counter weighs the uncertainty ensemble's members."""
+    clock; their preemption counter weighs the uncertainty ensemble's members. `window`:
+    a log replayed from a carried engine state (inference.start_state.Window: watch)."""
     paths = [str(p) for p in paths]
     if not paths:
         raise UserError("nothing to open: give a workload JSON or vLLM log files")
@@ -280,7 +281,8 @@ def open_replay(paths: Sequence[str | Path], *, profile: str | None = None,
         evidence.spans = _read_spans(span_paths)
     if kv_paths and trace:
         evidence.kv_events = [r for p in kv_paths for r in read_kv_events(p)]
-    return infer(evidence, profile=profile, step_time=step_time, samples=samples, seed=seed)
+    return infer(evidence, profile=profile, step_time=step_time, samples=samples, seed=seed,
+                 window=window)
 
 
 def _config(path: str) -> Any:

@@ -24,6 +24,7 @@ from kvreplay.inference.iteration_ensemble import MAX_STEPS as ITERATION_MAX_STE
 from kvreplay.inference.iteration_ensemble import SAMPLES as ITERATION_SAMPLES
 from kvreplay.inference.iteration_ensemble import iteration_ensemble, iteration_headline
 from kvreplay.inference.iterations import iteration_replay
+from kvreplay.inference.start_state import Window
 from kvreplay.inference.rebuild import rebuild_workload
 from kvreplay.inference.runs import Run, step_replay, timed_replay
 from kvreplay.inference.verify import verify
@@ -83,12 +84,13 @@ def place_arrivals(rebuilt: Rebuilt, facts: LogFacts, fmt: LogFormat, prof: Prof
 
 
 def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Profile, pattern: str, *,
-                         samples: int | None = None, seed: int = 0) -> Replay:
+                         samples: int | None = None, seed: int = 0,
+                         window: Window | None = None) -> Replay:
     """The log replay when its Iteration lines place every arrival (iterations.py);
     `samples`: the ensemble's replays when prompts are not logged (None: ITERATION_SAMPLES,
     0: none), drawn with `seed`."""
     rebuilt = rebuild_workload(facts, fmt, prof)
-    m = iteration_replay(rebuilt, facts, fmt, prof)
+    m = iteration_replay(rebuilt, facts, fmt, prof, window)
     run = m.run
     check = verify(run, facts, fmt, 0.5, prompts_known=not rebuilt.prompts_estimated)
     check.iterations = m.report()
@@ -156,6 +158,7 @@ def replay_by_iterations(facts: LogFacts, fmt: LogFormat, prof: Profile, pattern
                                 + run.model.describe())
     if m.first_mismatch is None and not rebuilt.prompts_estimated:
         rep.confidence = "exact-by-log"
+    rep.carried = m.carried
     return rep
 
 

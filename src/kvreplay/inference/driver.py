@@ -35,6 +35,7 @@ from kvreplay.replay.checks import Verification
 from kvreplay.replay.engine import without_cyclic_gc
 from kvreplay.replay.records import preemption_records
 from kvreplay.progress import stage
+from kvreplay.errors import ReplayError
 from kvreplay.replay.result import Replay
 
 if TYPE_CHECKING:
@@ -48,12 +49,13 @@ PINNED = 0.95  # of the spanned requests' first schedulings at their S: the span
 @without_cyclic_gc
 def replay_log(facts: LogFacts, *, profile: str | None = None,
                step_time: StepTimeModel | None = None, samples: int | None = None,
-               seed: int = 0, counters: Sequence[Any] = ()) -> Replay:
+               seed: int = 0, counters: Sequence[Any] = (), window: Any = None) -> Replay:
     """Rebuild, fit, place and replay a log. `profile`: the scheduler rules (default: the
     log's release); `step_time`: a step-time model taken as given, not fitted; `samples`:
     the replays in the uncertainty ensemble (None: automatic, 0: none), drawn with `seed`;
     `counters`: the same server's scrapes on the log's clock (CounterPoints), whose
-    preemption counter weighs the ensemble's members beside the stats lines."""
+    preemption counter weighs the ensemble's members beside the stats lines. `window`: a
+    replay by Iteration lines from a carried engine state (inference.start_state.Window)."""
     profile = None if profile in (None, "auto") else profile
     fmt = log_format(facts.vllm_version, facts.engine_version, profile)
     prof = scheduler_profile(facts, fmt, profile)
@@ -65,7 +67,10 @@ def replay_log(facts: LogFacts, *, profile: str | None = None,
     why_not = unusable(facts, fmt)
     if why_not is None and step_time is None:
         with stage(f"replay by {len(facts.iterations):,} Iteration lines"):
-            return replay_by_iterations(facts, fmt, prof, pattern, samples=samples, seed=seed)
+            return replay_by_iterations(facts, fmt, prof, pattern, samples=samples, seed=seed,
+                                        window=window)
+    if window is not None and window.start is not None:
+        raise ReplayError(f"a carried engine state is replayed by Iteration lines only: {why_not}")
     if facts.iterations:
         facts = with_notes(facts, f"Iteration lines not used: {why_not or 'a step time was given'}")
     prefix = None  # prefix caching, prompts unknown: the shared prefix (span_prefix.py)

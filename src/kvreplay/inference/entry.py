@@ -89,7 +89,7 @@ class Evidence:
 
 def infer(evidence: Evidence, *, profile: str | None = None,
           step_time: StepTimeModel | None = None,
-          samples: int | None = None, seed: int = 0) -> Replay:
+          samples: int | None = None, seed: int = 0, window: Any = None) -> Replay:
     """The one `Replay` of a server's evidence (module docstring). `profile`: the scheduler
     rules (default: the log's release); `step_time`: a step-time model taken as given;
     `samples`, `seed`: the uncertainty ensemble."""
@@ -121,7 +121,7 @@ def infer(evidence: Evidence, *, profile: str | None = None,
     join = join_spans_once(log, spans) if spans is not None else None
     facts = join.facts if join is not None else log.facts
     rep = replay_log(facts, profile=profile, step_time=step_time, samples=samples,
-                     seed=seed, counters=evidence.counters)
+                     seed=seed, counters=evidence.counters, window=window)
     rep.label = f"{label} (vLLM {rep.info.vllm_version or '?'}, replayed)"
     if join is not None:
         assert spans is not None

@@ -69,6 +69,7 @@ class IterationMatch:
     length_status: dict[int, str] = field(default_factory=dict)
     sum_groups: list[list[int]] = field(default_factory=list)
     exhausted: bool = False  # the search ran out of its allowance (SEARCH_STEPS_PER_LINE)
+    carried: Any = None  # start_state.StartState after the step Window.carry_n asked for
 
     def report(self) -> IterationCheck:
         return IterationCheck(

@@ -43,6 +43,7 @@ from kvreplay.inference.formats import LogFormat
 from kvreplay.inference.iteration_lines import LineCheck, kv_within_split, running_state
 from kvreplay.inference.line_lengths import LineLengths
 from kvreplay.inference.runs import step_limit
+from kvreplay.inference.start_state import StartState, start_engine
 from kvreplay.replay.engine import Engine
 from kvreplay.replay.records import StepRecord
 from kvreplay.replay.snapshots import Snapshot, SnapshotCodec
@@ -100,10 +101,13 @@ class _Checkpoint:
 
 
 class Search:
-    def __init__(self, rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any) -> None:
+    def __init__(self, rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
+                 start: StartState | None = None, carry_n: int | None = None) -> None:
+        # start: from a carried state (start_state.py); carry_n: the lags at that line's step
         lines = facts.iterations
         self.workload = rebuilt.workload
-        self.eng: Engine = make_engine(self.workload, profile)  # type: ignore[assignment]
+        self.eng: Engine = (make_engine(self.workload, profile) if start is None  # type: ignore[assignment]
+                            else start_engine(start, self.workload))
         cfg = self.workload.config
         self.lo, hi = fmt.iteration_window
         self.hi = hi + (1 if cfg.async_scheduling else 0)
@@ -115,6 +119,8 @@ class Search:
             k = r.iterations_before
             low = max(low, lines[k - 1].step + 1 if k > 0 else 0)
             bound.append(low)
+        if start is not None:  # (logged before the window's first line: the whole run's)
+            bound = [start.bounds.get(r.id, b) for r, b in zip(self.workload.requests, bound)]
         self.bound = bound
         self.aborts: dict[int, list[str]] = {}
         for r in facts.requests:
@@ -126,11 +132,13 @@ class Search:
         self.lc = LineCheck(facts, fmt, self.cut)
         self.lengths = LineLengths(self.workload, list(rebuilt.prompt_estimated),
                                    cfg.max_num_batched_tokens, cfg.block_size)
-        self.lag_seen: Counter[int] = Counter()
+        self.lag_seen: Counter[int] = Counter(start.lag_seen if start is not None else ())
+        self.carry_n = carry_n
+        self.lag_at_carry: dict[int, int] | None = None
         self.limit = step_limit(self.workload)
         self.lock = threading.RLock()
         self.steps: list[StepRecord] = []
-        self.p = 0  # next request to enter
+        self.p = len(start.ids) if start is not None else 0  # next request to enter
         self.frames: list[_Frame] = []
         self.ckpts: list[_Checkpoint] = []
         self._codec: SnapshotCodec | None = None
@@ -446,6 +454,11 @@ class Search:
         return kv_within_split(rec, diffs, self.lc, self.eng.scheduler, self.lengths)
 
     def _learn(self, rec: StepRecord, k: int) -> None:
+        self._lags(rec, k)
+        if self.carry_n is not None and self.lc.line_of_step.get(rec.step) == self.carry_n:
+            self.lag_at_carry = dict(self.lag_seen)  # (the last path through it: the run's)
+
+    def _lags(self, rec: StepRecord, k: int) -> None:
         out = self.eng.last_output
         if self.lengths and out is not None:
             self.lengths.observe(out)

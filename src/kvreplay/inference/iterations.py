@@ -25,6 +25,10 @@ line of the step that admits it). The inputs found are replayed once more from t
 that run, checked line by line, is the replay; where the search's own run is the run its
 inputs make (it neither went back nor gave a prompt to a request the scheduler had
 already tried to admit), that run is kept, checked line by line again, instead.
+
+With a `Window` (start_state.py: `kvreplay watch` on a server never quiet) the search and
+the final run start from an engine state carried out of an earlier replay, and the final
+run carries one out after the step of a given line, when the lines matched it up to there.
 """
 
 from __future__ import annotations
@@ -40,23 +44,29 @@ from kvreplay.inference.iteration_clock import iteration_clock
 from kvreplay.inference.iteration_lines import IterationMatch, LineCheck, checked_run, running_state
 from kvreplay.inference.iteration_search import Search
 from kvreplay.inference.runs import Run
+from kvreplay.inference.start_state import StartState, Window, capture, start_engine
 from kvreplay.replay.engine import without_cyclic_gc
 
 
 @without_cyclic_gc
-def iteration_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any) -> IterationMatch:
-    """Place every arrival by the iteration lines, then replay and check every step."""
-    s = Search(rebuilt, facts, fmt, profile)
+def iteration_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any,
+                     window: Window | None = None) -> IterationMatch:
+    """Place every arrival by the iteration lines, then replay and check every step.
+    `window`: start from a carried engine state, and carry one out (start_state.py)."""
+    start = window.start if window is not None else None
+    carry_n = window.carry_n if window is not None else None
+    s = Search(rebuilt, facts, fmt, profile, start, carry_n)
     s.run()
     inputs = s.eng.inputs()
     lc = LineCheck(facts, fmt, s.cut)
     # the replay: the inputs found, from the start; with estimated prompts placed in one
     # forward pass that neither went back nor changed a prompt the scheduler had seen, that
     # is the search's own run (the engine is deterministic), checked again line by line
-    own = bool(s.lengths) and not s.rerun
+    own = bool(s.lengths) and not s.rerun and start is None and carry_n is None
+    out: list[StartState] = []
     steps, first, bad, kv_unsure = checked_run(
         ((r, partial(s.kv_running.__getitem__, r.step)) for r in s.steps) if own
-        else _replayed(rebuilt.workload, profile, inputs),
+        else _replayed(rebuilt.workload, profile, inputs, start, carry_n, out),
         lc, s.lengths, s.eng.scheduler.pool.num_usable_blocks)
     last_n = lc.last_n
     checked = sum(1 for n in lc.line_of_step.values() if n <= last_n)
@@ -74,19 +84,36 @@ def iteration_replay(rebuilt: Any, facts: LogFacts, fmt: LogFormat, profile: Any
     if not rebuilt.workload.config.enable_prefix_caching:  # else what they share is unknown
         for i in s.lengths.open:
             rebuilt.prompt_estimated[i] = s.lengths.status[i] != "exact"
+    carried = None
+    if out and s.lag_at_carry is not None and (first is None or first.step > out[0].step):
+        carried = out[0]  # (a state the lines matched up to, the Search's lags at it)
+        carried.lag_seen = s.lag_at_carry
+        carried.bounds = {spec.id: b - (carried.n + 1) for spec, b, a in zip(
+            rebuilt.workload.requests, s.bound, inputs.arrival_steps)
+            if not 0 <= a <= carried.step and spec.id not in carried.ids
+            and b <= carried.n + 1}
     return IterationMatch(run, len(facts.iterations), checked, matched, first,
                           first.step if first else len(steps), dict(lc.line_of_step),
                           dict(lag), s.backtracks, overhead, s.lengths.summary(), kv_unsure,
-                          dict(s.lengths.status), s.lengths.sum_groups(), s.exhausted)
+                          dict(s.lengths.status), s.lengths.sum_groups(), s.exhausted, carried)
 
 
-def _replayed(workload: Any, profile: Any, inputs: Any) -> Any:
-    """Each step of the run `inputs` make, with how to read its running requests after it
-    (read at once, before the next step)."""
-    eng = make_engine(workload, profile, inputs=inputs)
+def _replayed(workload: Any, profile: Any, inputs: Any, start: StartState | None = None,
+              carry_n: int | None = None, out: list[StartState] | None = None) -> Any:
+    """Each step of the run `inputs` make (from `start`, a carried state), with how to read
+    its running requests after it (read at once, before the next step); the state after
+    the step of Iteration(carry_n) is put in `out` (its N-th step that scheduled a token:
+    LineCheck's numbering)."""
+    eng = (make_engine(workload, profile, inputs=inputs) if start is None
+           else start_engine(start, workload, inputs))
+    n = 0
     while not eng.done:
         rec = eng.step()
         yield rec, partial(running_state, eng.scheduler)  # type: ignore[attr-defined]
+        if rec.num_scheduled_tokens > 0:
+            if n == carry_n and out is not None:
+                out.append(capture(eng, n))  # type: ignore[arg-type]
+            n += 1
 
 
 def _line_at_or_after(line_of_step: dict[int, int], step: int) -> int | None:

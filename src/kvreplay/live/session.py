@@ -19,36 +19,45 @@ the lines are replayed:
   or the last replay took at most a DUTY share of the time since it began (the rows come
   about one replay after their line, and these replays take at most DUTY of a core).
 
-* windowed: with prompts logged and no prefix cache, the lines before the last quiet point
-  the lines have decided (no request running or waiting) are dropped: the replay from
-  there equals the whole run's (steps and Iteration numbers put back by offsets: the
-  window's Iteration(0) is the line of the first step after the quiet point that scheduled
-  a token, and its step is where the whole run has that step), and a replay costs the
-  lines since. Estimated prompts (the estimate is the whole run's) or a prefix cache (its
-  blocks outlive the quiet) keep the whole run, and so does a server never quiet: a
-  window that starts with requests running would need the engine's state carried into it,
-  which the log replay cannot start from yet (docs/watch.md).
+* windowed: with prompts logged, the lines before a decided step are dropped, and the
+  replay from there equals the whole run's (steps and Iteration numbers put back by
+  offsets; the window's Iteration(0) is the line of the step after it that scheduled a
+  token). At the last quiet point the lines have decided (no request running or waiting;
+  no prefix cache, whose blocks would outlive it) the window starts with an empty engine
+  (`_cut`); on a server never quiet, once the window is over WINDOW_LINES lines, at the
+  step of the line CARRY_BACK lines before the last decided one, with the engine's state
+  carried into it (`_carry`: inference/start_state.py; its cached blocks too). Estimated
+  prompts (the estimate is the whole run's) keep the whole run.
 
-Memory: the window's lines (the startup lines and those since the last quiet point), the
-rows given since it, nothing of earlier runs; no step record outlives its replay. Bounded
-when quiet points come; else it grows with the run (bench/bench_watch_memory.py).
+Memory: the window's lines (the startup lines, the live requests' lines and those since
+the cut), the carried state, the rows given since the cut, nothing of earlier runs; no
+step record outlives its replay: bounded with prompts logged (bench/bench_watch_memory.py),
+the lines a replay takes at once bounded by the follower's read (live/follow.py CHUNK).
 """
 
 from __future__ import annotations
 
 import io
-import re
 import time
 from typing import Any, Callable, Iterable
 
 import msgspec
 
 from kvreplay.errors import ReplayError, UserError
+from kvreplay.live.carry import (iteration_n as _iteration_n, last_step as _last_step,
+                                 renumber as _renumber, token_step as _token_step)
 
 GROWTH = 0.25  # replay when the run grew by this share of its lines since the last replay
 DUTY = 0.5  # ... or replays took at most this share of the wall time since the last began
 SETTLE = 1  # lines after a preemption's step before it is given (Iteration / step trace)
 WINDOWS = True  # cut the window at quiet points (Session._cut)
+CARRY = True  # ... and, on a server never quiet, at a decided step with its state (_carry)
+# a window of more lines than this (after its startup lines) is cut at a decided step, the
+# engine's state carried into the next: the line CARRY_BACK lines before the last the
+# lines decide (a later line may still send the Iteration-line search back over the
+# last choices, iteration_search.HORIZON; never this far with every prompt logged)
+WINDOW_LINES = 2000
+CARRY_BACK = 256
 CHECK_LINES = 2000  # lines read before input with no vLLM line is refused
 
 
@@ -143,6 +152,8 @@ class Session:
         self.n_offset = 0
         self.line0_step: int | None = None  # the whole run's step of the window's first line
         self.cuts = 0
+        self.start: Any = None  # inference.start_state.StartState the window starts from
+        self.exact = False  # the last replay's prompts were all logged (a state may carry)
 
     # -- input ---------------------------------------------------------------------
     def feed(self, lines: Iterable[str]) -> list[Row]:
@@ -213,7 +224,7 @@ class Session:
         self.pending = False
         self.at_replay = len(self.lines)
         try:
-            rep = self._replay(strict)
+            rep = self._replay(strict, carry=not final)
         finally:
             self.replay_end = self.clock()
             self.last_cost = self.replay_end - t0
@@ -238,10 +249,11 @@ class Session:
                 self.step_offset = self.line0_step - (first or 0)
             out += self._preemptions(rep, final)
             if mode == "iterations" and not final and WINDOWS:
-                self._cut(rep)
+                if not self._cut(rep) and CARRY and rep.carried is not None:
+                    self._carry(rep)
         return out
 
-    def _cut(self, rep: Any) -> None:
+    def _cut(self, rep: Any) -> bool:
         """Start the window at the last quiet point the lines have decided: a step after
         which no request was running or waiting (all rows before it are given). From there
         the replay is the same as one of the whole run, when nothing outlives the quiet
@@ -250,7 +262,7 @@ class Session:
         Iteration lines from 0 again (the offsets put them back)."""
         if (rep.workload.config.enable_prefix_caching or rep.info.prompts != "exact"
                 or self.events_last < 0):
-            return  # (estimated prompts: the estimate is the whole run's, not a window's)
+            return False  # (estimated prompts: the estimate is the whole run's, not a window's)
         horizon = self.events_last - self.settle
         steps = rep.steps
         quiet = None
@@ -258,25 +270,22 @@ class Session:
             if rec.num_running == 0 and rec.num_waiting == 0 and not rec.idle:
                 quiet = rec.step
         if quiet is None:
-            return
+            return False
         arrivals = rep.inputs.arrival_steps
         nxt = [i for i, a in enumerate(arrivals) if a > quiet]
-        if not nxt or any(a < 0 for a in arrivals[:nxt[0]]):
-            return
+        k = len(self.start.ids) if self.start is not None else 0  # (carried in: done by then)
+        if not nxt or any(a < 0 for a in arrivals[k:nxt[0]]):
+            return False
         first = rep.facts.requests[nxt[0]]
-        if self.header_len is None:  # the startup lines: up to the first request's first line
-            self.header_len = next((i for i, x in enumerate(self.lines) if any(
-                w in x for w in ("Received request", "JSON body", "Added request"))), None)
-            if self.header_len is None or self.header_len > rep.facts.requests[0].line - 1:
-                self.header_len = None
-                return
+        if not self._header(rep):  # the startup lines: up to the first request's first line
+            return False
         # from the line after the last Iteration line before it (between them the engine
         # was idle: the old requests' access lines, stats lines, this one's JSON body)
         cut = first.line - 1  # (the window's lines, 0-based)
         while cut > self.header_len and "Iteration(" not in self.lines[cut - 1]:
             cut -= 1
         if cut <= self.header_len:
-            return
+            return False
         # the window's first line: that of the first step after the quiet point that
         # scheduled a token (LineCheck's numbering); lines of steps up to the quiet point
         # may come after the new requests' lines (0.26+ writes a step's line as its output
@@ -284,14 +293,14 @@ class Session:
         at = next((rec.step for rec in steps if rec.step > quiet
                    and rec.num_scheduled_tokens > 0), None)
         if at is None:
-            return
+            return False
         n0 = sum(1 for rec in steps if rec.step < at and rec.num_scheduled_tokens > 0)
         if any(_iteration_n(x) >= n0 for x in self.lines[self.header_len:cut]
                if "Iteration(" in x):
-            return
+            return False
         body = [x for x in self.lines[cut:] if "Iteration(" not in x or _iteration_n(x) >= n0]
         if not any("Iteration(" in x for x in body):
-            return
+            return False
         self.lines = self.lines[:self.header_len] + [_renumber(x, n0) if "Iteration(" in x
                                                      else x for x in body]
         self.n_offset += n0
@@ -301,17 +310,72 @@ class Session:
         # lines, and each replay of the window puts its own first token step there
         self.step_offset += at
         self.line0_step = self.step_offset
+        self.start = None  # (an empty engine: none carried)
         self.at_replay = len(self.lines)
         # every row before the quiet point is given for good; those after it stay open
         self.given = {k: r for k, r in self.given.items()
                       if not isinstance(r, PreemptionRow) or r.step >= self.step_offset}
         self.cuts += 1
+        return True
 
-    def _replay(self, strict: bool = False) -> Any:
+    def _carry(self, rep: Any) -> None:
+        """On a server never quiet: start the window after a decided step (`rep.carried`,
+        the state the replay carried out after the step of the line CARRY_BACK lines before
+        the last decided one), with the engine's state carried into it. The window keeps
+        the startup lines, the lines of the requests the engine holds or has not had yet
+        (live/carry.py), and the lines after that step's Iteration line, renumbered from 0;
+        its replays start from the carried state (inference/start_state.py), and steps and
+        Iteration numbers before it are offsets, as after a quiet point."""
+        from kvreplay.live.carry import carried_ids, kept_lines
+
+        st = rep.carried
+        if rep.info.prompts != "exact" or self.events_last < 0:
+            return
+        if st.step > self.events_last - self.settle or not self._header(rep):
+            return  # (a row at or before the step not given yet)
+        h = self.header_len
+        assert h is not None
+        at = next((i for i in range(len(self.lines) - 1, h - 1, -1)
+                   if "Iteration(" in self.lines[i] and _iteration_n(self.lines[i]) == st.n), None)
+        if at is None:
+            return
+        tail = self.lines[at + 1:]
+        if any(_iteration_n(x) <= st.n for x in tail if "Iteration(" in x):
+            return
+        old = self.lines[h:at + 1]
+        inside, later = carried_ids(rep, len(self.start.ids) if self.start is not None else 0)
+        keep, received = kept_lines(old, inside | later, self.label)
+        if not inside <= received:
+            return  # a request in the engine logged after the step's line (before 0.26)
+        n0 = st.n + 1
+        self.lines = self.lines[:h] + [old[i] for i in keep] + [
+            _renumber(x, n0) if "Iteration(" in x else x for x in tail]
+        self.n_offset += n0
+        self.step_offset += st.step + 1
+        self.line0_step = None
+        self.start = st
+        self.at_replay = len(self.lines)
+        self.given = {k: r for k, r in self.given.items()
+                      if not isinstance(r, PreemptionRow) or r.step >= self.step_offset}
+        self.cuts += 1
+
+    def _header(self, rep: Any) -> bool:
+        """The run's startup lines (header_len of them): up to its first request's first
+        line. False if they cannot be told apart."""
+        if self.header_len is None:
+            self.header_len = next((i for i, x in enumerate(self.lines) if any(
+                w in x for w in ("Received request", "JSON body", "Added request"))), None)
+            if self.header_len is None or self.header_len > rep.facts.requests[0].line - 1:
+                self.header_len = None
+                return False
+        return True
+
+    def _replay(self, strict: bool = False, carry: bool = False) -> Any:
         from kvreplay import events as ev
         from kvreplay.parsers import detect_version, merge_config
         from kvreplay.parsers.timestamps import _clock_for
         from kvreplay.parsers.pipeline import parse_stream
+        from kvreplay.inference.start_state import Window
         from kvreplay.sources import LogInput, check_vllm_log, open_replay
 
         text = "".join(self.lines)
@@ -329,8 +393,15 @@ class Session:
                        merge_config(events))
         self.events_last = _last_step(events)
         self.stats_seen = any(isinstance(e, ev.Stats) for e in events)
+        window = None
+        if CARRY and WINDOWS and (self.start is not None or carry and self.exact):
+            n = self.events_last - self.settle - CARRY_BACK
+            big = len(self.lines) - (self.header_len or 0) > WINDOW_LINES
+            window = Window(self.start, n if carry and big and n >= 0 else None)
         try:  # ("-": no file to look at beside the lines: no span or KV-event files here)
-            return open_replay(["-"], log=log, **self.opts)
+            rep = open_replay(["-"], log=log, window=window, **self.opts)
+            self.exact = rep.kind == "log" and rep.info.prompts == "exact"
+            return rep
         except (ReplayError, UserError):
             if strict:
                 raise
@@ -398,42 +469,6 @@ def preemption_row(p: Any, run: int, offset: int = 0) -> PreemptionRow:
                          trigger=p.trigger, rule=rule, self_preemption=p.self_preemption,
                          tokens_lost=p.computed_tokens_lost, confidence=p.confidence,
                          probability=p.probability)
-
-
-_IT = re.compile(r"Iteration\((\d+)\)")
-
-
-def _iteration_n(line: str) -> int:
-    m = _IT.search(line)
-    return int(m.group(1)) if m else -1
-
-
-def _renumber(line: str, n0: int) -> str:
-    """The line with its Iteration(N) as Iteration(N - n0): the window's numbering."""
-    return _IT.sub(lambda m: f"Iteration({int(m.group(1)) - n0})", line, count=1)
-
-
-def _token_step(steps: list[Any], n: int) -> int | None:
-    """The step of a replay that prints Iteration(n): its n-th step that scheduled a token
-    (inference.iteration_lines.LineCheck numbers them so)."""
-    k = 0
-    for rec in steps:
-        if rec.num_scheduled_tokens > 0:
-            if k == n:
-                return rec.step
-            k += 1
-    return None
-
-
-def _last_step(events: list[Any]) -> int:
-    """The highest step a line of the log numbers (Iteration N, kvtrace step N); -1: none."""
-    from kvreplay import events as ev
-
-    last = -1
-    for e in events:
-        if isinstance(e, (ev.Iteration, ev.StepTrace)):
-            last = max(last, e.step)
-    return last
 
 
 def _mode(rep: Any) -> str:

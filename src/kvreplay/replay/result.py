@@ -89,6 +89,8 @@ class Replay:
     step_time_model: Any = None  # the clock's model of a step's duration (log replays)
     # step-trace logs: the whole-second stamp of each step's line (its iteration's end)
     stamps: list[float] | None = None
+    # a log replay asked to carry its engine state out (inference.start_state.Window): it
+    carried: Any = None
 
     @property
     def engine_name(self) -> str:

@@ -3,8 +3,8 @@
 The log is followed by the loop `kvreplay watch` runs (live/driver.py; live/follow.py:
 appended, rotated, truncated, as `tail -F`) and replayed by the same session (live/session.py: a replay when a
 deciding line arrived and the run grew enough, or replays used under half a core), with
-two differences: the session keeps the whole run (no window cut at quiet points: every
-step stays reachable), and each replay of the run becomes a built `Timeline` that replaces
+two differences: the session keeps the whole run (no window cut at quiet points or
+decided steps: every step stays reachable), and each replay of the run becomes a built `Timeline` that replaces
 the one on screen. So the timeline grows as the log grows, the why-panel works on any step
 already seen, and `n` at the newest step jumps to the newest preemption. A new startup
 banner starts a new replay (its steps count from 0) and the app says so.
@@ -40,14 +40,17 @@ class FollowSession(Session):
         self.replay = None
         self.replay_lines = 0
 
-    def _replay(self, strict: bool = False) -> Any:
-        rep = super()._replay(strict)
+    def _replay(self, strict: bool = False, carry: bool = False) -> Any:
+        rep = super()._replay(strict)  # (no state carried out: the whole run is kept)
         if rep is not None:
             self.replay, self.replay_lines = rep, len(self.lines)
         return rep
 
-    def _cut(self, rep: Any) -> None:
-        return  # the TUI keeps every step of the run (its timeline holds snapshots)
+    def _cut(self, rep: Any) -> bool:
+        return False  # the TUI keeps every step of the run (its timeline holds snapshots)
+
+    def _carry(self, rep: Any) -> None:
+        return  # (the same: no cut at a decided step either)
 
     def charge(self, seconds: float) -> None:
         """Count building the replay's timeline as part of that replay's cost, so replays
