@@ -45,6 +45,28 @@ def _busy_log(path: Path, steps: int, caching: bool, seed: int) -> Path:
     return path
 
 
+def _watched(s: Session, lines: list[str], chunk: int, seen=lambda s, cuts: None) -> list:
+    """Every row `s` gives for `lines` fed `chunk` at a time, a replay after each chunk;
+    `seen(s, cuts before the replay)` after each."""
+    rows: list = []
+    for i in range(0, len(lines), chunk):
+        rows += s.feed(lines[i:i + chunk])
+        cuts = s.cuts
+        rows += s.update()
+        seen(s, cuts)
+    return rows + s.finish(end=True)
+
+
+def _offline(rep, timed: bool = False) -> list[tuple]:
+    return sorted((p.step, str(p.victim), p.trigger, p.computed_tokens_lost, p.confidence)
+                  + ((p.time,) if timed else ()) for p in rep.preemptions)
+
+
+def _printed(rows: list, timed: bool = False) -> list[tuple]:
+    return sorted((r.step, r.victim, r.trigger, r.tokens_lost, r.confidence)
+                  + ((r.time,) if timed else ()) for r in rows if isinstance(r, PreemptionRow))
+
+
 @pytest.mark.parametrize("caching, chunk", [(False, 300), (True, 457)])
 def test_a_never_quiet_run_cut_with_its_state_carried_keeps_the_offline_rows(
         tmp_path, monkeypatch, caching, chunk):
@@ -53,27 +75,19 @@ def test_a_never_quiet_run_cut_with_its_state_carried_keeps_the_offline_rows(
     monkeypatch.setattr(session_mod, "WINDOW_LINES", 400)
     monkeypatch.setattr(session_mod, "CARRY_BACK", 64)
     s = Session(str(path))
-    rows: list = []
-    longest = 0
-    for i in range(0, len(lines), chunk):
-        rows += s.feed(lines[i:i + chunk])
-        rows += s.update()
-        longest = max(longest, len(s.lines))
-    rows += s.finish(end=True)
+    longest = [0]
+    rows = _watched(s, lines, chunk, lambda s, _: longest.append(len(s.lines)))
     assert not s.failed
     rep = open_replay([str(path)])
     first = rep.inputs.arrival_steps[0]
     last = max(rep.inputs.arrival_steps)
     assert not any(r.num_running == 0 and r.num_waiting == 0
                    for r in rep.steps[first + 1:last])  # never quiet: no quiet-point cut
-    off = sorted((p.step, str(p.victim), p.trigger, p.computed_tokens_lost, p.confidence,
-                  p.time) for p in rep.preemptions)
-    got = sorted((r.step, r.victim, r.trigger, r.tokens_lost, r.confidence, r.time)
-                 for r in rows if isinstance(r, PreemptionRow))
-    assert got == off and len(off) > 20
+    off = _offline(rep, timed=True)
+    assert _printed(rows, timed=True) == off and len(off) > 20
     assert not any(r.event == "withdrawn" for r in rows)
     assert s.cuts >= 5 and s.start is not None
-    assert longest < len(lines) / 3
+    assert max(longest) < len(lines) / 3
     if caching:
         assert sum(rec.stats_prompt_cached for rec in rep.steps) > 0
 
@@ -92,17 +106,9 @@ def test_the_published_logs_cut_at_decided_steps_keep_the_offline_rows(monkeypat
     monkeypatch.setattr(session_mod, "WINDOW_LINES", 100)
     monkeypatch.setattr(session_mod, "CARRY_BACK", 16)
     s = Session(str(path))
-    rows: list = []
-    for i in range(0, len(lines), chunk):
-        rows += s.feed(lines[i:i + chunk])
-        rows += s.update()
-    rows += s.finish(end=True)
-    rep = open_replay([str(path)])
-    off = sorted((p.step, str(p.victim), p.trigger, p.computed_tokens_lost, p.confidence)
-                 for p in rep.preemptions)
-    got = sorted((r.step, r.victim, r.trigger, r.tokens_lost, r.confidence)
-                 for r in rows if isinstance(r, PreemptionRow))
-    assert got == off and off
+    rows = _watched(s, lines, chunk)
+    off = _offline(open_replay([str(path)]))
+    assert _printed(rows) == off and off
     assert not any(r.event == "withdrawn" for r in rows)
     assert s.cuts >= 4 and not s.failed
 
@@ -119,21 +125,11 @@ def test_quiet_points_and_decided_steps_both_cut_a_bursty_run(tmp_path, monkeypa
     monkeypatch.setattr(session_mod, "WINDOW_LINES", 150)
     monkeypatch.setattr(session_mod, "CARRY_BACK", 16)
     s = Session(str(path))
-    rows: list = []
-    carried = quiet = 0
-    for i in range(0, len(lines), 120):
-        rows += s.feed(lines[i:i + 120])
-        cuts = s.cuts
-        rows += s.update()
-        if s.cuts > cuts:
-            carried += s.start is not None
-            quiet += s.start is None
-    rows += s.finish(end=True)
-    rep = open_replay([str(path)])
-    off = sorted((p.step, str(p.victim), p.trigger, p.computed_tokens_lost, p.confidence)
-                 for p in rep.preemptions)
-    got = sorted((r.step, r.victim, r.trigger, r.tokens_lost, r.confidence)
-                 for r in rows if isinstance(r, PreemptionRow))
-    assert got == off and len(off) > 12
+    kinds: list[bool] = []  # per cut: whether it carried a state (else a quiet point)
+    rows = _watched(s, lines, 120,
+                    lambda s, cuts: kinds.append(s.start is not None) if s.cuts > cuts else None)
+    carried, quiet = kinds.count(True), kinds.count(False)
+    off = _offline(open_replay([str(path)]))
+    assert _printed(rows) == off and len(off) > 12
     assert not any(r.event == "withdrawn" for r in rows)
     assert carried >= 2 and quiet >= 2
