@@ -2,7 +2,7 @@
 """Memory and row latency of `kvreplay watch` over a long run of a busy server, appended fast.
 
     python -m bench.bench_watch_memory [--hours 0.1] [--speed 100] [--kind busy|bursty]
-    python -m bench.bench_watch_memory --hours 24          # the day (hours of CPU; see below)
+    python -m bench.bench_watch_memory --stream --hours 24 --rate 0.07   # a day (see below)
 
 The log: a synthetic vLLM 0.33 server rendered by the repo's own renderer
 (tools.oracle.render_log, Iteration lines and the JSON bodies' prompts), one engine step
@@ -21,8 +21,11 @@ to the row on stdout, median and p99 over the rows of the log's first fifth and 
 fifth; and whether the rows standing at the end are the offline replay's (run first, in
 this process: the baseline).
 
---hours 24 renders 2.9M steps (the renderer holds them: several GB) and watch replays the
-whole run again and again; run it on an idle machine with time to spare.
+--stream renders the busy log as the engine runs, a chunk of steps at a time (the same log
+for any chunk), prompts of one length sharing one token list, and takes the run's true
+preemptions as the baseline instead of an offline replay: a day (`--stream --hours 24`,
+2.9M steps) fits in memory that way, where the plain render holds every step (2 h: 7 GB)
+and the offline replay of a day would need about 55 GiB.
 """
 from __future__ import annotations
 
@@ -82,6 +85,131 @@ def render_busy(hours: float, step_s: float, rate: float, dest: Path) -> str:
             f"{max(settled)} and waiting {min(waiting)}-{max(waiting)} from the ramp up to the last arrival "
             f"(step {last_arrival:,}), longest idle stretch {longest} steps, "
             f"{summary.total_preemptions:,} preemptions, {len(lines):,} lines")
+
+
+def _tokens(r: dict) -> int:
+    return sum(t for _, t in r.get("scheduled", ()))
+
+
+def render_busy_stream(hours: float, step_s: float, rate: float, dest: Path,
+                       chunk: int = 20_000) -> tuple[str, dict[int, int], list[tuple[int, str]]]:
+    """`render_busy`'s log written as the engine runs, `chunk` steps at a time (a day's steps
+    are too many to hold), prompts of one length sharing one token list (no prefix caching:
+    only lengths count). Returns the summary, each true preemption step's deciding Iteration
+    N (the line after its step's own), and the true (step, victim) rows: the baseline, instead
+    of an offline replay of the whole day."""
+    import re
+
+    from kvreplay.replay import parse_workload
+    from kvreplay.replay.engine import Engine, iter_trace
+    from tools.oracle.log_lines import stamp
+    from tools.oracle.render_log import API, iteration_lines_of, timed_lines
+
+    spec = busy_workload(0, rate)  # the config; requests drawn here with shared prompts
+    rng, steps = random.Random(0), int(hours * 3600 / step_s)
+    by_len: dict[int, list[int]] = {}
+    reqs, t, i = [], 0.0, 0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= steps:
+            break
+        n = rng.randrange(64, 1024)
+        reqs.append({"id": f"cmpl-busy-{i}-0", "arrival_step": int(t),
+                     "prompt_token_ids": by_len.setdefault(n, [rng.randrange(10, 30000)
+                                                               for _ in range(n)]),
+                     "max_tokens": rng.randrange(500, 3000)})
+        i += 1
+    spec["requests"] = reqs
+    wl = parse_workload(spec)
+    specs = {s.id: s for s in wl.requests}
+    start = 1778148060.0
+    step_start = lambda k: start + k * step_s  # noqa: E731
+    it_re = re.compile(r"Iteration\((\d+)\)")
+    deciding: dict[int, int] = {}
+    truth: list[tuple[int, str]] = []
+    n_tok = 0  # Iteration lines so far (steps that scheduled a token)
+    idle = 0  # idle steps so far
+    n_out = 0  # Iteration lines written so far
+    tick = start - (start % 1) + 0.5
+    gen = prompt = 0
+    seen: set[str] = set()
+    held: list[tuple[float, int, str]] = []  # lines not written yet (time, order, line)
+    order = 0
+    running = lo = hi = nlines = 0
+    lo = 1 << 30
+    prev = None
+    tail: list[dict] = []
+    eng = Engine(wl)
+    records = iter_trace(eng)
+    with dest.open("w") as f:
+        while True:
+            recs = [r for _, r in zip(range(chunk), records)]
+            if not recs:
+                break
+            out = timed_lines(wl, recs, step_time_s=step_s, start=start,
+                              stats_interval_s=1e12, iteration_lines=False)
+            first = recs[0]["step"]
+            pairs = [(tm, x) for tm, x in out if "Avg prompt throughput" not in x
+                     and (first == 0 or tm > start - 1)]  # (the banner: the first chunk's)
+            # each step's line reads the record after it (the KV usage once its output was
+            # applied): the chunk's last step is written with the next chunk
+            # (and reads the one before it: who had an output token); tail: the chunk
+            # before's last two, the first written already
+            its = iteration_lines_of(tail + recs, step_start, wl.config.num_gpu_blocks)
+            d = int(bool(tail) and _tokens(tail[0]) > 0)
+            its = its[d:-1] if _tokens(recs[-1]) > 0 else its[d:]
+            for tm, x in its:
+                pairs.append((tm, it_re.sub(lambda m: f"Iteration({int(m[1]) - d + n_out})",
+                                            x, count=1)))
+            n_out += len(its)
+            for r in recs:
+                k = r["step"]
+                # the replay steps no idle engine (nothing running or waiting): its step
+                idle += not r.get("scheduled") and not r.get("running") and not r.get("waiting")
+                for p in r.get("preemptions") or ():
+                    truth.append((k - idle, str(p["req"])))
+                    deciding[k - idle] = n_tok + 1
+                n_tok += _tokens(r) > 0
+                gen += len(r.get("sampled", ()))
+                for rid in r.get("sampled", ()):
+                    if rid not in seen:
+                        seen.add(rid)
+                        prompt += len(specs[rid].prompt_token_ids)
+                if k * 10 > steps and "running" in r:
+                    lo, hi = min(lo, len(r["running"])), max(hi, len(r["running"]))
+                while int((tick - start) / step_s) - 1 <= k:  # the stats line of each tick
+                    pairs.append((tick, f"{API} INFO {stamp(tick)} [loggers.py:335] Engine 000: "
+                                        f"Avg prompt throughput: {prompt / 10.0:.1f} tokens/s, "
+                                        f"Avg generation throughput: {gen / 10.0:.1f} tokens/s, "
+                                        f"Running: {len(r['running'])} reqs, Waiting: "
+                                        f"{len(r['waiting'])} reqs, GPU KV cache usage: "
+                                        f"{100 * r['kv_usage']:.1f}%"))
+                    gen = prompt = 0
+                    tick += 10.0
+            prev = recs[-1]
+            tail = (tail + recs)[-2:]
+            for tm, x in pairs:
+                held.append((tm, order, x))
+                order += 1
+            held.sort()
+            edge = step_start(prev["step"]) - 0.01  # the next chunk writes nothing before it
+            cut = next((j for j, h in enumerate(held) if h[0] >= edge), len(held))
+            f.writelines(x + "\n" for _, _, x in held[:cut])
+            nlines += cut
+            held = held[cut:]
+        its = iteration_lines_of(tail, step_start, wl.config.num_gpu_blocks)
+        d = int(len(tail) == 2 and _tokens(tail[0]) > 0)
+        for tm, x in its[d:]:
+            held.append((tm, order, it_re.sub(lambda m: f"Iteration({int(m[1]) - d + n_out})",
+                                              x, count=1)))
+        held.sort()
+        f.writelines(x + "\n" for _, _, x in held)
+        nlines += len(held)
+    summary = eng.summary
+    return (f"busy (streamed): {len(wl.requests):,} requests, {summary.num_steps:,} steps of "
+            f"{step_s * 1e3:g} ms ({summary.num_steps * step_s / 3600:.2f} h), running {lo}-{hi} "
+            f"after the first tenth, {summary.total_preemptions:,} preemptions, "
+            f"{nlines:,} lines"), deciding, sorted(truth)
 
 
 def render_bursts(bursts: int, dest: Path) -> str:
@@ -220,22 +348,36 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=0.09, help="busy: arrivals per step")
     ap.add_argument("--bursts", type=int, default=40, help="bursty: bursts")
     ap.add_argument("--speed", type=float, default=100.0)
+    ap.add_argument("--stream", action="store_true",
+                    help="busy, rendered as the engine runs (a day: --hours 24); the baseline "
+                    "is the true run's preemptions, not an offline replay")
     ap.add_argument("--keep", type=Path, help="write the rendered log here (else a temp file)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = args.keep or Path(tmp) / "server.log"
         t0 = time.perf_counter()
-        if args.kind == "busy":
+        if args.stream:
+            what, deciding, truth = render_busy_stream(args.hours, args.step_ms / 1e3,
+                                                       args.rate, path)
+        elif args.kind == "busy":
             what = render_busy(args.hours, args.step_ms / 1e3, args.rate, path)
         else:
             what = render_bursts(args.bursts, path)
-        print(f"{what} (rendered in {time.perf_counter() - t0:.0f} s); appended at {args.speed:g}x")
-        t0 = time.perf_counter()
-        rows, deciding = offline(path)
-        print(f"  offline replay (baseline): {len(rows)} rows in {time.perf_counter() - t0:.1f} s")
+        print(f"{what} (rendered in {time.perf_counter() - t0:.0f} s); appended at {args.speed:g}x",
+              flush=True)
+        if not args.stream:
+            t0 = time.perf_counter()
+            rows, deciding = offline(path)
+            print(f"  offline replay (baseline): {len(rows)} rows in "
+                  f"{time.perf_counter() - t0:.1f} s")
         r = run(path, args.speed, deciding)
         report(r)
-        print(f"  rows standing at the end equal the offline replay's: {r['standing'] == rows}")
+        if args.stream:
+            got = sorted((k[0], k[1]) for k in r["standing"])
+            print(f"  rows standing at the end name the true preemptions (step, victim): "
+                  f"{got == truth} ({len(got)} rows, {len(truth)} true)")
+        else:
+            print(f"  rows standing at the end equal the offline replay's: {r['standing'] == rows}")
     return 0
 
 

@@ -133,3 +133,19 @@ def test_quiet_points_and_decided_steps_both_cut_a_bursty_run(tmp_path, monkeypa
     assert _printed(rows) == off and len(off) > 12
     assert not any(r.event == "withdrawn" for r in rows)
     assert carried >= 2 and quiet >= 2
+
+
+def test_the_day_bench_renders_the_same_log_whatever_its_chunks_and_names_the_true_rows(tmp_path):
+    """bench_watch_memory --stream writes a day's log a chunk of steps at a time: the log
+    is the same for any chunk (Iteration numbers, context counts and KV usage across the
+    edges), and its offline replay names the run's true preemptions at the steps the bench
+    gives (idle steps before the first arrival not counted)."""
+    from bench.bench_watch_memory import render_busy_stream
+
+    whole = render_busy_stream(0.03, 0.03, 0.07, tmp_path / "a.log", chunk=10**6)
+    cut = render_busy_stream(0.03, 0.03, 0.07, tmp_path / "b.log", chunk=333)
+    assert (tmp_path / "a.log").read_text() == (tmp_path / "b.log").read_text()
+    assert whole[1:] == cut[1:]
+    truth = whole[2]
+    rep = open_replay([str(tmp_path / "a.log")])
+    assert sorted((p.step, str(p.victim)) for p in rep.preemptions) == truth and len(truth) > 50
