@@ -44,18 +44,22 @@ from pathlib import Path
 from bench.bench_watch import IT, ROOT, STARTUP_S, _rss_mb, schedule
 
 
-def busy_workload(steps: int, rate: float, seed: int = 0) -> dict:
-    """Poisson arrivals over `steps` engine steps; long decodes keep 64-256 running."""
+def busy_workload(steps: int, rate: float, seed: int = 0, shared_prompts: bool = False) -> dict:
+    """Poisson arrivals over `steps` engine steps; long decodes keep 64-256 running.
+    `shared_prompts`: prompts of one length are one list object (the same draws; no prefix
+    caching, so only lengths count: a day's prompts fit in memory)."""
     rng = random.Random(seed)
+    by_len: dict[int, list[int]] = {}
     reqs, t, i = [], 0.0, 0
     while True:
         t += rng.expovariate(rate)
         if t >= steps:
             break
+        prompt = [rng.randrange(10, 30000) for _ in range(rng.randrange(64, 1024))]
+        if shared_prompts:
+            prompt = by_len.setdefault(len(prompt), prompt)
         reqs.append({"id": f"cmpl-busy-{i}-0", "arrival_step": int(t),
-                     "prompt_token_ids": [rng.randrange(10, 30000)
-                                          for _ in range(rng.randrange(64, 1024))],
-                     "max_tokens": rng.randrange(500, 3000)})
+                     "prompt_token_ids": prompt, "max_tokens": rng.randrange(500, 3000)})
         i += 1
     return {"name": "busy-day", "config": {
         "num_gpu_blocks": 12000, "block_size": 16, "max_num_seqs": 256,
@@ -105,22 +109,8 @@ def render_busy_stream(hours: float, step_s: float, rate: float, dest: Path,
     from tools.oracle.log_lines import stamp
     from tools.oracle.render_log import API, iteration_lines_of, timed_lines
 
-    spec = busy_workload(0, rate)  # the config; requests drawn here with shared prompts
-    rng, steps = random.Random(0), int(hours * 3600 / step_s)
-    by_len: dict[int, list[int]] = {}
-    reqs, t, i = [], 0.0, 0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= steps:
-            break
-        n = rng.randrange(64, 1024)
-        reqs.append({"id": f"cmpl-busy-{i}-0", "arrival_step": int(t),
-                     "prompt_token_ids": by_len.setdefault(n, [rng.randrange(10, 30000)
-                                                               for _ in range(n)]),
-                     "max_tokens": rng.randrange(500, 3000)})
-        i += 1
-    spec["requests"] = reqs
-    wl = parse_workload(spec)
+    steps = int(hours * 3600 / step_s)
+    wl = parse_workload(busy_workload(steps, rate, shared_prompts=True))
     specs = {s.id: s for s in wl.requests}
     start = 1778148060.0
     step_start = lambda k: start + k * step_s  # noqa: E731
